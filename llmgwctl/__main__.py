@@ -1,0 +1,3 @@
+from llmgwctl.cli import main
+
+main()

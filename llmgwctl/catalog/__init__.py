@@ -1,0 +1,30 @@
+"""The catalog: which models llmgw serves, and how each may run.
+
+Owns the immutable `Catalog` (models, aliases, profiles, engines), loading and
+validating a directory of YAML files (`load_dir`, `load_paths`), `Live` (the one
+current catalog), `diff` between two catalogs, and the `CatalogWatcher` that
+follows a directory and swaps `Live` only to valid catalogs.
+
+It must not know about anything else in llmgw: nothing here imports another
+llmgwctl subpackage, so every other piece can depend on it.
+"""
+from .durations import format_duration, parse_duration
+from .errors import CatalogError, Problem, format_path
+from .live import Live
+from .model import (API_VERSION, BUILTIN_ENGINES, KIND, Catalog, EngineSpec, Model, Origin, Profile,
+                    Replicas)
+
+__all__ = [
+    "API_VERSION", "BUILTIN_ENGINES", "KIND", "Catalog", "CatalogError", "EngineSpec", "Live", "Model",
+    "Origin", "Problem", "Profile", "Replicas", "format_duration", "format_path", "parse_duration",
+    "load_dir", "load_paths", "load_text",
+]
+
+
+def __getattr__(name: str):
+    # The loader pulls in yaml and jsonschema; import it only when it is used,
+    # so code that only reads catalogs (the router's hot path) stays light.
+    if name in ("load_dir", "load_paths", "load_text"):
+        from . import loader
+        return getattr(loader, name)
+    raise AttributeError(name)
