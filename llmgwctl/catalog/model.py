@@ -88,6 +88,7 @@ class Profile:
     engine: str
     pool: str | None = None
     gpus: int = 1
+    source: str | None = None  # overrides the model's source for this engine only
     priority: int = 0
     weight: float = 1.0
     args: tuple[str, ...] = ()
@@ -95,6 +96,8 @@ class Profile:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "engine": self.engine}
+        if self.source is not None:
+            out["source"] = self.source
         if self.pool is not None:
             out["pool"] = self.pool
         out.update(gpus=self.gpus, priority=self.priority, weight=self.weight)

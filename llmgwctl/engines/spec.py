@@ -40,7 +40,7 @@ class ReplicaSpec:
                     gpu_indices: Sequence[int] = ()) -> "ReplicaSpec":
         return cls(
             id=replica_id, model=model.name, profile=profile.name, engine=profile.engine,
-            source=model.source or model.name, gpus=profile.gpus, args=tuple(profile.args),
+            source=profile.source or model.source or model.name, gpus=profile.gpus, args=tuple(profile.args),
             env=MappingProxyType(dict(profile.env)), gpu_indices=tuple(gpu_indices),
             command=tuple(engine.command), health=engine.health, metrics=engine.metrics,
         )
