@@ -267,7 +267,7 @@ def _check_model(model: Model, engines: Mapping[str, EngineSpec]) -> Iterable[Pr
         if profile.name in seen:
             yield Problem(file, base + ("profiles", i, "name"),
                           f"profile name {profile.name!r} is already used by profiles[{seen[profile.name]}]; "
-                          "give each profile of a model its own name")
+                          "give each profile of a model its own name (an unnamed profile is named after its engine)")
         else:
             seen[profile.name] = i
 
