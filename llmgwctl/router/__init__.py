@@ -1,0 +1,27 @@
+"""The router: the OpenAI-compatible data plane clients talk to.
+
+Owns resolving a request's model (name or alias) against the current catalog,
+choosing an endpoint (priority tiers, load per weight, power of two choices,
+ejection after connection failures), proxying with streams passed through as
+bytes, polling engines' /metrics for load, holding requests for a cold model,
+and reporting usage. Its modules:
+
+    endpoint   Endpoint: one ready replica as the router sees it
+    balancer   per-endpoint state and the pick
+    poller     /metrics polling into the balancer
+    coldstart  the bounded wait for a cold model, and the Waker protocol
+    errors     OpenAI-shaped error responses
+    server     Router (set_endpoints, set_catalog, usage_snapshot) and its aiohttp app
+    static     the static endpoint file (`llmgwctl router --endpoints FILE`)
+    watch      following a controller's watch stream (`llmgwctl router --controller URL`)
+    standalone running a router as its own process
+
+It must not know about placement, agents or the reconciler: it is told the
+endpoints and the catalog, and reports usage, through the narrow surfaces in
+`server.Router`; the control plane imports it, never the other way round.
+"""
+from .coldstart import Waker
+from .endpoint import Endpoint
+from .server import Router, RouterConfig, start
+
+__all__ = ["Endpoint", "Router", "RouterConfig", "Waker", "start"]

@@ -1,0 +1,211 @@
+"""Choosing an endpoint: priority tiers, load per unit of weight, power of two choices.
+
+Owns the router's mutable per-endpoint state -- in-flight count, last use,
+the latest load reading, ejection after connection failures -- and the pick.
+It must not know about HTTP, the catalog or the controller: it is handed the
+endpoint list whole and asked, per request, for one endpoint of one model.
+
+The pick, for one model:
+
+1. Tiers are the model's endpoints grouped by priority, highest first. The
+   first tier with an endpoint that has capacity is used; an endpoint lacks
+   capacity when its engine reports requests waiting (every slot is taken) or
+   its KV cache nearly full. If no tier has capacity, the highest tier with a
+   usable endpoint takes the request and it queues at that engine, which is
+   where the best profile's queue belongs.
+2. Within the tier: two endpoints drawn at random, the one with less load per
+   unit of weight wins (power of two choices). Always taking the global least
+   loaded would send every request arriving in the same poll interval to the
+   same endpoint (herding); two random choices keep nearly the same balance
+   without that.
+3. Ejected endpoints (a refused or reset connection) are skipped until their
+   ejection runs out; if every endpoint of the model is ejected, they are used
+   anyway rather than failing a request on a guess.
+"""
+from __future__ import annotations
+
+import random
+import time
+from typing import Callable, Iterable
+
+from ..engines.spec import LoadReading
+from .endpoint import Endpoint
+
+# An engine is treated as full when this much of its KV cache is in use: past
+# it, vLLM and SGLang start preempting or queueing, so a lower tier with room
+# serves the next request sooner.
+KV_FULL = 0.95
+
+
+class EndpointState:
+    """What the router knows about one endpoint right now. Mutated only on the event loop."""
+
+    __slots__ = ("endpoint", "base_url", "replica_id", "weight", "inflight", "last_used",
+                 "load", "load_at", "ejected_until", "failures")
+
+    def __init__(self, endpoint: Endpoint, last_used: float | None = None):
+        self.endpoint = endpoint
+        self.base_url = endpoint.url          # prebuilt so the hot path only concatenates the path
+        self.replica_id = endpoint.replica_id
+        self.weight = endpoint.weight
+        self.inflight = 0
+        self.last_used = last_used
+        self.load: LoadReading | None = None
+        self.load_at = float("-inf")
+        self.ejected_until = float("-inf")
+        self.failures = 0
+
+    def __repr__(self) -> str:
+        return f"<EndpointState {self.replica_id} inflight={self.inflight} load={self.load}>"
+
+
+Tiers = tuple[tuple[EndpointState, ...], ...]
+
+
+class Balancer:
+    """Per-endpoint state and the pick. `set_endpoints` replaces the list; state survives for ids kept."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic, stale_after: float = 3.0,
+                 eject_base: float = 1.0, eject_max: float = 30.0, rng: random.Random | None = None):
+        self._clock = clock
+        # A reading older than this is unknown, not idle: an engine that stopped
+        # answering /metrics may be wedged under load. The router passes 3 poll intervals.
+        self.stale_after = stale_after
+        self._eject_base = eject_base
+        self._eject_max = eject_max
+        self._rand = (rng or random.Random()).random
+        self._states: dict[str, EndpointState] = {}
+        self._tiers: dict[str, Tiers] = {}
+        self._profiles: dict[str, frozenset[str]] = {}
+        self.generation = 0     # bumped on every change, so callers can cache derived views
+
+    # -- told by the controller ------------------------------------------------
+
+    def set_endpoints(self, endpoints: Iterable[Endpoint]) -> set[str]:
+        """Replace the endpoint list; return the models that gained an endpoint.
+
+        An endpoint kept under the same replica id with the same fields keeps
+        its counters and readings. A request already running on a removed
+        endpoint holds its own reference to the state, so finishing it is safe.
+        """
+        old = self._states
+        states: dict[str, EndpointState] = {}
+        for ep in endpoints:
+            if ep.replica_id in states:
+                raise ValueError(f"replica id {ep.replica_id!r} appears twice in the endpoint list")
+            prev = old.get(ep.replica_id)
+            if prev is not None and prev.endpoint == ep:
+                states[ep.replica_id] = prev
+            else:
+                # Changed fields (a new url after a restart): fresh counters, but the
+                # last use still counts for the idle timeout.
+                states[ep.replica_id] = EndpointState(ep, prev.last_used if prev else None)
+        by_model: dict[str, dict[int, list[EndpointState]]] = {}
+        for st in states.values():
+            by_model.setdefault(st.endpoint.model, {}).setdefault(st.endpoint.priority, []).append(st)
+        gained = {st.endpoint.model for rid, st in states.items() if rid not in old}
+        self._states = states
+        self._tiers = {model: tuple(tuple(tiers[p]) for p in sorted(tiers, reverse=True))
+                       for model, tiers in by_model.items()}
+        self._profiles = {model: frozenset(st.endpoint.profile for tier in tiers.values() for st in tier)
+                          for model, tiers in by_model.items()}
+        self.generation += 1
+        return gained
+
+    # -- read by the controller and the poller ---------------------------------
+
+    def states(self) -> tuple[EndpointState, ...]:
+        return tuple(self._states.values())
+
+    def usage_snapshot(self) -> dict[str, tuple[float | None, int]]:
+        return {rid: (st.last_used, st.inflight) for rid, st in self._states.items()}
+
+    def ready_count(self, model: str) -> int:
+        return sum(len(tier) for tier in self._tiers.get(model, ()))
+
+    def has_profile(self, model: str, profile: str) -> bool:
+        profiles = self._profiles.get(model)
+        return profiles is not None and profile in profiles
+
+    def record(self, state: EndpointState, reading: LoadReading | None) -> None:
+        """Store a poll result; None (no reading, or the poll failed) keeps the old one ageing into unknown."""
+        if reading is not None:
+            state.load = reading
+            state.load_at = self._clock()
+
+    # -- the hot path ------------------------------------------------------------
+
+    def pick(self, model: str, exclude: tuple[EndpointState, ...] = ()) -> EndpointState | None:
+        tiers = self._tiers.get(model)
+        if not tiers:
+            return None
+        now = self._clock()
+        first_usable = None
+        for tier in tiers:
+            usable = [st for st in tier if st.ejected_until <= now and st not in exclude]
+            if not usable:
+                continue
+            if first_usable is None:
+                first_usable = usable
+            roomy = [st for st in usable if self._has_room(st, now)]
+            if roomy:
+                return self._two_choices(roomy, now)
+        if first_usable is not None:
+            return self._two_choices(first_usable, now)
+        # Everything is ejected: the soonest to come back is the best guess.
+        rest = [st for tier in tiers for st in tier if st not in exclude]
+        return min(rest, key=lambda st: st.ejected_until) if rest else None
+
+    def _has_room(self, st: EndpointState, now: float) -> bool:
+        load = st.load
+        if load is None or now - st.load_at > self.stale_after:
+            return True     # unknown: nothing says it is full
+        return load.waiting <= 0 and (load.kv_cache is None or load.kv_cache < KV_FULL)
+
+    def score(self, st: EndpointState, now: float) -> float:
+        """Load per unit of weight; lower is better."""
+        load = st.load
+        if load is None or now - st.load_at > self.stale_after:
+            # Unknown is not idle: count one request more than we know of, so a
+            # peer known to be idle wins a tie but this one still takes traffic
+            # when its peers are busy. An engine without metrics is not stale.
+            busy = st.inflight + (0 if st.endpoint.metrics_path is None else 1)
+        else:
+            # Our in-flight count and the engine's running gauge see the same
+            # requests from two sides: ours is immediate, the engine's lags one
+            # poll but includes other routers' traffic. Take the larger, add the
+            # engine's queue, and scale up as its KV cache fills.
+            busy = (max(st.inflight, load.running) + load.waiting) * (1.0 + (load.kv_cache or 0.0))
+        return busy / st.weight
+
+    def _two_choices(self, cands: list[EndpointState], now: float) -> EndpointState:
+        n = len(cands)
+        if n == 1:
+            return cands[0]
+        i = int(self._rand() * n)
+        j = int(self._rand() * (n - 1))
+        if j >= i:
+            j += 1
+        a, b = cands[i], cands[j]
+        # a and b are in random order, so a tie goes either way.
+        return a if self.score(a, now) <= self.score(b, now) else b
+
+    # -- outcomes -----------------------------------------------------------------
+
+    def eject(self, state: EndpointState) -> float:
+        """Keep `state` out of picks for a while after a refused or reset connection; return for how long.
+
+        The time doubles with each consecutive failure: 1 s first, because the
+        requests right behind the failure should go elsewhere but a blip should
+        cost only a second of capacity; capped at 30 s, because an engine that
+        restarts is back in tens of seconds and one that is really gone is
+        withdrawn by the controller.
+        """
+        state.failures += 1
+        duration = min(self._eject_base * 2 ** (state.failures - 1), self._eject_max)
+        state.ejected_until = self._clock() + duration
+        return duration
+
+    @staticmethod
+    def succeeded(state: EndpointState) -> None:
+        state.failures = 0

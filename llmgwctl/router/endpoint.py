@@ -1,0 +1,58 @@
+"""`Endpoint`: one ready replica as the router sees it -- where it listens and how much traffic it should get.
+
+This is the whole of what the router is told about a replica. It must not know
+how the replica was placed or started: the controller (or a static file, or the
+watch stream) builds these and pushes the complete list.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    replica_id: str         # unique and never reused: usage is reported under it
+    model: str              # the model's canonical name, which is also what the engine serves
+    profile: str            # the catalog profile this replica runs, for cold-start decisions
+    engine: str             # which metrics adapter reads its /metrics
+    url: str                # "http://host:port", no trailing slash
+    priority: int = 0       # higher tiers take traffic first while they have capacity
+    weight: float = 1.0     # relative share of traffic at equal load
+    metrics_path: str | None = "/metrics"   # None: the engine exposes no load gauges
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.replica_id:
+            problems.append("replica_id must not be empty")
+        if not self.model:
+            problems.append("model must not be empty")
+        if not (self.url.startswith("http://") or self.url.startswith("https://")) or self.url.endswith("/"):
+            problems.append(f"url must look like http://host:port without a trailing '/', got {self.url!r}")
+        if not self.weight > 0:
+            problems.append(f"weight must be greater than 0, got {self.weight!r}")
+        if self.metrics_path is not None and not self.metrics_path.startswith("/"):
+            problems.append(f"metrics_path must start with '/', got {self.metrics_path!r}")
+        if problems:
+            raise ValueError(f"endpoint {self.replica_id or '?'}: " + "; ".join(problems))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"replica_id": self.replica_id, "model": self.model, "profile": self.profile,
+                "engine": self.engine, "url": self.url, "priority": self.priority,
+                "weight": self.weight, "metrics_path": self.metrics_path}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Endpoint":
+        """The inverse of `to_dict`; ValueError naming the field when one is missing or mistyped."""
+        try:
+            return cls(
+                replica_id=str(data["replica_id"]), model=str(data["model"]),
+                profile=str(data.get("profile") or ""), engine=str(data.get("engine") or ""),
+                url=str(data["url"]), priority=int(data.get("priority", 0)),
+                weight=float(data.get("weight", 1.0)),
+                metrics_path=data.get("metrics_path", "/metrics"),
+            )
+        except KeyError as exc:
+            raise ValueError(f"endpoint {dict(data)!r}: missing field {exc.args[0]!r}") from None
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"endpoint {dict(data)!r}: {exc}") from None

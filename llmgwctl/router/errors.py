@@ -1,0 +1,91 @@
+"""Error responses in the OpenAI shape: `{"error": {"message", "type", "code"}}`.
+
+Clients are OpenAI SDKs; they read `error.message` and raise by status, so
+every error the router itself produces goes through here. Errors an engine
+returns are passed through untouched: the router is transparent.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+from typing import Iterable
+
+from aiohttp import web
+
+# Seconds a client should wait before retrying, per situation:
+# no replica and nobody to wake one: the controller may be placing one; 5 s is
+# a few of its reconcile passes.
+RETRY_NO_REPLICA = 5
+# the cold-start queue is full: waiters ahead are being served as replicas come
+# up; retrying in 2 s spreads the burst without giving up on the model.
+RETRY_QUEUE_FULL = 2
+# a cold start ran past the timeout: loading a large model takes minutes, so
+# ask for a longer pause than for a plain "no replica".
+RETRY_COLD_TIMEOUT = 10
+
+
+def body(status: int, message: str, type_: str, code: str) -> bytes:
+    return json.dumps({"error": {"message": message, "type": type_, "code": code}}).encode()
+
+
+def response(status: int, message: str, type_: str, code: str, *, headers: dict[str, str] | None = None,
+             ) -> web.Response:
+    return web.Response(status=status, body=body(status, message, type_, code),
+                        content_type="application/json", headers=headers)
+
+
+def invalid_json(detail: str) -> web.Response:
+    return response(400, f"the request body is not valid JSON: {detail}", "invalid_request_error", "invalid_json")
+
+
+def not_an_object() -> web.Response:
+    return response(400, "the request body must be a JSON object", "invalid_request_error", "invalid_body")
+
+
+def missing_model() -> web.Response:
+    return response(400, "the request body must name a model: {\"model\": \"<name>\", ...}; "
+                    "GET /v1/models lists them", "invalid_request_error", "missing_model")
+
+
+def unknown_model(name: str, known: Iterable[str]) -> web.Response:
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else "; GET /v1/models lists them"
+    return response(404, f"the model {name!r} does not exist{hint}", "invalid_request_error", "model_not_found")
+
+
+def too_large(limit: int) -> web.Response:
+    return response(413, f"the request body is larger than the router's limit of {limit} bytes",
+                    "invalid_request_error", "request_too_large")
+
+
+def no_replica(model: str) -> web.Response:
+    return response(503, f"no replica of model {model!r} is ready; retry shortly", "service_unavailable",
+                    "no_ready_replica", headers={"Retry-After": str(RETRY_NO_REPLICA)})
+
+
+def cold_timeout(model: str, waited: float) -> web.Response:
+    return response(503, f"model {model!r} is starting but no replica was ready within {waited:g} s; "
+                    "retry shortly", "service_unavailable", "cold_start_timeout",
+                    headers={"Retry-After": str(RETRY_COLD_TIMEOUT)})
+
+
+def queue_full(model: str, size: int) -> web.Response:
+    return response(429, f"model {model!r} is starting and {size} requests are already waiting for it; "
+                    "retry shortly", "rate_limit_error", "cold_start_queue_full",
+                    headers={"Retry-After": str(RETRY_QUEUE_FULL)})
+
+
+def upstream_failed(model: str, detail: str) -> web.Response:
+    return response(502, f"every replica tried for model {model!r} failed: {detail}", "upstream_error",
+                    "upstream_unavailable")
+
+
+def not_found(path: str) -> web.Response:
+    return response(404, f"no route for {path}", "invalid_request_error", "not_found")
+
+
+def stream_error_event(detail: str) -> bytes:
+    """The last SSE event of a stream whose engine died: OpenAI SDKs raise APIError on it instead of hanging."""
+    doc = {"error": {"message": f"the engine stopped mid-stream: {detail}", "type": "upstream_error",
+                     "code": "upstream_disconnected"}}
+    return b"data: " + json.dumps(doc).encode() + b"\n\n"

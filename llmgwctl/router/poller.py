@@ -1,0 +1,77 @@
+"""Polling each endpoint's `/metrics` for the load gauges the pick weighs.
+
+Owns the polling loop only: fetch, hand the page to the engine drivers' metrics
+adapter (`llmgwctl.engines.parse_load`), store the reading in the balancer. It
+must not know any engine's metric names -- those belong to the drivers.
+
+A failed poll stores nothing: the last reading ages past `stale_after` and the
+balancer then treats the endpoint as unknown, not as idle.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable
+
+import aiohttp
+
+from ..engines.spec import LoadReading
+from .balancer import Balancer, EndpointState
+
+log = logging.getLogger(__name__)
+
+ParseLoad = Callable[[str, str], "LoadReading | None"]
+
+
+def _default_parse(engine: str, text: str) -> LoadReading | None:
+    from ..engines import parse_load     # the adapters live with the drivers
+    return parse_load(engine, text)
+
+
+class LoadPoller:
+    """Reads every endpoint's /metrics each `interval`; `poll_once()` is one pass, for tests."""
+
+    def __init__(self, balancer: Balancer, session: aiohttp.ClientSession, *, interval: float = 1.0,
+                 parse: ParseLoad = _default_parse):
+        self._balancer = balancer
+        self._session = session
+        self.interval = interval
+        self._parse = parse
+        # A poll that takes longer than the interval is as good as missing; the
+        # timeout keeps a wedged engine from holding up the pass for the others.
+        self._timeout = aiohttp.ClientTimeout(total=interval)
+        self._resync = asyncio.Event()
+
+    def resync(self) -> None:
+        """The endpoint list changed: poll now, so a new endpoint gets a reading without waiting a tick."""
+        self._resync.set()
+
+    async def poll_once(self) -> None:
+        states = [st for st in self._balancer.states() if st.endpoint.metrics_path is not None]
+        if states:
+            await asyncio.gather(*(self._poll(st) for st in states))
+
+    async def _poll(self, st: EndpointState) -> None:
+        ep = st.endpoint
+        try:
+            async with self._session.get(ep.url + ep.metrics_path, timeout=self._timeout) as resp:
+                if resp.status != 200:
+                    return
+                text = await resp.text()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return
+        try:
+            reading = self._parse(ep.engine, text)
+        except Exception:   # an adapter bug must not stop polling the other endpoints
+            log.exception("reading %s metrics from %s", ep.engine, ep.url)
+            return
+        self._balancer.record(st, reading)
+
+    async def run(self) -> None:
+        while True:
+            self._resync.clear()
+            await self.poll_once()
+            try:
+                await asyncio.wait_for(self._resync.wait(), self.interval)
+            except asyncio.TimeoutError:
+                pass

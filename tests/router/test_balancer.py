@@ -1,0 +1,188 @@
+"""The pick, on pure state: tiers, load per weight, staleness, ejection. No network, a fake clock."""
+from __future__ import annotations
+
+import collections
+import random
+
+import pytest
+
+from llmgwctl.engines.spec import LoadReading
+from llmgwctl.router.balancer import Balancer
+from llmgwctl.router.endpoint import Endpoint
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def ep(rid: str, model: str = "m", priority: int = 0, weight: float = 1.0, profile: str = "p",
+       metrics: str | None = "/metrics") -> Endpoint:
+    return Endpoint(replica_id=rid, model=model, profile=profile, engine="fake", url=f"http://127.0.0.1:{1000 + len(rid)}",
+                    priority=priority, weight=weight, metrics_path=metrics)
+
+
+def make(*eps: Endpoint, clock: Clock | None = None) -> tuple[Balancer, Clock]:
+    clock = clock or Clock()
+    b = Balancer(clock=clock, stale_after=3.0, rng=random.Random(7))
+    b.set_endpoints(eps)
+    return b, clock
+
+
+def state(b: Balancer, rid: str):
+    return next(s for s in b.states() if s.replica_id == rid)
+
+
+def counts(b: Balancer, model: str = "m", n: int = 2000) -> collections.Counter:
+    return collections.Counter(b.pick(model).replica_id for _ in range(n))
+
+
+def test_unknown_model_or_no_endpoints_picks_nothing():
+    b, _ = make(ep("a"))
+    assert b.pick("other") is None
+    b.set_endpoints([])
+    assert b.pick("m") is None
+
+
+def test_highest_priority_tier_takes_traffic_while_it_has_room():
+    b, _ = make(ep("hi", priority=10), ep("lo", priority=1))
+    assert set(counts(b)) == {"hi"}
+
+
+def test_full_top_tier_spills_to_lower_tier_and_all_full_stays_on_top():
+    b, clock = make(ep("hi", priority=10), ep("lo", priority=1))
+    b.record(state(b, "hi"), LoadReading(running=256, waiting=3))
+    assert set(counts(b)) == {"lo"}
+    b.record(state(b, "lo"), LoadReading(running=4, waiting=0, kv_cache=0.99))
+    # Nobody has room: the request queues at the best profile's engine.
+    assert set(counts(b)) == {"hi"}
+
+
+def test_least_loaded_wins_within_a_tier():
+    b, _ = make(ep("a"), ep("b"))
+    state(b, "a").inflight = 5
+    assert counts(b) == {"b": 2000}
+
+
+def test_engine_gauges_count_as_load():
+    b, _ = make(ep("a"), ep("b"))
+    b.record(state(b, "a"), LoadReading(running=10, waiting=0))
+    b.record(state(b, "b"), LoadReading(running=1, waiting=0))
+    assert counts(b) == {"b": 2000}
+
+
+def test_weight_divides_load():
+    b, _ = make(ep("heavy", weight=4), ep("light", weight=1))
+    state(b, "heavy").inflight = 3     # 3/4 per unit of weight
+    state(b, "light").inflight = 1     # 1/1
+    assert counts(b) == {"heavy": 2000}
+
+
+def test_equal_load_is_spread_not_herded():
+    b, _ = make(ep("a"), ep("b"), ep("c"))
+    got = counts(b, n=3000)
+    assert set(got) == {"a", "b", "c"}
+    assert min(got.values()) > 600
+
+
+def test_stale_reading_is_unknown_not_idle():
+    b, clock = make(ep("a"), ep("b"))
+    b.record(state(b, "a"), LoadReading(running=0, waiting=0))
+    b.record(state(b, "b"), LoadReading(running=0, waiting=0))
+    clock.now += 10      # both stale now
+    b.record(state(b, "a"), LoadReading(running=0, waiting=0))
+    # b has no fresh reading: with equal in-flight, the known-idle a wins every time.
+    assert counts(b) == {"a": 2000}
+    # ...but a busy a loses to the unknown b, which still takes traffic.
+    state(b, "a").inflight = 3
+    assert counts(b) == {"b": 2000}
+
+
+def test_stale_full_reading_no_longer_blocks_the_tier():
+    b, clock = make(ep("hi", priority=10), ep("lo", priority=1))
+    b.record(state(b, "hi"), LoadReading(running=256, waiting=9))
+    assert set(counts(b, n=50)) == {"lo"}
+    clock.now += 3.5
+    assert set(counts(b, n=50)) == {"hi"}
+
+
+def test_endpoint_without_metrics_is_not_penalised_as_stale():
+    b, _ = make(ep("a", metrics=None), ep("b"))
+    b.record(state(b, "b"), LoadReading(running=0, waiting=0))
+    got = counts(b)
+    assert set(got) == {"a", "b"}
+
+
+def test_ejection_grows_and_expires():
+    b, clock = make(ep("a"), ep("b"))
+    a = state(b, "a")
+    assert b.eject(a) == 1.0
+    assert set(counts(b, n=50)) == {"b"}
+    clock.now += 1.01
+    assert "a" in counts(b, n=200)
+    assert b.eject(a) == 2.0
+    assert b.eject(a) == 4.0
+    for _ in range(10):
+        b.eject(a)
+    assert a.ejected_until - clock.now == 30.0
+    b.succeeded(a)
+    assert b.eject(a) == 1.0
+
+
+def test_everything_ejected_still_picks_the_soonest_back():
+    b, _ = make(ep("a"), ep("b"))
+    b.eject(state(b, "a"))
+    b.eject(state(b, "b"))
+    b.eject(state(b, "b"))
+    assert b.pick("m").replica_id == "a"
+
+
+def test_exclude_skips_endpoints_already_tried():
+    b, _ = make(ep("a"), ep("b"))
+    a = state(b, "a")
+    assert all(b.pick("m", (a,)).replica_id == "b" for _ in range(50))
+    assert b.pick("m", (a, state(b, "b"))) is None
+
+
+def test_set_endpoints_keeps_state_of_unchanged_ids_and_reports_new_models():
+    b, clock = make(ep("a"), ep("b"))
+    a = state(b, "a")
+    a.inflight, a.last_used = 2, 5.0
+    gained = b.set_endpoints([ep("a"), ep("c", model="n")])
+    assert gained == {"n"}
+    assert state(b, "a") is a
+    assert b.usage_snapshot() == {"a": (5.0, 2), "c": (None, 0)}
+    # Same id, new url (a restart): fresh counters, last use carried for the idle timeout.
+    moved = Endpoint(replica_id="a", model="m", profile="p", engine="fake", url="http://127.0.0.1:9")
+    b.set_endpoints([moved])
+    assert b.usage_snapshot() == {"a": (5.0, 0)}
+    assert b.has_profile("m", "p") and not b.has_profile("m", "q") and b.ready_count("m") == 1
+
+
+def test_duplicate_replica_ids_are_refused():
+    b, _ = make()
+    with pytest.raises(ValueError, match="appears twice"):
+        b.set_endpoints([ep("a"), ep("a")])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"url": "127.0.0.1:80"}, "url must look like"),
+    ({"url": "http://h:1/"}, "trailing"),
+    ({"weight": 0}, "weight must be greater than 0"),
+    ({"metrics_path": "metrics"}, "metrics_path must start"),
+])
+def test_bad_endpoints_say_what_is_wrong(kwargs, message):
+    fields = dict(replica_id="r", model="m", profile="p", engine="fake", url="http://h:1")
+    fields.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        Endpoint(**fields)
+
+
+def test_endpoint_dict_round_trip():
+    e = ep("a", priority=3, weight=2.5)
+    assert Endpoint.from_dict(e.to_dict()) == e
+    with pytest.raises(ValueError, match="missing field 'url'"):
+        Endpoint.from_dict({"replica_id": "x", "model": "m"})
