@@ -15,6 +15,7 @@ from .. import __version__
 # Imported lazily so `llmgwctl catalog validate` does not pay for aiohttp.
 SUBCOMMANDS = {
     "catalog": "llmgwctl.cli.catalog",
+    "engine": "llmgwctl.cli.engine",
 }
 
 

@@ -1,0 +1,79 @@
+"""Engines: how to launch and probe each kind of inference server.
+
+Owns one driver per built-in engine (vLLM, SGLang, llama.cpp's llama-server,
+and the built-in fake), the template driver for engines a catalog defines,
+and the metrics adapters that turn an engine's /metrics page into a
+`LoadReading`. `spec.py` holds the contract (`ReplicaSpec`, `Launch`,
+`LoadReading`, `Driver`) between controller, agent, router and drivers.
+
+Drivers only *describe* processes (argv, env, probe paths) and read pages;
+they never start, stop or poll anything, so the agent owns process life and
+the router owns polling. Nothing here knows about placement, the reconciler
+or the router; the fake engine's server (`fake_server.py`) is imported only by
+`llmgwctl engine fake`.
+
+    driver_for("vllm") / driver_for(replica_spec)  -> Driver
+    parse_load("sglang", page_text)                -> LoadReading | None
+    available_engines()                            -> {name: (ok, reason)}
+"""
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Iterable, Mapping
+
+from ..catalog import EngineSpec
+from .custom import TemplateDriver, parse_any
+from .errors import EngineError, LaunchError, UnknownEngine
+from .fake import FakeDriver
+from .llamacpp import LlamacppDriver
+from .sglang import SglangDriver
+from .spec import Driver, Launch, LoadReading, ReplicaSpec
+from .vllm import VllmDriver
+
+BUILTIN_DRIVERS: Mapping[str, Driver] = MappingProxyType({
+    d.name: d for d in (VllmDriver(), SglangDriver(), LlamacppDriver(), FakeDriver())
+})
+
+__all__ = [
+    "BUILTIN_DRIVERS", "Driver", "EngineError", "Launch", "LaunchError", "LoadReading", "ReplicaSpec",
+    "TemplateDriver", "UnknownEngine", "available_engines", "driver_for", "parse_load",
+]
+
+
+def driver_for(spec_or_engine: ReplicaSpec | str) -> Driver:
+    """The driver for a replica (a catalog engine's template travels in its spec) or a built-in name."""
+    if isinstance(spec_or_engine, str):
+        try:
+            return BUILTIN_DRIVERS[spec_or_engine]
+        except KeyError:
+            raise UnknownEngine(f"no built-in engine {spec_or_engine!r} (built in: {', '.join(BUILTIN_DRIVERS)}); "
+                                "a catalog-defined engine needs its replica spec, which carries its command") from None
+    spec = spec_or_engine
+    if spec.engine in BUILTIN_DRIVERS:
+        return BUILTIN_DRIVERS[spec.engine]
+    if not spec.command:
+        raise UnknownEngine(f"replica {spec.id}: engine {spec.engine!r} is not built in and its spec carries no "
+                            "command template")
+    return TemplateDriver.for_spec(spec)
+
+
+def parse_load(engine: str, text: str) -> LoadReading | None:
+    """The load on an engine's /metrics page; None if the page has none of the engine's families.
+
+    Never raises: a garbled page is no reading, not an error on the router's poll loop.
+    An engine without a built-in adapter is tried against each of them (see custom.py).
+    """
+    driver = BUILTIN_DRIVERS.get(engine)
+    if driver is None:
+        return parse_any(text)
+    return driver.parse_metrics(text)
+
+
+def available_engines(catalog_engines: Iterable[EngineSpec] = ()) -> dict[str, tuple[bool, str]]:
+    """Which engines this node can run, each with its reason: the built-ins, plus any catalog-defined ones given."""
+    found = {name: driver.available() for name, driver in BUILTIN_DRIVERS.items()}
+    for engine in catalog_engines:
+        if engine.name not in BUILTIN_DRIVERS:
+            found[engine.name] = TemplateDriver(engine.name, engine.command, engine.health,
+                                                engine.metrics).available()
+    return found

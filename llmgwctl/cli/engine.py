@@ -1,0 +1,68 @@
+"""`llmgwctl engine ...`: the built-in fake engine, and which engines this node can run."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+
+@click.group("engine")
+def command() -> None:
+    """Inference engines: run the built-in fake one, list what this node can run."""
+
+
+@command.command("fake")
+@click.option("--model", required=True, help="The model name to serve (requests naming another get 404).")
+@click.option("--port", type=click.IntRange(0, 65535), required=True,
+              help="Port to listen on; 0 picks a free one (printed on the first stdout line).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--replica-id", default="", help="Shown in every reply, to tell replicas apart. [default: the port]")
+@click.option("--startup-delay", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Seconds /health answers 503 (as while a real engine loads weights).")
+@click.option("--tokens-per-second", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Stream pacing per request; 0 = as fast as possible.")
+@click.option("--ttft", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Seconds before the first token, once a slot is free.")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Requests generated at once; more wait and count as waiting.")
+@click.option("--fail-rate", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Share of requests answered 500, spread evenly by a request counter (reproducible).")
+@click.option("--default-max-tokens", type=click.IntRange(min=0), default=16, show_default=True,
+              help="Reply length when a request sets no max_tokens (finish_reason stop).")
+@click.option("--embedding-dim", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Length of the deterministic embedding vectors.")
+def fake(model: str, port: int, host: str, replica_id: str, startup_delay: float, tokens_per_second: float,
+         ttft: float, max_num_seqs: int, fail_rate: float, default_max_tokens: int, embedding_dim: int) -> None:
+    """Serve a fake vLLM: OpenAI routes, /health, /metrics, no GPU."""
+    from ..engines.fake_server import FakeConfig, run
+
+    config = FakeConfig(model=model, host=host, port=port, replica_id=replica_id, startup_delay=startup_delay,
+                        tokens_per_second=tokens_per_second, ttft=ttft, max_num_seqs=max_num_seqs,
+                        fail_rate=fail_rate, default_max_tokens=default_max_tokens, embedding_dim=embedding_dim)
+
+    def announce(bound: int) -> None:
+        # One line a parent process can read to learn the port when it asked for 0.
+        print(f"fake engine serving {model} on http://{host}:{bound}", flush=True)
+
+    try:
+        run(config, announce)
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+@command.command("list")
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def list_(output: str) -> None:
+    """Which built-in engines this node can run, and how to fix the ones it can't."""
+    from ..engines import available_engines
+
+    found = available_engines()
+    if output == "json":
+        click.echo(json.dumps({name: {"available": ok, "reason": why} for name, (ok, why) in found.items()},
+                              indent=2))
+        return
+    width = max(len(n) for n in found)
+    for name, (ok, why) in found.items():
+        click.echo(f"{name:<{width}}  {'yes' if ok else 'no ':<3}  {why}")
+    sys.stdout.flush()

