@@ -1,0 +1,149 @@
+"""Real pieces for router tests: fake-engine processes and a router serving on loopback in a thread.
+
+Engines run as `python -m llmgwctl engine fake` in their own process groups and
+are killed by the fixture even when a test fails. The router runs in a thread
+with its own event loop so tests can drive it with synchronous clients (the
+official `openai` package, `requests`) and still push endpoints and catalogs
+to it through its real interface, on its loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import requests
+
+from llmgwctl.catalog import Catalog, Model, Profile
+from llmgwctl.engines import parse_load
+from llmgwctl.engines.spec import LoadReading
+from llmgwctl.router import Endpoint, Router, RouterConfig, start
+
+# Starting a Python process and binding takes well under a second here; ten
+# covers a loaded 2-core machine.
+START_DEADLINE = 10.0
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+@dataclass
+class Engine:
+    proc: subprocess.Popen
+    url: str
+    model: str
+    replica_id: str
+
+    def load(self) -> LoadReading | None:
+        return parse_load("fake", requests.get(self.url + "/metrics", timeout=5).text)
+
+    def endpoint(self, *, profile: str = "default", priority: int = 0, weight: float = 1.0,
+                 model: str | None = None) -> Endpoint:
+        return Endpoint(replica_id=self.replica_id, model=model or self.model, profile=profile, engine="fake",
+                        url=self.url, priority=priority, weight=weight)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=10)
+
+
+def spawn_engine(model: str, replica_id: str, *args: str) -> Engine:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llmgwctl", "engine", "fake", "--port", "0", "--model", model,
+         "--replica-id", replica_id, *args],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    engine = Engine(proc, "", model, replica_id)
+    try:
+        line = _readline(proc, START_DEADLINE)
+        # "fake engine serving NAME on http://127.0.0.1:PORT"
+        engine.url = line.rsplit(" ", 1)[-1].strip()
+        wait_until(lambda: _healthy(engine.url), START_DEADLINE, what=f"{engine.url}/health")
+    except BaseException:
+        engine.kill()
+        raise
+    return engine
+
+
+def _readline(proc: subprocess.Popen, timeout: float) -> str:
+    box: list[str] = []
+    reader = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not box or not box[0]:
+        raise AssertionError(f"fake engine did not announce its port within {timeout} s (exit {proc.poll()})")
+    return box[0]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return requests.get(url + "/health", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def catalog(*models: tuple[str, tuple[str, ...]] | Model) -> Catalog:
+    """A catalog of fake-engine models: ("name", ("alias", ...)) pairs or ready-made Models."""
+    built = []
+    for m in models:
+        if isinstance(m, Model):
+            built.append(m)
+        else:
+            name, aliases = m
+            built.append(Model(name=name, aliases=aliases, profiles=(Profile(name="default", engine="fake", gpus=0),)))
+    return Catalog(built)
+
+
+class RouterThread:
+    """A real router on 127.0.0.1:<free port>, its loop in a daemon thread."""
+
+    def __init__(self, router: Router):
+        self.router = router
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self._runner, port = self.call_async(start(router, "127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{port}"
+
+    def call_async(self, coro, timeout: float = 30.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` on the router's loop, where the router's surfaces must be called."""
+        async def run():
+            return fn(*args)
+        return self.call_async(run())
+
+    def set_endpoints(self, endpoints) -> None:
+        self.call(self.router.set_endpoints, list(endpoints))
+
+    def set_catalog(self, cat: Catalog) -> None:
+        self.call(self.router.set_catalog, cat)
+
+    def close(self) -> None:
+        try:
+            self.call_async(self._runner.cleanup())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)
+
+
+def make_router(cat: Catalog, *, waker=None, **config: Any) -> Router:
+    return Router(cat, waker=waker, config=RouterConfig(**config))
