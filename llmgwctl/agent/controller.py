@@ -1,0 +1,194 @@
+"""Talking to the controller: the agent's side of the agent protocol.
+
+Owns the two HTTP calls an agent makes -- POST its report, long-poll its
+node's desired replicas -- and the loops that keep them going through a
+controller that is down, restarting or answering garbage. The agent always
+dials out; nothing dials in. It must not know how replicas are run: it hands
+desired specs to the agent core and sends whatever `report()` returns.
+
+What a failing controller does to this node: nothing. The last desired list
+holds, engines keep running, and the loops retry with a growing delay.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable, Protocol
+
+import aiohttp
+
+from ..engines.spec import ReplicaSpec
+from .backoff import Backoff
+from .desired import DesiredFile, parse_replicas
+from .errors import DesiredError
+
+log = logging.getLogger(__name__)
+
+# A report every 5 s: the controller marks a node unreachable after 3 missed
+# reports, so a dead node leaves the router within ~15 s, while one small POST
+# per node every 5 s is nothing for the controller even with hundreds of nodes.
+HEARTBEAT = 5.0
+# The controller holds a long-poll ~30 s; 45 s leaves room for a slow answer
+# and still notices a connection that died silently (NAT, a dropped VPN).
+LONG_POLL_TIMEOUT = 45.0
+# 10 s for a report: it is one small POST; longer means the controller is
+# overloaded, and a fresh report later is worth more than this one.
+REPORT_TIMEOUT = 10.0
+# Retries against a failing controller: 1 s first (a controller restart takes
+# seconds), doubling to 30 s so a fleet of agents does not hammer a controller
+# that is coming back, yet every node rejoins within 30 s of it being up.
+RETRY_INITIAL, RETRY_CAP = 1.0, 30.0
+# A desired file is stat'ed every second: edits show up at once for a person
+# watching, for the cost of one stat call.
+FILE_POLL = 1.0
+
+
+class ControllerError(Exception):
+    """The controller could not be reached or did not answer as the protocol says; retrying may help."""
+
+
+class DesiredSink(Protocol):
+    """Where desired lists go: the agent core. So these loops need no more of the agent than this."""
+
+    desired: tuple[ReplicaSpec, ...] | None
+
+    def set_desired(self, specs: tuple[ReplicaSpec, ...]) -> None: ...
+
+
+class ControllerClient:
+    def __init__(self, base_url: str, node: str, session: aiohttp.ClientSession, token: str | None = None):
+        self.base = base_url.rstrip("/") + f"/api/v1/agents/{node}"
+        self.session = session
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def post_report(self, body: dict[str, Any]) -> None:
+        try:
+            async with self.session.post(self.base + "/report", json=body, headers=self.headers,
+                                         timeout=aiohttp.ClientTimeout(total=REPORT_TIMEOUT)) as resp:
+                if resp.status >= 300:
+                    raise ControllerError(f"POST {self.base}/report: HTTP {resp.status}: {(await resp.text())[:200]}")
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise ControllerError(f"POST {self.base}/report: {exc or type(exc).__name__}") from None
+
+    async def get_desired(self, after: int) -> tuple[int, tuple[ReplicaSpec, ...]] | None:
+        """One long-poll: (version, specs), or None when the controller says nothing changed.
+
+        Raises ControllerError when unreachable or failing, DesiredError when
+        the answer is not a desired list (the version comes with it, so the
+        caller can wait for the next one instead of refetching a bad one).
+        """
+        url = self.base + "/desired"
+        try:
+            async with self.session.get(url, params={"after": str(after)}, headers=self.headers,
+                                        timeout=aiohttp.ClientTimeout(total=LONG_POLL_TIMEOUT)) as resp:
+                if resp.status in (204, 304):
+                    return None
+                if resp.status >= 300:
+                    raise ControllerError(f"GET {url}: HTTP {resp.status}: {(await resp.text())[:200]}")
+                try:
+                    doc = await resp.json(content_type=None)
+                except ValueError as exc:
+                    raise DesiredError(f"GET {url}: answer is not JSON: {exc}") from None
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise ControllerError(f"GET {url}: {exc or type(exc).__name__}") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("version"), int):
+            raise DesiredError(f"GET {url}: expected {{\"version\": N, \"replicas\": [...]}}, got {str(doc)[:200]}")
+        try:
+            return doc["version"], parse_replicas(doc.get("replicas", []), f"{url} version {doc['version']}")
+        except DesiredError as exc:
+            exc.version = doc["version"]
+            raise
+
+
+async def _sleep_unless(stop: asyncio.Event, seconds: float, wake: asyncio.Event | None = None) -> None:
+    waits = {asyncio.ensure_future(stop.wait())}
+    if wake is not None:
+        waits.add(asyncio.ensure_future(wake.wait()))
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
+async def report_loop(client: ControllerClient, report: Callable[[], dict[str, Any]], changed: asyncio.Event,
+                      stop: asyncio.Event, heartbeat: float = HEARTBEAT) -> None:
+    """POST the report on every change and at least every `heartbeat` seconds."""
+    retry = Backoff(initial=RETRY_INITIAL, cap=RETRY_CAP)
+    failing = False
+    while not stop.is_set():
+        changed.clear()
+        try:
+            await client.post_report(report())
+        except ControllerError as exc:
+            delay = retry.failure()
+            if not failing:
+                log.warning("%s; retrying (every %.0f-%.0fs) -- engines keep running", exc, RETRY_INITIAL, RETRY_CAP)
+            failing = True
+            # A change does not cut a retry delay short: that would hammer a controller that is down.
+            await _sleep_unless(stop, delay)
+            continue
+        if failing:
+            log.info("controller reachable again: report delivered")
+        failing = False
+        retry.reset()
+        await _sleep_unless(stop, heartbeat, changed)
+
+
+async def desired_loop(client: ControllerClient, agent: DesiredSink, stop: asyncio.Event) -> None:
+    """Long-poll the node's desired replicas and hand every new list to the agent.
+
+    Any version other than ours counts as new, not only a greater one: a
+    restarted controller counts from 1 again, and waiting for it to pass our
+    old number would freeze this node.
+    """
+    version = 0
+    retry = Backoff(initial=RETRY_INITIAL, cap=RETRY_CAP)
+    failing = False
+    while not stop.is_set():
+        poll = asyncio.ensure_future(client.get_desired(version))
+        stopper = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({poll, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if not poll.done():
+            poll.cancel()
+            await asyncio.gather(poll, return_exceptions=True)
+            return
+        try:
+            got = poll.result()
+        except ControllerError as exc:
+            if not failing:
+                log.warning("%s; keeping the last desired list and retrying", exc)
+            failing = True
+            await _sleep_unless(stop, retry.failure())
+            continue
+        except DesiredError as exc:
+            log.error("%s -- keeping the last good desired list", exc)
+            # Skip the bad version; the controller answers again when it has another.
+            version = _version_of(exc, version)
+            await _sleep_unless(stop, retry.failure())
+            continue
+        if failing:
+            log.info("controller reachable again: following its desired list")
+        failing = False
+        retry.reset()
+        if got is None:
+            continue
+        new_version, specs = got
+        if new_version != version or agent.desired is None:
+            log.info("desired version %d: %d replica(s)", new_version, len(specs))
+            version = new_version
+            agent.set_desired(specs)
+
+
+def _version_of(exc: DesiredError, current: int) -> int:
+    return getattr(exc, "version", current)
+
+
+async def file_loop(follow: DesiredFile, agent: DesiredSink, stop: asyncio.Event, interval: float = FILE_POLL) -> None:
+    """Follow `--desired FILE` instead of a controller."""
+    while not stop.is_set():
+        specs = await asyncio.to_thread(follow.poll)
+        if specs is not None:
+            agent.set_desired(specs)
+        await _sleep_unless(stop, interval)

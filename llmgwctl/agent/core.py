@@ -1,0 +1,467 @@
+"""The agent's core: converge the engines on this node to the desired replicas.
+
+Owns the replicas this node runs and their life (starting, ready, failed,
+stopping), one process group each. Level-triggered: `reconcile_once()` looks
+at what runs and what is desired and does what differs -- start what is
+desired and missing, stop what runs and is no longer desired, replace what
+runs with another spec hash, restart what crashed once its backoff is over.
+The loop only calls it on a tick or when woken, so a test drives it directly.
+
+It must not know where the desired list comes from (a controller's long-poll
+or a file) nor where reports go: the runner hands it specs with
+`set_desired()` and reads `report()` when `on_change` fires. Engines are found
+through the `driver_for` function it is given, so it knows no engine by name.
+
+Safety rules that shape it:
+- Until a desired list has arrived, nothing is stopped: a freshly restarted
+  agent adopts what it finds and waits to be told.
+- A controller that goes away changes nothing here: the last desired holds.
+- Nothing is signalled unless it is provably ours (procs.group_is_ours).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import aiohttp
+
+from .. import __version__
+from ..engines.spec import Driver, ReplicaSpec
+from . import procs, state
+from .backoff import Backoff
+from .gpus import Gpu
+from .ports import PortRange, pick_port
+
+log = logging.getLogger(__name__)
+
+STARTING, READY, FAILED, STOPPING = "starting", "ready", "failed", "stopping"
+
+# 10 min to pass health after launch: vLLM loading a 70B model from local disk
+# and capturing CUDA graphs takes several minutes; longer than this is a hang
+# (a stuck download, a deadlocked NCCL init) that a restart may clear.
+START_TIMEOUT = 600.0
+# 15 s between SIGTERM and SIGKILL: vLLM and SGLang need a few seconds to stop
+# their worker processes and release GPU memory, and a replica is already out
+# of the router (drained) before the controller asks for the stop; an engine
+# still up after that is wedged, and holding its GPUs longer helps nobody.
+STOP_GRACE = 15.0
+# 1 s pass: crash detection and health polling latency, against a handful of
+# /proc reads and local HTTP probes per replica per pass.
+TICK = 1.0
+# 2 s per health probe: a local engine that is up answers in milliseconds; a
+# slow answer during loading counts as not ready yet, and it is re-probed next pass.
+PROBE_TIMEOUT = 2.0
+# After SIGKILL the kernel tears a group down in well under a second; 5 s
+# bounds the wait so a process stuck in uninterruptible I/O (D state) cannot
+# wedge a stop. It is logged and the group is reported as still there.
+KILL_WAIT = 5.0
+
+DriverLookup = Callable[[ReplicaSpec], Driver]
+
+
+@dataclass(eq=False)
+class Replica:
+    """One desired replica on this node and, while it has one, its process."""
+
+    spec: ReplicaSpec
+    backoff: Backoff
+    state: str = STARTING
+    gpu_indices: tuple[int, ...] = ()
+    port: int | None = None
+    pid: int | None = None
+    start_time: int | None = None
+    pgid: int | None = None
+    popen: subprocess.Popen | None = None   # None when adopted: not our child, polled by pid
+    health_path: str = "/health"
+    started_at: float = 0.0
+    restarts: int = 0
+    last_exit: int | None = None
+    last_log: list[str] = field(default_factory=list)
+    reason: str = ""
+    next_start: float | None = None         # when a failed replica may start again; None = not by itself
+    group_task: asyncio.Task | None = None  # stopping, or clearing a crashed engine's leftovers
+
+    @property
+    def running(self) -> bool:
+        return self.pid is not None
+
+    def record(self) -> state.Record | None:
+        if self.pid is None or self.start_time is None or self.pgid is None or self.port is None:
+            return None
+        spec = dataclasses.replace(self.spec, gpu_indices=self.gpu_indices)
+        return state.Record(spec=spec, pid=self.pid, start_time=self.start_time, pgid=self.pgid,
+                            port=self.port, restarts=self.restarts, health_path=self.health_path)
+
+
+class Agent:
+    def __init__(self, *, node: str, gpus: Iterable[Gpu], state_dir: Path, ports: PortRange,
+                 driver_for: DriverLookup, session: aiohttp.ClientSession, host: str = "127.0.0.1",
+                 pools: Iterable[str] = (), engines: Mapping[str, tuple[bool, str]] | None = None,
+                 start_timeout: float = START_TIMEOUT, grace: float = STOP_GRACE,
+                 on_change: Callable[[], None] = lambda: None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.node = node
+        self.gpus = tuple(gpus)
+        self.state_dir = Path(state_dir)
+        self.ports = ports
+        self.host = host
+        self.pools = tuple(pools)
+        self.engines = dict(engines or {})
+        self.driver_for = driver_for
+        self.session = session
+        self.start_timeout = start_timeout
+        self.grace = grace
+        self.on_change = on_change
+        self.clock = clock
+        # Changes on every agent start: a controller seeing a new one knows this
+        # report is a fresh, complete picture rather than the next heartbeat.
+        self.boot_id = uuid.uuid4().hex
+        self.machine_boot = procs.boot_id()
+        self.replicas: dict[str, Replica] = {}
+        self.desired: tuple[ReplicaSpec, ...] | None = None
+        self._wake = asyncio.Event()
+        self._availability: dict[tuple, tuple[bool, str]] = {}
+        self._saved: list[dict] | None = None
+
+    # -- inputs -------------------------------------------------------------
+
+    def set_desired(self, specs: Iterable[ReplicaSpec]) -> None:
+        self.desired = tuple(specs)
+        self.wake()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    def log_path(self, replica_id: str) -> Path:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in replica_id)
+        return self.log_dir / f"{safe}.log"
+
+    def url(self, port: int) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{port}"
+
+    # -- adoption -----------------------------------------------------------
+
+    async def adopt(self) -> list[str]:
+        """Take over the engines a previous run of this agent left running.
+
+        An engine is adopted only if its pid is alive with the recorded start
+        time; it then starts in `starting` and becomes ready when its health
+        check passes, with its restart count kept. A record that matches no
+        live process is dropped and nothing is signalled. Returns adopted ids.
+        """
+        records = await asyncio.to_thread(state.load, self.state_dir, self.machine_boot)
+        adopted = []
+        now = self.clock()
+        for rec in records:
+            alive = await asyncio.to_thread(procs.is_same_process, rec.pid, rec.start_time)
+            if not alive:
+                log.info("replica %s: pid %d from the last run is gone; not adopting it", rec.spec.id, rec.pid)
+                continue
+            self.replicas[rec.spec.id] = Replica(
+                spec=rec.spec, backoff=Backoff(clock=self.clock), state=STARTING,
+                gpu_indices=rec.spec.gpu_indices, port=rec.port, pid=rec.pid, start_time=rec.start_time,
+                pgid=rec.pgid, health_path=rec.health_path, started_at=now, restarts=rec.restarts)
+            adopted.append(rec.spec.id)
+            log.info("replica %s: adopted pid %d on port %d", rec.spec.id, rec.pid, rec.port)
+        if adopted:
+            self._changed()
+        return adopted
+
+    # -- the pass -----------------------------------------------------------
+
+    async def reconcile_once(self) -> None:
+        """One level-triggered pass: observe processes, probe, then converge on desired."""
+        await self._observe_exits()
+        await self._probe_starting()
+        if self.desired is not None:
+            await self._converge(self.desired)
+        await self._housekeeping()
+
+    async def run(self, stop: asyncio.Event, tick: float = TICK) -> None:
+        """Reconcile every `tick` seconds or when woken, until `stop` is set."""
+        while not stop.is_set():
+            self._wake.clear()
+            try:
+                await self.reconcile_once()
+            except Exception:  # a bug in one pass must not end the agent: engines would go unwatched
+                log.exception("reconcile pass failed; retrying next tick")
+            waker = asyncio.ensure_future(self._wake.wait())
+            stopper = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({waker, stopper}, timeout=tick, return_when=asyncio.FIRST_COMPLETED)
+            waker.cancel()
+            stopper.cancel()
+
+    async def close(self) -> None:
+        """Leave the engines running (the next agent adopts them) and write the state file.
+
+        Stops in progress are cancelled; their records stay in the state file
+        as long as their processes live, so the next run finishes them.
+        """
+        for r in self.replicas.values():
+            if r.group_task and not r.group_task.done():
+                r.group_task.cancel()
+        await asyncio.gather(*(r.group_task for r in self.replicas.values() if r.group_task),
+                             return_exceptions=True)
+        await self._save_state()
+
+    async def _observe_exits(self) -> None:
+        for r in list(self.replicas.values()):
+            if r.state not in (STARTING, READY) or r.pid is None:
+                continue
+            if r.popen is not None:
+                code = r.popen.poll()
+                if code is None:
+                    continue
+            else:
+                if await asyncio.to_thread(procs.is_same_process, r.pid, r.start_time or -1):
+                    continue
+                code = None   # not our child: the exit code went to its new parent
+            await self._crashed(r, code, f"engine exited with {_describe_exit(code)}")
+
+    async def _crashed(self, r: Replica, code: int | None, reason: str) -> None:
+        r.last_exit = code
+        r.last_log = await asyncio.to_thread(procs.tail, self.log_path(r.spec.id))
+        delay = r.backoff.failure()
+        r.next_start = self.clock() + delay
+        r.state, r.reason = FAILED, reason
+        log.warning("replica %s: %s; restarting in %.0fs", r.spec.id, reason, delay)
+        # Whatever the engine left in its group (worker processes holding GPU
+        # memory) goes before the restart, which waits for this task.
+        r.group_task = asyncio.create_task(self._terminate(r, detach=True))
+        self._changed()
+
+    async def _probe_starting(self) -> None:
+        starting = [r for r in self.replicas.values() if r.state == STARTING and r.pid is not None]
+        results = await asyncio.gather(*(self._probe(r) for r in starting))
+        now = self.clock()
+        for r, ok in zip(starting, results):
+            if r.state != STARTING:
+                continue
+            if ok:
+                r.state, r.reason = READY, ""
+                r.backoff.ready()
+                log.info("replica %s: ready at %s (pid %d)", r.spec.id, self.url(r.port), r.pid)
+                self._changed()
+            elif now - r.started_at > self.start_timeout:
+                await self._crashed(r, None, f"not healthy within {self.start_timeout:.0f}s of starting")
+
+    async def _probe(self, r: Replica) -> bool:
+        # An engine bound to every address is probed on loopback: the probe must
+        # not depend on how this node's advertised address routes.
+        if self.host in ("0.0.0.0", "::"):
+            url = f"http://127.0.0.1:{r.port}{r.health_path}"
+        else:
+            url = self.url(r.port) + r.health_path
+        try:
+            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT)) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False
+
+    async def _converge(self, desired: tuple[ReplicaSpec, ...]) -> None:
+        want = {s.id: s for s in desired}
+        for r in list(self.replicas.values()):
+            if r.state == STOPPING:
+                continue
+            spec = want.get(r.spec.id)
+            if spec is None:
+                self._stop(r, "no longer desired")
+            elif spec.spec_hash != r.spec.spec_hash:
+                self._stop(r, f"spec changed ({r.spec.spec_hash} -> {spec.spec_hash}); replacing it")
+        now = self.clock()
+        for spec in desired:
+            r = self.replicas.get(spec.id)
+            if r is None:
+                r = self.replicas[spec.id] = Replica(spec=spec, backoff=Backoff(clock=self.clock))
+                await self._start(r)
+            elif (r.state == FAILED and r.next_start is not None and now >= r.next_start
+                  and (r.group_task is None or r.group_task.done())):
+                r.restarts += 1
+                await self._start(r)
+
+    # -- start and stop -----------------------------------------------------
+
+    async def _start(self, r: Replica) -> None:
+        spec = r.spec
+        r.next_start, r.reason = None, ""
+        try:
+            driver = self.driver_for(spec)
+        except Exception as exc:   # an unknown engine: nothing a retry changes
+            return self._fail(r, f"no driver for engine {spec.engine!r}: {exc}", retry=False)
+        ok, why = await self._available(spec, driver)
+        if not ok:
+            return self._fail(r, f"engine {spec.engine!r} is not available on this node: {why}", retry=False)
+        indices, problem = self._assign_gpus(r)
+        if problem:
+            # Another replica may free them (a replacement waiting for its old self to stop).
+            return self._fail(r, problem, retry=True)
+        held = {o.port for o in self.replicas.values() if o is not r and o.port is not None}
+        port = await asyncio.to_thread(pick_port, self.ports, self.host, held, r.port)
+        if port is None:
+            return self._fail(r, f"no free port in {self.ports} on {self.host}", retry=True)
+        launch_spec = dataclasses.replace(spec, gpu_indices=indices)
+        try:
+            launch = driver.launch(launch_spec, host=self.host, port=port)
+        except Exception as exc:   # the driver's message names what to fix in the profile
+            return self._fail(r, f"cannot launch: {exc}", retry=False)
+        env = {**os.environ, **launch.env}
+        # nvidia-smi numbers GPUs by PCI bus; CUDA by default numbers the fastest
+        # first. Without this, index 0 in our inventory may be another CUDA device 0.
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        try:
+            spawned = await asyncio.to_thread(procs.spawn, launch.argv, env, self.log_path(spec.id),
+                                              self.state_dir)
+        except OSError as exc:   # the executable is missing or not runnable
+            return self._fail(r, f"cannot run {launch.argv[0]!r}: {exc}", retry=True)
+        r.state, r.gpu_indices, r.port = STARTING, indices, port
+        r.pid, r.start_time, r.pgid, r.popen = spawned.pid, spawned.start_time, spawned.pid, spawned.popen
+        r.health_path, r.started_at, r.last_log = launch.health_path, self.clock(), []
+        log.info("replica %s: started %s as pid %d on port %d, GPUs %s", spec.id, spec.engine,
+                 spawned.pid, port, list(indices) or "none")
+        self._changed()
+
+    def _fail(self, r: Replica, reason: str, *, retry: bool) -> None:
+        r.state, r.reason = FAILED, reason
+        r.next_start = self.clock() + r.backoff.failure() if retry else None
+        log.error("replica %s: %s", r.spec.id, reason)
+        self._changed()
+
+    async def _available(self, spec: ReplicaSpec, driver: Driver) -> tuple[bool, str]:
+        key = (spec.engine, spec.command)
+        if key not in self._availability:
+            self._availability[key] = await asyncio.to_thread(driver.available)
+        return self._availability[key]
+
+    def _assign_gpus(self, r: Replica) -> tuple[tuple[int, ...], str]:
+        """The replica's GPU indices: the controller's choice, or the lowest free ones."""
+        spec = r.spec
+        have = {g.index for g in self.gpus}
+        taken = {i for o in self.replicas.values() if o is not r and o.running for i in o.gpu_indices}
+        if spec.gpu_indices:
+            wanted = tuple(spec.gpu_indices)
+            unknown = [i for i in wanted if i not in have]
+            if unknown:
+                return (), f"GPU index {unknown} does not exist here (this node has {sorted(have) or 'no GPUs'})"
+            busy = [i for i in wanted if i in taken]
+            if busy:
+                return (), f"GPU {busy} is still held by another replica"
+            return wanted, ""
+        free = [i for i in sorted(have) if i not in taken]
+        if len(free) < spec.gpus:
+            return (), f"needs {spec.gpus} GPU(s), {len(free)} free of {len(have)}"
+        return tuple(free[:spec.gpus]), ""
+
+    def _stop(self, r: Replica, why: str) -> None:
+        log.info("replica %s: stopping: %s", r.spec.id, why)
+        previous = r.group_task
+        r.state, r.reason, r.next_start = STOPPING, why, None
+        r.group_task = asyncio.create_task(self._stop_then_forget(r, previous))
+        self._changed()
+
+    async def _stop_then_forget(self, r: Replica, previous: asyncio.Task | None) -> None:
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)
+        await self._terminate(r)
+        if self.replicas.get(r.spec.id) is r:
+            del self.replicas[r.spec.id]
+        self._changed()
+        self.wake()   # a replacement may be waiting for this id, port or GPUs
+
+    async def _terminate(self, r: Replica, detach: bool = False) -> None:
+        """SIGTERM the replica's group, SIGKILL what is left after the grace period, reap.
+
+        `detach` (after a crash) forgets the process afterwards, keeping the
+        replica's port and counters for the restart.
+        """
+        pgid, started, popen = r.pgid, r.start_time, r.popen
+        if pgid is not None and started is not None:
+            if await asyncio.to_thread(procs.group_is_ours, pgid, started):
+                await self._signal_and_wait(r.spec.id, pgid, popen)
+            else:
+                log.warning("replica %s: pid %d is now another process; not signalling it", r.spec.id, pgid)
+        if popen is not None:
+            popen.poll()   # reap the leader; one stuck past SIGKILL is reaped by Popen's own cleanup later
+        if detach or r.state == STOPPING:
+            r.pid = r.start_time = r.pgid = None
+            r.popen = None
+            self._changed()
+
+    async def _signal_and_wait(self, rid: str, pgid: int, popen: subprocess.Popen | None) -> None:
+        for sig, wait in ((signal.SIGTERM, self.grace), (signal.SIGKILL, KILL_WAIT)):
+            if not await asyncio.to_thread(procs.signal_group, pgid, sig):
+                return
+            deadline = self.clock() + wait
+            while True:
+                if popen is not None:
+                    popen.poll()   # reap the leader as soon as it exits, or it lingers as a zombie
+                if not await asyncio.to_thread(procs.group_members, pgid):
+                    return
+                if self.clock() >= deadline:
+                    break
+                await asyncio.sleep(0.1)
+            if sig == signal.SIGTERM:
+                log.warning("replica %s: still running %.0fs after SIGTERM; sending SIGKILL", rid, wait)
+        log.error("replica %s: process group %d survived SIGKILL (stuck in the kernel?)", rid, pgid)
+
+    # -- bookkeeping --------------------------------------------------------
+
+    def _changed(self) -> None:
+        self.on_change()
+
+    async def _housekeeping(self) -> None:
+        paths = [self.log_path(r.spec.id) for r in self.replicas.values() if r.running]
+        await asyncio.to_thread(lambda: [procs.rotate_log(p) for p in paths])
+        await self._save_state()
+
+    async def _save_state(self) -> None:
+        records = [rec for r in self.replicas.values() if (rec := r.record()) is not None]
+        docs = [rec.to_dict() for rec in records]
+        if docs == self._saved:
+            return
+        await asyncio.to_thread(state.save, self.state_dir, self.machine_boot, records)
+        self._saved = docs
+
+    def report(self) -> dict[str, Any]:
+        """The report the controller receives: who this node is and everything it runs."""
+        return {
+            "node": self.node, "boot_id": self.boot_id, "agent_version": __version__,
+            "pools": list(self.pools),
+            "engines": {name: {"available": ok, "reason": why} for name, (ok, why) in sorted(self.engines.items())},
+            "gpus": [g.to_dict() for g in self.gpus],
+            "replicas": [self._replica_report(r) for r in sorted(self.replicas.values(), key=lambda r: r.spec.id)],
+            "advertise_host": self.host,
+        }
+
+    def _replica_report(self, r: Replica) -> dict[str, Any]:
+        return {
+            "id": r.spec.id, "spec_hash": r.spec.spec_hash, "model": r.spec.model, "profile": r.spec.profile,
+            "engine": r.spec.engine, "gpu_indices": list(r.gpu_indices or r.spec.gpu_indices), "port": r.port,
+            "pid": r.pid, "state": r.state, "restarts": r.restarts, "last_exit": r.last_exit,
+            "last_log": list(r.last_log), "url": self.url(r.port) if r.port is not None else None,
+            "reason": r.reason,
+        }
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "an unknown status (not our child)"
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"

@@ -1,0 +1,111 @@
+"""Which replicas this node should run: parsing a desired list, and following a file of one.
+
+Owns the desired-list document `{replicas: [ReplicaSpec dicts]}` -- what the
+controller's long-poll answers with and what `--desired FILE` holds -- and the
+file follower used when there is no controller. It must not know how replicas
+are started, nor how the controller chooses them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from ..engines.spec import ReplicaSpec
+from .errors import DesiredError
+
+log = logging.getLogger(__name__)
+
+REQUIRED = ("id", "model", "engine")
+
+
+def parse_replicas(items: Any, where: str) -> tuple[ReplicaSpec, ...]:
+    """A list of ReplicaSpec dicts -> specs; DesiredError naming every bad entry."""
+    if not isinstance(items, list):
+        raise DesiredError(f"{where}: 'replicas' must be a list, got {type(items).__name__}")
+    problems, specs, seen = [], [], set()
+    for i, item in enumerate(items):
+        at = f"{where}: replicas[{i}]"
+        if not isinstance(item, Mapping):
+            problems.append(f"{at}: must be a mapping with at least {', '.join(REQUIRED)}")
+            continue
+        missing = [k for k in REQUIRED if not item.get(k)]
+        if missing:
+            problems.append(f"{at}: missing {', '.join(missing)}")
+            continue
+        try:
+            spec = ReplicaSpec.from_dict(item)
+        except (TypeError, ValueError, AttributeError) as exc:
+            problems.append(f"{at}: {exc}")
+            continue
+        if spec.gpu_indices and len(spec.gpu_indices) != spec.gpus and "gpus" in item:
+            problems.append(f"{at}: gpus is {spec.gpus} but gpu_indices lists {len(spec.gpu_indices)}")
+            continue
+        if spec.gpu_indices and "gpus" not in item:
+            spec = ReplicaSpec.from_dict({**item, "gpus": len(spec.gpu_indices)})
+        if spec.id in seen:
+            problems.append(f"{at}: id {spec.id!r} is used twice; ids name one replica each")
+            continue
+        seen.add(spec.id)
+        specs.append(spec)
+    if problems:
+        raise DesiredError("\n".join(problems))
+    return tuple(specs)
+
+
+def parse_document(text: str, where: str) -> tuple[ReplicaSpec, ...]:
+    """A desired file's text (YAML, so JSON too) -> specs."""
+    try:
+        doc = yaml.safe_load(text) if text.strip() else {}
+    except yaml.YAMLError as exc:
+        raise DesiredError(f"{where}: not valid YAML or JSON: {exc}") from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, Mapping):
+        raise DesiredError(f"{where}: expected a mapping with a 'replicas' list")
+    return parse_replicas(doc.get("replicas", []), where)
+
+
+class DesiredFile:
+    """Follows `--desired FILE`: re-read when its mtime, size or inode changes.
+
+    Polled rather than watched with inotify because an editor's save or a
+    `mv` over the file replaces the inode, and a stat per second is cheaper than
+    re-arming watches. An invalid file is logged and the last good list kept.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._seen: tuple[int, int, int] | None = None
+        self.last_error: str | None = None
+
+    def poll(self) -> tuple[ReplicaSpec, ...] | None:
+        """New specs if the file changed and is valid; None otherwise. Blocking: run in a thread."""
+        try:
+            st = self.path.stat()
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+            if stamp == self._seen:
+                return None
+            self._seen = stamp
+            text = self.path.read_text()
+            specs = parse_document(text, str(self.path))
+        except OSError as exc:
+            return self._fail(f"{self.path}: cannot read: {exc.strerror or exc}", None)
+        except DesiredError as exc:
+            return self._fail(str(exc), None)
+        self.last_error = None
+        log.info("%s: %d desired replica(s)", self.path, len(specs))
+        return specs
+
+    def _fail(self, message: str, value):
+        if message != self.last_error:
+            log.error("%s -- keeping the last good desired list", message)
+        self.last_error = message
+        return value
+
+
+def document(specs: tuple[ReplicaSpec, ...]) -> str:
+    return json.dumps({"replicas": [s.to_dict() for s in specs]}, indent=1)

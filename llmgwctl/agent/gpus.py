@@ -1,0 +1,98 @@
+"""Which GPUs this node has: from nvidia-smi, from a simulated SPEC, or none.
+
+Owns the `Gpu` record and the three ways of getting a node's inventory. It
+must not know about replicas or placement: it only says what is there.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import GpuSpecError
+
+log = logging.getLogger(__name__)
+
+NVIDIA_SMI_QUERY = ("--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader,nounits")
+
+SPEC_FORM = "COUNTxNAME-MEMGB[,COUNTxNAME-MEMGB...], e.g. 4xH100-80GB or 2xA100-80GB,1xL4-24GB"
+_SPEC_PART = re.compile(r"^\s*(\d+)\s*[xX]\s*([A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*?)-(\d+)GB\s*$")
+
+# A fixed namespace so a simulated inventory gets the same uuids on every run
+# (and a different set per node name): reports and state files stay comparable.
+_SIM_NAMESPACE = uuid.UUID("6c6c6d67-772d-7369-6d2d-677075000000")
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    index: int
+    uuid: str
+    name: str
+    memory_mib: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "uuid": self.uuid, "name": self.name, "memory_mib": self.memory_mib}
+
+
+def parse_spec(spec: str, node: str = "") -> tuple[Gpu, ...]:
+    """`2xA100-80GB,1xL4-24GB` -> three simulated GPUs, indices 0.. in order."""
+    gpus: list[Gpu] = []
+    parts = spec.split(",")
+    for part in parts:
+        m = _SPEC_PART.match(part)
+        if not m or int(m.group(1)) < 1 or int(m.group(3)) < 1:
+            raise GpuSpecError(f"GPU spec {spec!r}: part {part.strip()!r} is not understood; expected {SPEC_FORM}")
+        count, name, gb = int(m.group(1)), m.group(2), int(m.group(3))
+        for _ in range(count):
+            index = len(gpus)
+            fake = uuid.uuid5(_SIM_NAMESPACE, f"{node}/{index}/{name}-{gb}GB")
+            gpus.append(Gpu(index=index, uuid=f"GPU-{fake}", name=f"{name}-{gb}GB", memory_mib=gb * 1024))
+    return tuple(gpus)
+
+
+def parse_nvidia_smi(text: str) -> tuple[Gpu, ...]:
+    """Parse `nvidia-smi --query-gpu=index,uuid,name,memory.total --format=csv,noheader,nounits`.
+
+    Lines look like `0, GPU-5f0c..., NVIDIA H100 80GB HBM3, 81559`. A name could
+    hold a comma, so index and uuid come from the left and memory from the right.
+    """
+    gpus = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) < 4:
+            raise ValueError(f"nvidia-smi line {lineno}: expected 'index, uuid, name, memory', got {line!r}")
+        try:
+            index, memory = int(fields[0]), int(float(fields[-1]))
+        except ValueError:
+            raise ValueError(f"nvidia-smi line {lineno}: index and memory must be numbers, got {line!r}") from None
+        gpus.append(Gpu(index=index, uuid=fields[1], name=", ".join(fields[2:-1]), memory_mib=memory))
+    return tuple(sorted(gpus, key=lambda g: g.index))
+
+
+def discover(mode: str, node: str = "") -> tuple[Gpu, ...]:
+    """`auto` asks nvidia-smi, `none` is a CPU-only node, anything else is a SPEC.
+
+    Blocking (runs a process): call it from a worker thread on a running loop.
+    """
+    if mode == "none":
+        return ()
+    if mode != "auto":
+        return parse_spec(mode, node)
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        log.info("nvidia-smi not found on PATH: this node reports no GPUs (use --gpus SPEC to simulate some)")
+        return ()
+    try:
+        # 30 s: nvidia-smi can take seconds per GPU while the driver wakes idle
+        # devices; longer than that means a wedged driver, and no GPUs is then the honest answer.
+        out = subprocess.run([exe, *NVIDIA_SMI_QUERY], capture_output=True, text=True, timeout=30, check=True)
+    except (subprocess.SubprocessError, OSError) as exc:
+        log.warning("nvidia-smi failed (%s): this node reports no GPUs", exc)
+        return ()
+    return parse_nvidia_smi(out.stdout)

@@ -1,0 +1,107 @@
+"""Wiring one agent process: discovery, adoption, the reconcile loop and its input/output loops.
+
+Owns the process-level pieces -- the event loop, the one shared aiohttp
+session, signal handling, which desired source is used -- and nothing of the
+logic: that is in core (replicas), controller (protocol) and desired (files).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+import aiohttp
+
+from ..engines.spec import Driver, ReplicaSpec
+from .controller import ControllerClient, desired_loop, file_loop, report_loop
+from .core import START_TIMEOUT, STOP_GRACE, TICK, Agent
+from .desired import DesiredFile
+from .gpus import discover
+from .ports import PortRange
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node: str
+    state_dir: Path
+    ports: PortRange
+    gpus: str = "auto"                     # auto | none | SPEC
+    pools: tuple[str, ...] = ()
+    # Loopback unless told otherwise: an engine has no authentication of its
+    # own, so it is reachable from other machines only when the operator says so.
+    host: str = "127.0.0.1"
+    controller: str | None = None
+    desired_file: Path | None = None
+    token: str | None = None
+    grace: float = STOP_GRACE
+    start_timeout: float = START_TIMEOUT
+    tick: float = TICK
+
+
+def _default_drivers() -> tuple[Callable[[ReplicaSpec], Driver], Callable[[], Mapping[str, tuple[bool, str]]]]:
+    from .. import engines
+    return engines.driver_for, engines.available_engines
+
+
+async def run_agent(cfg: AgentConfig, stop: asyncio.Event | None = None) -> None:
+    """Run until `stop` is set (or SIGTERM/SIGINT when run by `main`). Engines keep running after."""
+    stop = stop or asyncio.Event()
+    driver_for, available_engines = _default_drivers()
+    gpus = await asyncio.to_thread(discover, cfg.gpus, cfg.node)
+    engines = await asyncio.to_thread(available_engines)
+    changed = asyncio.Event()
+    async with aiohttp.ClientSession() as session:
+        agent = Agent(node=cfg.node, gpus=gpus, state_dir=cfg.state_dir, ports=cfg.ports, host=cfg.host,
+                      pools=cfg.pools, engines=engines, driver_for=driver_for, session=session,
+                      start_timeout=cfg.start_timeout, grace=cfg.grace, on_change=changed.set)
+        log.info("agent %s: %d GPU(s), engines available: %s", cfg.node, len(gpus),
+                 ", ".join(n for n, (ok, _) in sorted(engines.items()) if ok) or "none")
+        await agent.adopt()
+        tasks = []
+        if cfg.desired_file is not None:
+            follow = DesiredFile(cfg.desired_file)
+            # Read the file before the first pass, so a restarted agent does not
+            # spend a pass with "desired unknown" when the answer is on disk.
+            first = await asyncio.to_thread(follow.poll)
+            if first is not None:
+                agent.set_desired(first)
+            tasks.append(asyncio.create_task(file_loop(follow, agent, stop), name="desired-file"))
+        if cfg.controller is not None:
+            client = ControllerClient(cfg.controller, cfg.node, session, cfg.token)
+            tasks.append(asyncio.create_task(report_loop(client, agent.report, changed, stop), name="report"))
+            if cfg.desired_file is None:
+                tasks.append(asyncio.create_task(desired_loop(client, agent, stop), name="desired"))
+        tasks.append(asyncio.create_task(agent.run(stop, cfg.tick), name="reconcile"))
+        try:
+            await stop.wait()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await agent.close()
+        log.info("agent %s stopped; its engines keep running and the next agent adopts them", cfg.node)
+
+
+def main(cfg: AgentConfig) -> None:
+    """Run an agent in this process until SIGTERM or SIGINT."""
+    try:
+        import uvloop
+    except ImportError:
+        uvloop = None
+
+    async def _main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run_agent(cfg, stop)
+
+    if uvloop is not None:
+        uvloop.run(_main())
+    else:
+        asyncio.run(_main())

@@ -1,0 +1,100 @@
+"""What the agent remembers across its own restart: `STATE_DIR/replicas.json`.
+
+Owns the record of each engine the agent started (its spec, and the pid, start
+time and group that identify the process) and writing it so that a crash at
+any moment leaves either the old file or the new one, never half of one. It
+must not know how processes are started or probed.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..engines.spec import ReplicaSpec
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+FILENAME = "replicas.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One engine process this agent started: enough to find it again and vouch it is ours."""
+
+    spec: ReplicaSpec
+    pid: int
+    start_time: int       # /proc/PID/stat field 22: with the pid, the process's identity
+    pgid: int
+    port: int
+    restarts: int = 0
+    health_path: str = "/health"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.spec.id, "spec": self.spec.to_dict(), "spec_hash": self.spec.spec_hash,
+                "pid": self.pid, "start_time": self.start_time, "pgid": self.pgid, "port": self.port,
+                "restarts": self.restarts, "health_path": self.health_path}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Record":
+        return cls(spec=ReplicaSpec.from_dict(data["spec"]), pid=int(data["pid"]),
+                   start_time=int(data["start_time"]), pgid=int(data["pgid"]), port=int(data["port"]),
+                   restarts=int(data.get("restarts", 0)), health_path=str(data.get("health_path", "/health")))
+
+
+def save(state_dir: Path, boot_id: str, records: list[Record]) -> None:
+    """Write the records atomically: temp file in the same directory, fsync, rename, fsync the dir."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"format": FORMAT, "boot_id": boot_id, "replicas": [r.to_dict() for r in records]}
+    fd, tmp = tempfile.mkstemp(prefix=f".{FILENAME}.", dir=state_dir)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, state_dir / FILENAME)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    # The rename is durable only once the directory entry is.
+    dfd = os.open(state_dir, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def load(state_dir: Path, boot_id: str) -> list[Record]:
+    """The records of the last run; [] when there is none or it is from another boot.
+
+    A file that cannot be read is set aside as replicas.json.bad-N, not
+    deleted, so an operator can see what the agent could not use; the agent
+    then adopts nothing and kills nothing it cannot vouch for.
+    """
+    path = state_dir / FILENAME
+    try:
+        doc = json.loads(path.read_text())
+        if doc.get("format") != FORMAT:
+            raise ValueError(f"format {doc.get('format')!r}, this agent writes {FORMAT}")
+        if doc.get("boot_id") != boot_id:
+            log.info("%s is from an earlier boot of this machine: none of its engines can still run", path)
+            return []
+        return [Record.from_dict(r) for r in doc.get("replicas", [])]
+    except FileNotFoundError:
+        return []
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        n = 0
+        while (bad := path.with_name(f"{FILENAME}.bad-{n}")).exists():
+            n += 1
+        os.replace(path, bad)
+        log.error("%s could not be read (%s); moved to %s and starting with no engines adopted",
+                  path, exc, bad)
+        return []

@@ -1,0 +1,67 @@
+"""`llmgwctl agent`: run this machine's node agent."""
+from __future__ import annotations
+
+import logging
+import socket
+from pathlib import Path
+
+import click
+
+from ..agent.core import START_TIMEOUT, STOP_GRACE
+
+
+def _ports(ctx: click.Context, param: click.Parameter, value: str):
+    from ..agent.ports import PortRange, PortRangeError
+    try:
+        return PortRange.parse(value)
+    except PortRangeError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _gpus(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from ..agent.gpus import GpuSpecError, parse_spec
+    if value not in ("auto", "none"):
+        try:
+            parse_spec(value)
+        except GpuSpecError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
+
+
+@click.command("agent")
+@click.option("--controller", metavar="URL", help="The controller to report to and take desired replicas from.")
+@click.option("--node", default=socket.gethostname, show_default="this host's name",
+              help="This node's name in the fleet; stable across restarts.")
+@click.option("--gpus", default="auto", show_default=True, callback=_gpus,
+              help="auto (nvidia-smi), none (CPU-only), or a simulated SPEC like 4xH100-80GB or 2xA100-80GB,1xL4-24GB.")
+@click.option("--pool", "pools", multiple=True, metavar="LABEL",
+              help="A pool label placement may target (repeatable).")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Where replicas.json and the engines' logs live; keep it across agent restarts.")
+@click.option("--advertise-host", default="127.0.0.1", show_default=True,
+              help="Address engines bind to and the router reaches them at.")
+@click.option("--ports", default="20000-20999", show_default=True, callback=_ports,
+              help="Port range engines listen on.")
+@click.option("--desired", "desired_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Follow a YAML/JSON file {replicas: [...]} instead of the controller's desired list.")
+@click.option("--token-file", type=click.File("r"), help="Bearer token for the controller, read from this file.")
+@click.option("--grace", type=click.FloatRange(min=0), default=STOP_GRACE, show_default=True,
+              help="Seconds between SIGTERM and SIGKILL when stopping an engine.")
+@click.option("--start-timeout", type=click.FloatRange(min=1), default=START_TIMEOUT, show_default=True,
+              help="Seconds an engine may take to pass its health check before it is restarted.")
+@click.option("-v", "--verbose", is_flag=True, help="Log debug detail.")
+def command(controller, node, gpus, pools, state_dir, advertise_host, ports, desired_file, token_file, grace,
+            start_timeout, verbose) -> None:
+    """Run the node agent: start, watch and stop this machine's engines."""
+    from ..agent import AgentConfig, main
+
+    if controller is None and desired_file is None:
+        raise click.UsageError("give --controller URL, or --desired FILE to run without a controller")
+    token = token_file.read().strip() if token_file else None
+    if token_file and not token:
+        raise click.BadParameter(f"{token_file.name} is empty", param_hint="--token-file")
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    main(AgentConfig(node=node, state_dir=state_dir, ports=ports, gpus=gpus, pools=tuple(pools),
+                     host=advertise_host, controller=controller, desired_file=desired_file, token=token,
+                     grace=grace, start_timeout=start_timeout))
