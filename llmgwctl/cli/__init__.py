@@ -14,6 +14,7 @@ from .. import __version__
 # Subcommand modules, each defining one click command or group named `command`.
 # Imported lazily so `llmgwctl catalog validate` does not pay for aiohttp.
 SUBCOMMANDS = {
+    "agent": "llmgwctl.cli.agent",
     "catalog": "llmgwctl.cli.catalog",
     "engine": "llmgwctl.cli.engine",
 }
