@@ -329,7 +329,7 @@ class Agent:
             return self._fail(r, f"cannot run {launch.argv[0]!r}: {exc}", retry=True)
         r.state, r.gpu_indices, r.port = STARTING, indices, port
         r.pid, r.start_time, r.pgid, r.popen = spawned.pid, spawned.start_time, spawned.pid, spawned.popen
-        r.health_path, r.started_at, r.last_log = launch.health_path, self.clock(), []
+        r.health_path, r.started_at = launch.health_path, self.clock()
         log.info("replica %s: started %s as pid %d on port %d, GPUs %s", spec.id, spec.engine,
                  spawned.pid, port, list(indices) or "none")
         self._changed()

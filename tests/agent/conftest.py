@@ -1,0 +1,56 @@
+"""Agent test fixtures: a recording controller, agent processes, and no engine left behind."""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import socket
+
+import pytest
+
+from .harness import AgentProcess, RecordingController, kill_engines_under
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    # No pytest-asyncio among our test dependencies: run `async def` tests on a fresh loop each.
+    if inspect.iscoroutinefunction(pyfuncitem.obj):
+        args = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+        asyncio.run(pyfuncitem.obj(**args))
+        return True
+    return None
+
+
+@pytest.fixture
+def controller():
+    c = RecordingController()
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def port_range():
+    """A 20-port range around a port the kernel just said was free: no fixed ports in tests."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    low = max(1024, min(port, 65535 - 20))
+    return f"{low}-{low + 19}"
+
+
+@pytest.fixture
+def agents(tmp_path):
+    """`start(*args)` -> AgentProcess; at the end every agent is stopped and every engine it started killed."""
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    started: list[AgentProcess] = []
+
+    def start(*args: str) -> AgentProcess:
+        agent = AgentProcess(["--state-dir", str(state_dir), *args], tmp_path / f"agent-{len(started)}.log")
+        started.append(agent)
+        return agent
+
+    start.state_dir = state_dir
+    yield start
+    for agent in started:
+        agent.stop()
+    kill_engines_under(state_dir)
