@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
 import json
 import math
 import signal
@@ -31,6 +30,9 @@ from functools import partial
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
+
+from .fake_replies import (BadRequest, Chunks, Generation, count_prompt_tokens, embedding_vector,
+                           parse_generation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,14 +59,6 @@ class FakeConfig:
     max_model_len: int = 4096
 
 
-class BadRequest(Exception):
-    """The request body is not something an OpenAI server would accept."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
-
-
 # Compact like vLLM's pydantic output: fewer bytes per reply on the hot path.
 _dumps = partial(json.dumps, separators=(",", ":"))
 
@@ -76,44 +70,6 @@ def error_body(message: str, type_: str, code: int, param: str | None = None) ->
 
 def error_response(status: int, message: str, type_: str, param: str | None = None) -> web.Response:
     return web.json_response(error_body(message, type_, status, param), status=status, dumps=_dumps)
-
-
-# Filler vocabulary after the identity tokens. Fixed so replies are deterministic.
-_FILLER = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
-
-
-def digest(payload: Any) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def reply_tokens(model: str, replica: str, prompt_digest: str, count: int) -> list[str]:
-    """The reply: who answered, to what, then filler; `count` tokens, each a word.
-
-    The identity comes first so even a short max_tokens shows the replica.
-    """
-    words = [f"replica={replica}", f"model={model}", f"prompt={prompt_digest[:12]}"]
-    words += [_FILLER[i % len(_FILLER)] for i in range(max(0, count - len(words)))]
-    words = words[:count]
-    return [w if i == 0 else " " + w for i, w in enumerate(words)]
-
-
-def count_prompt_tokens(text: str) -> int:
-    # A whitespace count stands in for a tokenizer: deterministic and cheap.
-    return max(1, len(text.split()))
-
-
-def embedding_vector(item: Any, dim: int) -> list[float]:
-    """A unit vector that depends only on the input: same text, same vector."""
-    seed = digest(item).encode()
-    raw: list[float] = []
-    block = 0
-    while len(raw) < dim:
-        h = hashlib.sha256(seed + block.to_bytes(4, "little")).digest()
-        raw += [(b - 127.5) / 127.5 for b in h]
-        block += 1
-    raw = raw[:dim]
-    norm = math.sqrt(sum(x * x for x in raw)) or 1.0
-    return [x / norm for x in raw]
 
 
 class Slots:
@@ -136,18 +92,6 @@ class Slots:
     def release(self) -> None:
         self.running -= 1
         self._sem.release()
-
-
-@dataclass(slots=True)
-class Generation:
-    """One validated completion request, and the reply it will get."""
-
-    kind: str                  # "chat" or "text"
-    stream: bool
-    include_usage: bool
-    prompt_tokens: int
-    tokens: list[str]
-    finish_reason: str
 
 
 class FakeEngine:
@@ -226,54 +170,6 @@ class FakeEngine:
             return error_response(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
         return None
 
-    def generation(self, body: dict[str, Any], kind: str) -> Generation:
-        if kind == "chat":
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise BadRequest("'messages' must be a non-empty list", "messages")
-            texts = []
-            for i, m in enumerate(messages):
-                if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                    raise BadRequest(f"messages[{i}] must be an object with a string 'role'", "messages")
-                content = m.get("content")
-                if isinstance(content, list):   # content parts: [{"type": "text", "text": ...}]
-                    content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-                texts.append(str(content or ""))
-            prompt_text, prompt_digest = " ".join(texts), digest(messages)
-        else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1:
-                prompt = prompt[0]
-            if not isinstance(prompt, str):
-                raise BadRequest("'prompt' must be a string (batched prompts are not supported)", "prompt")
-            prompt_text, prompt_digest = prompt, digest(prompt)
-
-        limit_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-        limit = body.get(limit_key)
-        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-            raise BadRequest(f"'{limit_key}' must be a positive integer, got {limit!r}", limit_key)
-        natural = self.config.default_max_tokens
-        if limit is None:
-            count, finish = natural, "stop"
-        elif body.get("ignore_eos"):
-            # vLLM's extension: generate exactly max_tokens; benchmarks use it for long streams.
-            count, finish = limit, "length"
-        else:
-            count, finish = min(limit, natural), ("length" if limit < natural else "stop")
-
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise BadRequest("'stream' must be a boolean", "stream")
-        options = body.get("stream_options") or {}
-        if not isinstance(options, dict):
-            raise BadRequest("'stream_options' must be an object", "stream_options")
-        return Generation(
-            kind=kind, stream=stream, include_usage=bool(stream and options.get("include_usage")),
-            prompt_tokens=count_prompt_tokens(prompt_text),
-            tokens=reply_tokens(self.config.model, self.replica, prompt_digest, count),
-            finish_reason=finish,
-        )
-
     # -- handlers ----------------------------------------------------------
 
     async def health(self, request: web.Request) -> web.Response:
@@ -317,7 +213,8 @@ class FakeEngine:
         if error is not None:
             return error
         try:
-            gen = self.generation(body, kind)
+            gen = parse_generation(body, kind, model=self.config.model, replica=self.replica,
+                                   natural=self.config.default_max_tokens)
         except BadRequest as exc:
             return error_response(400, str(exc), "BadRequestError", exc.param)
         if gen.stream:
@@ -353,7 +250,7 @@ class FakeEngine:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                "Cache-Control": "no-cache", "X-Fake-Replica": self.replica})
         await response.prepare(request)
-        chunks = _Chunks(gen, self.config.model)
+        chunks = Chunks(gen, self.config.model)
         acquired = False
         done = False
         try:
@@ -463,61 +360,6 @@ class FakeEngine:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
         return app
-
-
-class _Chunks:
-    """SSE chunk bytes for one stream, in vLLM's shapes.
-
-    Everything but the token text is fixed per stream, so each chunk is a
-    pre-built prefix + the JSON-escaped token + a pre-built suffix.
-    """
-
-    def __init__(self, gen: Generation, model: str):
-        self.gen = gen
-        created = int(time.time())
-        if gen.kind == "chat":
-            self.head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
-                         "created": created, "model": model}
-        else:
-            self.head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-                         "created": created, "model": model}
-        head = json.dumps(self.head, separators=(",", ":"))[:-1]   # without the closing brace
-        if gen.kind == "chat":
-            self._prefix = f'data: {head},"choices":[{{"index":0,"delta":{{"content":'.encode()
-            self._suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
-            self._last_suffix = (f'}},"logprobs":null,"finish_reason":"{gen.finish_reason}",'
-                                 f'"stop_reason":null}}]}}\n\n').encode()
-        else:
-            self._prefix = f'data: {head},"choices":[{{"index":0,"text":'.encode()
-            self._suffix = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
-            self._last_suffix = (f',"logprobs":null,"finish_reason":"{gen.finish_reason}",'
-                                 f'"stop_reason":null}}]}}\n\n').encode()
-
-    def _event(self, payload: dict[str, Any]) -> bytes:
-        return b"data: " + json.dumps({**self.head, **payload}, separators=(",", ":")).encode() + b"\n\n"
-
-    def first(self) -> bytes:
-        # vLLM's chat stream opens with the role and empty content; completions have no such chunk.
-        if self.gen.kind != "chat":
-            return b""
-        return self._event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                         "logprobs": None, "finish_reason": None}]})
-
-    def token(self, i: int, last: bool) -> bytes:
-        text = json.dumps(self.gen.tokens[i]).encode()
-        return self._prefix + text + (self._last_suffix if last else self._suffix)
-
-    def empty_finish(self) -> bytes:
-        if self.gen.kind == "chat":
-            choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": self.gen.finish_reason,
-                      "stop_reason": None}
-        else:
-            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": self.gen.finish_reason,
-                      "stop_reason": None}
-        return self._event({"choices": [choice]})
-
-    def usage(self, usage: dict[str, Any]) -> bytes:
-        return self._event({"choices": [], "usage": usage})
 
 
 def _escape_label(value: str) -> str:
