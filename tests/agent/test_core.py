@@ -1,0 +1,152 @@
+"""The agent core driven pass by pass with an injected clock: start timeouts,
+backoff restarts, adoption and its guards. Engines are real processes; only
+time is simulated, so nothing here waits for a timeout to pass."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+
+import aiohttp
+import pytest
+
+from llmgwctl.agent import FAILED, READY, STARTING, Agent, PortRange, parse_spec
+from llmgwctl.agent import procs, state
+from llmgwctl.engines import driver_for
+from llmgwctl.engines.spec import ReplicaSpec
+
+from .harness import group_alive
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def fake_spec(rid: str, *args: str, gpus: int = 1, engine: str = "fake") -> ReplicaSpec:
+    return ReplicaSpec(id=rid, model="m", profile="p", engine=engine, source="m", gpus=gpus, args=args)
+
+
+@pytest.fixture
+def groups():
+    """Process groups to kill at the end, whatever happened."""
+    pgids: list[int] = []
+    yield pgids
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def make_agent(tmp_path, port_range, session, clock, **kw) -> Agent:
+    return Agent(node="n", gpus=parse_spec("1xL4-24GB"), state_dir=tmp_path, ports=PortRange.parse(port_range),
+                 driver_for=driver_for, session=session, clock=clock, **kw)
+
+
+async def test_start_timeout_then_restart_after_backoff(tmp_path, port_range, groups):
+    clock = FakeClock()
+    async with aiohttp.ClientSession() as session:
+        agent = make_agent(tmp_path, port_range, session, clock, start_timeout=60, grace=5)
+        # The fake engine answers /health 503 for 300 s: it never becomes ready here.
+        agent.set_desired([fake_spec("slow", "--startup-delay", "300")])
+        await agent.reconcile_once()
+        r = agent.replicas["slow"]
+        groups.append(r.pgid)
+        first_pid = r.pid
+        assert r.state == STARTING and r.gpu_indices == (0,)
+
+        await agent.reconcile_once()
+        assert r.state == STARTING        # not healthy, but within its start timeout
+
+        clock.t += 61
+        await agent.reconcile_once()
+        assert r.state == FAILED and "not healthy within 60s" in r.reason
+        await r.group_task
+        assert group_alive(first_pid) == []
+
+        await agent.reconcile_once()
+        assert r.state == FAILED and r.restarts == 0   # backoff (1 s) not over yet
+
+        clock.t += 1
+        await agent.reconcile_once()
+        groups.append(r.pgid)
+        assert r.state == STARTING and r.restarts == 1 and r.pid != first_pid
+        assert agent.report()["replicas"][0]["restarts"] == 1
+        await agent.close()
+
+
+async def test_unknown_and_unavailable_engines_are_failed_with_a_reason(tmp_path, port_range):
+    async with aiohttp.ClientSession() as session:
+        agent = make_agent(tmp_path, port_range, session, FakeClock())
+        agent.set_desired([fake_spec("x", engine="nope"), fake_spec("y", engine="vllm"),
+                           fake_spec("z", gpus=2)])
+        await agent.reconcile_once()
+        reps = {r["id"]: r for r in agent.report()["replicas"]}
+        assert {r["state"] for r in reps.values()} == {FAILED}
+        assert "no driver for engine 'nope'" in reps["x"]["reason"]
+        assert "not available on this node" in reps["y"]["reason"]
+        assert "needs 2 GPU(s), 1 free of 1" in reps["z"]["reason"]
+        assert all(r["pid"] is None for r in reps.values())
+
+
+def sleeper(tmp_path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True,
+                            cwd=tmp_path)
+
+
+async def test_adoption_waits_for_desired_and_never_touches_a_stranger(tmp_path, port_range, groups):
+    ours, stranger = sleeper(tmp_path), sleeper(tmp_path)
+    groups.extend([ours.pid, stranger.pid])
+    boot = procs.boot_id()
+    ours_rec = state.Record(spec=fake_spec("ours"), pid=ours.pid, start_time=procs.start_time(ours.pid),
+                            pgid=ours.pid, port=1)
+    # The stranger's record has the wrong start time: what a reused pid looks like.
+    stranger_rec = state.Record(spec=fake_spec("gone"), pid=stranger.pid,
+                                start_time=procs.start_time(stranger.pid) - 1, pgid=stranger.pid, port=2)
+    state.save(tmp_path, boot, [ours_rec, stranger_rec])
+    clock = FakeClock()
+    async with aiohttp.ClientSession() as session:
+        agent = make_agent(tmp_path, port_range, session, clock, grace=5)
+        assert await agent.adopt() == ["ours"]
+        # No desired list yet: nothing is stopped, however long it takes.
+        await agent.reconcile_once()
+        clock.t += 10
+        await agent.reconcile_once()
+        assert ours.poll() is None and agent.replicas["ours"].state == STARTING
+        assert agent.replicas["ours"].restarts == 0
+
+        agent.set_desired([])
+        await agent.reconcile_once()
+        await agent.replicas["ours"].group_task
+        assert group_alive(ours.pid) == []
+        assert stranger.poll() is None, "a process the agent cannot vouch for is never signalled"
+        await agent.reconcile_once()
+        assert agent.replicas == {}
+        assert state.load(tmp_path, boot) == []
+    ours.wait(10)
+    stranger.kill()
+    stranger.wait(10)
+
+
+async def test_ready_engine_is_recorded_for_adoption(tmp_path, port_range, groups):
+    async with aiohttp.ClientSession() as session:
+        agent = make_agent(tmp_path, port_range, session, FakeClock(), host="127.0.0.1")
+        agent.set_desired([fake_spec("a", gpus=0)])
+        await agent.reconcile_once()
+        r = agent.replicas["a"]
+        groups.append(r.pgid)
+        for _ in range(300):          # bounded: the engine's cold start on a busy machine
+            await agent.reconcile_once()
+            if r.state == READY:
+                break
+            await asyncio.sleep(0.1)
+        assert r.state == READY
+        rec = state.load(tmp_path, procs.boot_id())
+        assert [(x.spec.id, x.pid, x.port) for x in rec] == [("a", r.pid, r.port)]
+        await agent.close()
