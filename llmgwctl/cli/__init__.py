@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "agent": "llmgwctl.cli.agent",
     "catalog": "llmgwctl.cli.catalog",
     "engine": "llmgwctl.cli.engine",
+    "router": "llmgwctl.cli.router",
 }
 
 

@@ -107,7 +107,7 @@ def catalog(*models: tuple[str, tuple[str, ...]] | Model) -> Catalog:
             built.append(m)
         else:
             name, aliases = m
-            built.append(Model(name=name, aliases=aliases, profiles=(Profile(name="default", engine="fake", gpus=0),)))
+            built.append(Model(name=name, aliases=aliases, source=f"org/{name}", profiles=(Profile(name="default", engine="fake", gpus=0),)))
     return Catalog(built)
 
 

@@ -1,0 +1,89 @@
+"""`llmgwctl router`: the OpenAI-compatible router as its own process."""
+from __future__ import annotations
+
+import logging
+import os
+
+import click
+
+
+def _listen(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise click.BadParameter(f"expected HOST:PORT like 127.0.0.1:8080, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+@click.command("router")
+@click.option("--listen", default="127.0.0.1:8080", show_default=True, callback=_listen,
+              help="Address for the OpenAI-compatible API; port 0 picks a free one (printed on stdout).")
+@click.option("--controller", metavar="URL", help="Follow this controller's endpoint and catalog watch stream.")
+@click.option("--endpoints", "endpoints_file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="A static endpoint list (YAML), for a router with no control plane. Needs --catalogs.")
+@click.option("--catalogs", "catalogs_dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="The catalog directory the static endpoints' models are in; followed for edits.")
+@click.option("--token", envvar="LLMGW_TOKEN", help="Bearer token for the controller's API. [env: LLMGW_TOKEN]")
+@click.option("--poll-interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+              help="Seconds between reads of each engine's /metrics.")
+@click.option("--cold-timeout", type=click.FloatRange(min=0), default=120.0, show_default=True,
+              help="Seconds a request waits for a cold model's first replica before 503.")
+@click.option("--cold-queue", type=click.IntRange(min=0), default=256, show_default=True,
+              help="Requests that may wait per cold model; more get 429.")
+@click.option("--max-body-bytes", type=click.IntRange(min=1), default=32 * 1024 * 1024, show_default=True,
+              help="Larger request bodies get 413.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True)
+def command(listen: tuple[str, int], controller: str | None, endpoints_file: str | None, catalogs_dir: str | None,
+            token: str | None, poll_interval: float, cold_timeout: float, cold_queue: int, max_body_bytes: int,
+            log_level: str) -> None:
+    """Serve the OpenAI-compatible API, routing each request to a ready, lightly loaded replica."""
+    if controller and (endpoints_file or catalogs_dir):
+        raise click.UsageError("use either --controller or --endpoints with --catalogs, not both")
+    if not controller and not (endpoints_file and catalogs_dir):
+        raise click.UsageError("give --controller URL, or both --endpoints FILE and --catalogs DIR")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from ..catalog import CatalogError
+    from ..router import RouterConfig
+    from ..router.standalone import run
+    from ..router.static import EndpointFileError
+
+    config = RouterConfig(poll_interval=poll_interval, cold_timeout=cold_timeout, cold_queue=cold_queue,
+                          max_body_bytes=max_body_bytes)
+    _raise_fd_limit()
+    host, port = listen
+
+    def announce(bound: int) -> None:
+        # One line a parent process can read to learn the port when it asked for 0.
+        click.echo(f"router listening on http://{host}:{bound}")
+
+    coro = run(host, port, endpoints_file=endpoints_file, catalogs_dir=catalogs_dir, controller=controller,
+               token=token, config=config, on_listening=announce)
+    try:
+        _run_loop(coro)
+    except (CatalogError, EndpointFileError) as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def _run_loop(coro) -> None:
+    try:
+        import uvloop
+    except ImportError:     # the `fast` extra is optional; asyncio's loop works, slower
+        import asyncio
+        asyncio.run(coro)
+        return
+    uvloop.run(coro)
+
+
+def _raise_fd_limit() -> None:
+    # Every proxied request holds two sockets (client and engine); the usual
+    # soft limit of 1024 would cap the router near 500 concurrent streams.
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass

@@ -1,0 +1,109 @@
+"""Running a router as its own process: static files, or following a controller.
+
+Owns wiring a `Router` to its source of endpoints and catalog, serving it, and
+stopping cleanly on SIGTERM/SIGINT. The CLI (`llmgwctl router`) only parses
+options and calls `run`.
+
+- Static (`endpoints_file` + `catalogs_dir`): the catalog directory is followed
+  by the catalog watcher (a valid edit swaps in, an invalid one is logged and
+  ignored); the endpoint file is re-read after every catalog swap (its defaults
+  come from the catalog) and on SIGHUP. Nothing wakes cold models: a model
+  without endpoints answers 503 at once.
+- Controller (`controller`): the first watch answer is awaited before listening,
+  so the router never answers "no such model" just because it has not heard
+  the catalog yet; after that it follows the watch and keeps serving its last
+  list while the controller is away.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Callable
+
+import aiohttp
+
+from ..catalog import Live
+from .server import Router, RouterConfig, start
+from .static import EndpointFileError, load_endpoints
+from .watch import ControllerWaker, ControllerWatch, WatchError, backoff
+
+log = logging.getLogger(__name__)
+
+
+async def run(host: str, port: int, *, endpoints_file: str | None = None, catalogs_dir: str | None = None,
+              controller: str | None = None, token: str | None = None, config: RouterConfig = RouterConfig(),
+              on_listening: Callable[[int], None] | None = None, stop: asyncio.Event | None = None) -> None:
+    """Serve until SIGTERM/SIGINT (or `stop`). CatalogError / EndpointFileError if the static files are bad."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    tasks: list[asyncio.Task] = []
+    session = aiohttp.ClientSession()     # control-plane calls only; engine traffic has its own pool
+    runner = None
+    try:
+        if controller is not None:
+            router = Router(waker=ControllerWaker(controller, session, token=token), config=config)
+            watch = ControllerWatch(router, controller, session, token=token)
+            await _first_contact(watch, controller, stop)
+            if stop.is_set():
+                return
+            tasks.append(loop.create_task(watch.run()))
+        else:
+            assert endpoints_file is not None and catalogs_dir is not None
+            router = _static(endpoints_file, catalogs_dir, config, tasks, stop)
+        runner, bound = await start(router, host, port)
+        log.info("router listening on http://%s:%d", host, bound)
+        if on_listening is not None:
+            on_listening(bound)
+        await stop.wait()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if runner is not None:
+            await runner.cleanup()
+        await session.close()
+
+
+async def _first_contact(watch: ControllerWatch, controller: str, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            await watch.poll_once()
+            return
+        except WatchError as exc:
+            watch.failures += 1
+            delay = backoff(watch.failures)
+            log.warning("waiting for the controller at %s before listening (retry in %.1f s): %s",
+                        controller, delay, exc)
+            try:
+                await asyncio.wait_for(stop.wait(), delay)
+            except asyncio.TimeoutError:
+                pass
+
+
+def _static(endpoints_file: str, catalogs_dir: str, config: RouterConfig, tasks: list[asyncio.Task], stop: asyncio.Event) -> Router:
+    from ..catalog.watcher import CatalogWatcher
+
+    live = Live()
+    watcher = CatalogWatcher(catalogs_dir, live)
+    catalog = watcher.load_initial()          # CatalogError: nothing to serve yet, the CLI reports it
+    router = Router(catalog, config=config)
+    router.set_endpoints(load_endpoints(endpoints_file, catalog))   # EndpointFileError likewise
+
+    def reread() -> None:
+        try:
+            router.set_endpoints(load_endpoints(endpoints_file, router.catalog))
+            log.info("endpoints re-read from %s", endpoints_file)
+        except EndpointFileError as exc:
+            log.error("keeping the endpoints in force; %s is not usable:\n%s", endpoints_file, exc)
+
+    def swapped(old, new) -> None:
+        router.set_catalog(new)
+        reread()
+
+    live.subscribe(swapped)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reread)
+    tasks.append(asyncio.get_running_loop().create_task(watcher.run(stop)))
+    return router

@@ -1,0 +1,185 @@
+"""Following a controller from a router in its own process (`llmgwctl router --controller URL`).
+
+Owns the client side of two control-API calls; the controller implements the
+server side from this description.
+
+Watch (long poll)::
+
+    GET {controller}/api/v1/watch/endpoints?after=VERSION
+    Authorization: Bearer TOKEN          (when the router was given one)
+
+    200 application/json
+    {
+      "version": 42,                      # integer, grows by at least 1 with every change
+      "catalog": {...},                   # Catalog.to_dict() of the catalog in force
+      "endpoints": [                      # every ready endpoint: the complete list, not a delta
+        {"replica_id": "r-7", "model": "qwen2.5-7b-instruct", "profile": "h100",
+         "engine": "vllm", "url": "http://10.0.0.5:8000", "priority": 10,
+         "weight": 2.0, "metrics_path": "/metrics"}
+      ]
+    }
+
+- `after` is the last version the router applied; the first call sends 0.
+- The controller answers at once when its version is greater than `after`;
+  otherwise it holds the request until something changes, and after about
+  30 s answers with its current state anyway (same version), so proxies and
+  dead peers are noticed.
+- A version *lower* than `after` means the controller restarted and counts
+  from the beginning again: the router applies that answer as it would a
+  newer one.
+- Endpoint fields are those of `Endpoint.to_dict()`; `priority`, `weight` and
+  `metrics_path` may be omitted (0, 1.0, "/metrics"). The router applies the
+  catalog first, then the endpoints, so a new model's endpoints never arrive
+  before the catalog that names it.
+
+Wake::
+
+    POST {controller}/api/v1/wake
+    {"model": "qwen2.5-7b-instruct"}     # canonical name
+    -> 202, body ignored
+
+sent at most once per model per cold period (see `coldstart.ColdStart.demand`).
+
+While the controller is unreachable the router keeps serving its last list and
+catalog, and reconnects with backoff.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any, Awaitable, Callable, Iterable, Protocol
+
+import aiohttp
+
+from ..catalog import Catalog, CatalogError
+from .endpoint import Endpoint
+
+log = logging.getLogger(__name__)
+
+# The controller holds a watch for about 30 s; no answer in 45 s means the
+# connection is dead, not that nothing changed.
+WATCH_TIMEOUT = 45.0
+# Reconnect backoff: first retry after half a second (a controller restart is
+# usually that quick), doubling to 15 s so a long outage costs one request
+# every 15 s and a recovery is noticed within that.
+BACKOFF_FIRST = 0.5
+BACKOFF_MAX = 15.0
+
+
+class RouterSink(Protocol):
+    """Where a watch delivers what it learns: the router's two push surfaces.
+
+    Declared here so the watch client depends only on these two methods, the
+    same ones the controller calls when both run in one process.
+    """
+
+    def set_catalog(self, catalog: Catalog) -> None: ...
+
+    def set_endpoints(self, endpoints: Iterable[Endpoint]) -> None: ...
+
+
+class WatchError(Exception):
+    """One watch round failed; the loop backs off and retries."""
+
+
+def backoff(failures: int) -> float:
+    """Seconds to wait after `failures` consecutive failed rounds (1, 2, ...)."""
+    return min(BACKOFF_FIRST * 2 ** (failures - 1), BACKOFF_MAX)
+
+
+def _load_catalog(doc: Any) -> Catalog:
+    from ..catalog import load_text     # the YAML/JSON loader; JSON is YAML
+    return load_text(json.dumps(doc), file="<controller catalog>")
+
+
+class ControllerWatch:
+    def __init__(self, sink: RouterSink, controller: str, session: aiohttp.ClientSession, *, token: str | None = None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 clock: Callable[[], float] = time.monotonic):
+        self._sink = sink
+        self._url = controller.rstrip("/") + "/api/v1/watch/endpoints"
+        self._session = session
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._sleep = sleep
+        self._clock = clock
+        self.version = 0
+        self.failures = 0
+        self.last_contact: float | None = None
+
+    async def poll_once(self) -> bool:
+        """One long poll; apply the answer. True if something changed; WatchError if the round failed."""
+        try:
+            async with self._session.get(self._url, params={"after": str(self.version)}, headers=self._headers,
+                                         timeout=aiohttp.ClientTimeout(total=WATCH_TIMEOUT)) as resp:
+                if resp.status != 200:
+                    text = (await resp.text())[:200]
+                    raise WatchError(f"{self._url} answered {resp.status}: {text}")
+                doc = await resp.json(content_type=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            raise WatchError(f"{self._url}: {exc or type(exc).__name__}") from None
+        self.last_contact = self._clock()
+        try:
+            version = int(doc["version"])
+            endpoints = [Endpoint.from_dict(e) for e in doc["endpoints"]]
+            catalog_doc = doc["catalog"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise WatchError(f"{self._url}: malformed watch answer: {exc}") from None
+        if version == self.version:
+            return False
+        try:
+            # Parsing a big catalog is slow work; keep it off the loop the requests run on.
+            catalog = await asyncio.to_thread(_load_catalog, catalog_doc)
+        except CatalogError as exc:
+            # The controller only serves validated catalogs, so this is version
+            # skew between it and us; keep the catalog we have, take the endpoints.
+            log.error("controller sent a catalog this router cannot load; keeping %s:\n%s",
+                      getattr(self._sink, "catalog", None), exc)
+        else:
+            self._sink.set_catalog(catalog)
+        self._sink.set_endpoints(endpoints)
+        self.version = version
+        return True
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.poll_once()
+            except WatchError as exc:
+                self.failures += 1
+                delay = backoff(self.failures)
+                log.warning("controller watch failed (%d in a row), keeping the last endpoints; retrying in %.1f s: %s",
+                            self.failures, delay, exc)
+                await self._sleep(delay)
+            else:
+                if self.failures:
+                    log.info("controller watch reconnected after %d failures", self.failures)
+                self.failures = 0
+
+
+class ControllerWaker:
+    """The `Waker` of a standalone router: tells the controller over HTTP, without waiting for it."""
+
+    def __init__(self, controller: str, session: aiohttp.ClientSession, *, token: str | None = None):
+        self._url = controller.rstrip("/") + "/api/v1/wake"
+        self._session = session
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._tasks: set[asyncio.Task] = set()
+
+    def wake(self, model_name: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._post(model_name))
+        self._tasks.add(task)       # held so it is not collected mid-flight
+        task.add_done_callback(self._tasks.discard)
+
+    async def _post(self, model_name: str) -> None:
+        try:
+            async with self._session.post(self._url, json={"model": model_name}, headers=self._headers,
+                                          timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                if resp.status >= 300:
+                    log.warning("controller refused to wake %s: %s %s", model_name, resp.status,
+                                (await resp.text())[:200])
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            # Lost wakes are repeated after a cold-start timeout; the waiting
+            # requests get a 503 meanwhile, which is the truth.
+            log.warning("could not ask the controller to wake %s: %s", model_name, exc)
