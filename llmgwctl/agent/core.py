@@ -170,6 +170,7 @@ class Agent:
             alive = await asyncio.to_thread(procs.is_same_process, rec.pid, rec.start_time)
             if not alive:
                 log.info("replica %s: pid %d from the last run is gone; not adopting it", rec.spec.id, rec.pid)
+                await self._clear_leftovers(rec)
                 continue
             self.replicas[rec.spec.id] = Replica(
                 spec=rec.spec, backoff=Backoff(clock=self.clock), state=STARTING,
@@ -180,6 +181,19 @@ class Agent:
         if adopted:
             self._changed()
         return adopted
+
+    async def _clear_leftovers(self, rec: state.Record) -> None:
+        """Kill what an engine that died while no agent watched left in its group.
+
+        Its worker processes may still hold GPU memory. They are ours beyond
+        doubt only if the leader's pid is not in use at all (see
+        procs.group_is_ours); a reused pid means the group is long gone.
+        """
+        leader_free = await asyncio.to_thread(procs.start_time, rec.pgid) is None
+        if leader_free and await asyncio.to_thread(procs.group_members, rec.pgid):
+            log.warning("replica %s: its engine died while the agent was down; stopping what it left "
+                        "in process group %d", rec.spec.id, rec.pgid)
+            await self._signal_and_wait(rec.spec.id, rec.pgid, None)
 
     # -- the pass -----------------------------------------------------------
 
@@ -344,6 +358,10 @@ class Agent:
         key = (spec.engine, spec.command)
         if key not in self._availability:
             self._availability[key] = await asyncio.to_thread(driver.available)
+            # A catalog-defined engine first seen in a spec joins the report, so
+            # placement learns whether this node can run it.
+            if spec.engine not in self.engines:
+                self.engines[spec.engine] = self._availability[key]
         return self._availability[key]
 
     def _assign_gpus(self, r: Replica) -> tuple[tuple[int, ...], str]:

@@ -7,7 +7,6 @@ are started, nor how the controller chooses them.
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any, Mapping
@@ -106,6 +105,3 @@ class DesiredFile:
         self.last_error = message
         return value
 
-
-def document(specs: tuple[ReplicaSpec, ...]) -> str:
-    return json.dumps({"replicas": [s.to_dict() for s in specs]}, indent=1)

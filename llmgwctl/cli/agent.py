@@ -28,6 +28,12 @@ def _gpus(ctx: click.Context, param: click.Parameter, value: str) -> str:
     return value
 
 
+# Defaults and why: the node name is the host name because it is what an
+# operator sees in `ssh` and the GPU dashboards, and it survives restarts; the
+# port range 20000-20999 sits below Linux's ephemeral range (32768+), so
+# outgoing connections never take an engine's port, and leaves room for 1000
+# replicas; engines bind to loopback unless the operator opens them up,
+# because an engine has no authentication of its own.
 @click.command("agent")
 @click.option("--controller", metavar="URL", help="The controller to report to and take desired replicas from.")
 @click.option("--node", default=socket.gethostname, show_default="this host's name",

@@ -17,7 +17,7 @@ from llmgwctl.agent import procs, state
 from llmgwctl.engines import driver_for
 from llmgwctl.engines.spec import ReplicaSpec
 
-from .harness import group_alive
+from .harness import group_alive, wait_for
 
 
 class FakeClock:
@@ -150,3 +150,24 @@ async def test_ready_engine_is_recorded_for_adoption(tmp_path, port_range, group
         rec = state.load(tmp_path, procs.boot_id())
         assert [(x.spec.id, x.pid, x.port) for x in rec] == [("a", r.pid, r.port)]
         await agent.close()
+
+
+async def test_leftovers_of_an_engine_that_died_unwatched_are_stopped(tmp_path, port_range, groups):
+    # A leader that starts a worker in its group and exits when told: an engine
+    # that crashed while no agent ran, leaving a worker that may hold GPU memory.
+    leader = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys; "
+         "subprocess.Popen(['sleep', '120'], stdin=subprocess.DEVNULL); sys.stdin.read()"],
+        stdin=subprocess.PIPE, start_new_session=True)
+    groups.append(leader.pid)
+    wait_for("the worker to start", lambda: len(group_alive(leader.pid)) == 2, timeout=30)
+    rec = state.Record(spec=fake_spec("crashed"), pid=leader.pid, start_time=procs.start_time(leader.pid),
+                       pgid=leader.pid, port=1)
+    state.save(tmp_path, procs.boot_id(), [rec])
+    leader.stdin.close()
+    leader.wait(30)
+    assert len(group_alive(leader.pid)) == 1
+    async with aiohttp.ClientSession() as session:
+        agent = make_agent(tmp_path, port_range, session, FakeClock(), grace=5)
+        assert await agent.adopt() == []
+    assert group_alive(leader.pid) == []
