@@ -161,7 +161,9 @@ class Agent:
         An engine is adopted only if its pid is alive with the recorded start
         time; it then starts in `starting` and becomes ready when its health
         check passes, with its restart count kept. A record that matches no
-        live process is dropped and nothing is signalled. Returns adopted ids.
+        live process is dropped; the only thing signalled then is what its
+        dead engine left in its own group (see _clear_leftovers), never a
+        process that merely reuses its pid. Returns adopted ids.
         """
         records = await asyncio.to_thread(state.load, self.state_dir, self.machine_boot)
         adopted = []
