@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 # Rendering walks the units largest first so `5400` prints as `1h30m`, which is
 # what an operator would have written, and parses back to the same number.
@@ -29,7 +29,9 @@ def parse_duration(value: object) -> float:
     for match in _PART.finditer(text):
         if match.start() != pos:
             break
-        total += float(match.group(1)) * _UNITS[match.group(2)]
+        number, unit = float(match.group(1)), match.group(2)
+        # Dividing by 1000 (not multiplying by 0.001) keeps `235ms` exactly 0.235.
+        total += number / 1000 if unit == "ms" else number * _UNITS[unit]
         pos = match.end()
     if not text or pos != len(text):
         raise ValueError(f"expected {EXPECTED}, got {value!r}")

@@ -56,7 +56,7 @@ def is_catalog_file(name: str) -> bool:
 def catalog_files(directory: str | os.PathLike) -> list[str]:
     """The files of a catalog directory, sorted so errors and merges come in a stable order."""
     with os.scandir(directory) as entries:
-        return sorted(os.path.join(directory, e.name) for e in entries if is_catalog_file(e.name))
+        return sorted(os.path.normpath(os.path.join(directory, e.name)) for e in entries if is_catalog_file(e.name))
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,9 @@ def _load_file(file: str, data: bytes) -> _FileResult:
             loader.dispose()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        message = " ".join(str(x) for x in (exc.context, exc.problem) if x)
+        message = str(exc.problem or exc.context)
+        if exc.context and exc.problem and exc.context_mark:
+            message += f" ({exc.context} started at line {exc.context_mark.line + 1})"
         if "expected a single document" in message:
             message = "holds more than one YAML document (---); put one Catalog per file"
         return _FileResult(problems=(Problem(file, (), f"invalid YAML: {message}", mark.line + 1 if mark else 0, mark.column + 1 if mark else 0),))

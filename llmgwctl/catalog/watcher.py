@@ -91,23 +91,30 @@ class CatalogWatcher:
 
     def reload(self) -> Outcome:
         """Validate the whole directory now; swap it in if valid and changed. Safe to repeat."""
+        return self._apply(self._load())
+
+    def _load(self) -> Catalog | tuple[Problem, ...]:
         with self._lock:
             try:
-                new = load_dir(self.directory, cache=self._cache)
+                return load_dir(self.directory, cache=self._cache)
             except CatalogError as exc:
-                return self._reject(exc.problems)
+                return exc.problems
             except OSError as exc:  # the directory itself vanished or became unreadable
-                return self._reject((Problem(self.directory, (), f"cannot read the catalog directory: {exc.strerror or exc}"),))
-            self.directory_valid = True
-            old = self.live.current
-            if new.version == old.version:
-                return Outcome(old)
-            change = diff(old, new)
-            self.live.swap(new)
-            self.swapped_at = self._wall()
-            self.swaps += 1
-            log.info("catalog swapped %s -> %s: %s", old.version, new.version, change.summary())
-            return Outcome(new, swapped=True, diff=change)
+                return (Problem(self.directory, (), f"cannot read the catalog directory: {exc.strerror or exc}"),)
+
+    def _apply(self, loaded: Catalog | tuple[Problem, ...]) -> Outcome:
+        if not isinstance(loaded, Catalog):
+            return self._reject(loaded)
+        self.directory_valid = True
+        old = self.live.current
+        if loaded.version == old.version:
+            return Outcome(old)
+        change = diff(old, loaded)
+        self.live.swap(loaded)
+        self.swapped_at = self._wall()
+        self.swaps += 1
+        log.info("catalog swapped %s -> %s: %s", old.version, loaded.version, change.summary())
+        return Outcome(loaded, swapped=True, diff=change)
 
     def _reject(self, problems: tuple[Problem, ...]) -> Outcome:
         self.last_rejection = Rejection(self._wall(), tuple(problems))
@@ -120,20 +127,49 @@ class CatalogWatcher:
 
     async def reload_async(self) -> Outcome:
         # Parsing and validating a big directory must not stall the event loop
-        # (the router shares it); the swap inside is one assignment.
-        return await asyncio.to_thread(self.reload)
+        # (the router shares it); the swap is one assignment back on the loop.
+        return self._apply(await asyncio.to_thread(self._load))
 
     async def run(self, stop_event: asyncio.Event | None = None, on_batch: Callable[[Outcome], None] | None = None) -> None:
         """Reload whenever the directory changes, until `stop_event` is set."""
         import watchfiles
 
-        async for _changes in watchfiles.awatch(
-            self.directory, watch_filter=_relevant, step=self._step_ms, debounce=self._debounce_ms,
-            stop_event=stop_event, force_polling=self._force_polling, recursive=True,
-        ):
-            outcome = await self.reload_async()
-            if on_batch:
-                on_batch(outcome)
+        stop_event = stop_event or asyncio.Event()
+        batches: asyncio.Queue = asyncio.Queue()
+
+        async def follow() -> None:
+            async for changes in watchfiles.awatch(
+                self.directory, watch_filter=_relevant, step=self._step_ms, debounce=self._debounce_ms,
+                stop_event=stop_event, force_polling=self._force_polling, recursive=True,
+            ):
+                batches.put_nowait(changes)
+
+        follower = asyncio.create_task(follow())
+        stopped = asyncio.create_task(stop_event.wait())
+        try:
+            while not stop_event.is_set():
+                getter = asyncio.create_task(batches.get())
+                await asyncio.wait({getter, stopped, follower}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    if follower.done():
+                        follower.result()  # re-raise why watching stopped (directory gone...)
+                    break
+                while not batches.empty():  # one load covers every batch already queued
+                    batches.get_nowait()
+                loaded = await asyncio.to_thread(self._load)
+                if not batches.empty():
+                    # More of the same burst arrived while we validated (a slow
+                    # checkout): that state is already stale, so don't swap it
+                    # in only to swap again; the next pass loads the newer one.
+                    continue
+                outcome = self._apply(loaded)
+                if on_batch:
+                    on_batch(outcome)
+        finally:
+            stop_event.set()
+            stopped.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
 
     def status(self) -> dict:
         current = self.live.current

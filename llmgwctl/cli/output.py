@@ -23,4 +23,10 @@ def dump(data: Any, fmt: str) -> str:
     if fmt == "json":
         return json.dumps(data, indent=2, sort_keys=False)
     import yaml
-    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True).rstrip()
+    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    # PyYAML writes some characters raw that its reader then takes for line
+    # breaks (U+0085 in a quoted scalar); fall back to escapes rather than
+    # print a catalog that does not read back as itself.
+    if yaml.safe_load(text) != data:
+        text = yaml.safe_dump(data, sort_keys=False, allow_unicode=False)
+    return text.rstrip()
