@@ -473,6 +473,10 @@ class Agent:
             "pid": r.pid, "state": r.state, "restarts": r.restarts, "last_exit": r.last_exit,
             "last_log": list(r.last_log), "url": self.url(r.port) if r.port is not None else None,
             "reason": r.reason,
+            # The whole spec, so a restarted controller can adopt this replica
+            # and keep desiring exactly it (same hash) until it decides to
+            # replace it, instead of the agent restarting it on a guessed spec.
+            "spec": r.spec.to_dict(),
         }
 
 
