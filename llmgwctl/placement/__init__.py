@@ -1,0 +1,19 @@
+"""Placement: which profile of which model runs on which node's GPUs.
+
+Owns one pure function, `place(catalog, nodes, running, wanted) -> Plan`: from
+the catalog, the inventory's view of the nodes, every replica that exists and
+how many replicas the reconciler wants of each model, it decides what to start
+(profile, node, GPU indices), what to stop and why, what to keep, and which
+wanted replicas fit nowhere (with a reason an operator can act on).
+
+It must not know about processes, HTTP or time: no I/O, no clock, no state
+kept between calls. The same inputs always give the same plan, which is what
+lets the reconciler call it on every pass and tests call it at fleet scale.
+"""
+from .model import Assignment, NodeView, Plan, Running, Stop, Unplaceable
+from .place import MODEL_LEFT, REPLACED, REPLACED_NO_ROOM, SCALED_DOWN, place
+
+__all__ = [
+    "Assignment", "NodeView", "Plan", "Running", "Stop", "Unplaceable", "place",
+    "MODEL_LEFT", "REPLACED", "REPLACED_NO_ROOM", "SCALED_DOWN",
+]
