@@ -148,7 +148,15 @@ async def desired_loop(client: ControllerClient, agent: DesiredSink, stop: async
     while not stop.is_set():
         poll = asyncio.ensure_future(client.get_desired(version))
         stopper = asyncio.ensure_future(stop.wait())
-        await asyncio.wait({poll, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait({poll, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # Cancelled from outside (the agent shutting down): take the poll
+            # down with us, or its failure would surface as an unretrieved error.
+            poll.cancel()
+            stopper.cancel()
+            await asyncio.gather(poll, stopper, return_exceptions=True)
+            raise
         stopper.cancel()
         if not poll.done():
             poll.cancel()

@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 import aiohttp
 
 from ..engines.spec import Driver, ReplicaSpec
-from .controller import ControllerClient, desired_loop, file_loop, report_loop
+from .controller import HEARTBEAT, ControllerClient, desired_loop, file_loop, report_loop
 from .core import START_TIMEOUT, STOP_GRACE, TICK, Agent
 from .desired import DesiredFile
 from .gpus import discover
@@ -41,6 +41,7 @@ class AgentConfig:
     grace: float = STOP_GRACE
     start_timeout: float = START_TIMEOUT
     tick: float = TICK
+    heartbeat: float = HEARTBEAT
 
 
 def _default_drivers() -> tuple[Callable[[ReplicaSpec], Driver], Callable[[], Mapping[str, tuple[bool, str]]]]:
@@ -73,7 +74,7 @@ async def run_agent(cfg: AgentConfig, stop: asyncio.Event | None = None) -> None
             tasks.append(asyncio.create_task(file_loop(follow, agent, stop), name="desired-file"))
         if cfg.controller is not None:
             client = ControllerClient(cfg.controller, cfg.node, session, cfg.token)
-            tasks.append(asyncio.create_task(report_loop(client, agent.report, changed, stop), name="report"))
+            tasks.append(asyncio.create_task(report_loop(client, agent.report, changed, stop, cfg.heartbeat), name="report"))
             if cfg.desired_file is None:
                 tasks.append(asyncio.create_task(desired_loop(client, agent, stop), name="desired"))
         tasks.append(asyncio.create_task(agent.run(stop, cfg.tick), name="reconcile"))

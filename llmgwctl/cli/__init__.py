@@ -18,6 +18,8 @@ SUBCOMMANDS = {
     "catalog": "llmgwctl.cli.catalog",
     "engine": "llmgwctl.cli.engine",
     "router": "llmgwctl.cli.router",
+    "serve": "llmgwctl.cli.serve",
+    "status": "llmgwctl.cli.status",
 }
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..agent.controller import HEARTBEAT
 from ..agent.core import START_TIMEOUT, STOP_GRACE
 
 
@@ -55,9 +56,11 @@ def _gpus(ctx: click.Context, param: click.Parameter, value: str) -> str:
               help="Seconds between SIGTERM and SIGKILL when stopping an engine.")
 @click.option("--start-timeout", type=click.FloatRange(min=1), default=START_TIMEOUT, show_default=True,
               help="Seconds an engine may take to pass its health check before it is restarted.")
+@click.option("--heartbeat", type=click.FloatRange(min=0.1), default=HEARTBEAT, show_default=True,
+              help="Seconds between reports to the controller when nothing changes.")
 @click.option("-v", "--verbose", is_flag=True, help="Log debug detail.")
 def command(controller, node, gpus, pools, state_dir, advertise_host, ports, desired_file, token_file, grace,
-            start_timeout, verbose) -> None:
+            start_timeout, heartbeat, verbose) -> None:
     """Run the node agent: start, watch and stop this machine's engines."""
     from ..agent import AgentConfig, main
 
@@ -70,4 +73,4 @@ def command(controller, node, gpus, pools, state_dir, advertise_host, ports, des
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     main(AgentConfig(node=node, state_dir=state_dir, ports=ports, gpus=gpus, pools=tuple(pools),
                      host=advertise_host, controller=controller, desired_file=desired_file, token=token,
-                     grace=grace, start_timeout=start_timeout))
+                     grace=grace, start_timeout=start_timeout, heartbeat=heartbeat))

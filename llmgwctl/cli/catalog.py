@@ -7,6 +7,7 @@ import click
 
 from ..catalog import CatalogError, format_duration, load_paths
 from ..catalog.diff import diff as diff_catalogs
+from .common import controller_option
 from .output import dump, output_option, table
 
 paths_argument = click.argument("paths", nargs=-1, required=True,
@@ -105,3 +106,65 @@ def diff(old, new, fmt):
             for c in changes:
                 click.echo(f"    {c}")
     sys.exit(1 if change else 0)
+
+
+@command.command()
+@click.option("-f", "--file", "path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="The catalog file to apply; its name is the name it gets in the catalog directory.")
+@click.option("--dry-run", is_flag=True, help="Validate and show the plan; write nothing.")
+@click.option("--as", "name", metavar="NAME.yaml", help="Name in the catalog directory [default: the file's name].")
+@controller_option
+@output_option
+def apply(path, dry_run, name, controller, fmt):
+    """Validate FILE as part of the running catalog, show the plan, and put it in force.
+
+    The controller writes the file into its catalog directory atomically, and
+    its watcher takes it like any other edit. Exit 0 when applied (or the dry
+    run is valid), 1 when the catalog would be invalid (nothing is written).
+    """
+    import os
+
+    import requests
+
+    with open(path, encoding="utf-8", errors="strict") as f:
+        content = f.read()
+    url = controller.rstrip("/") + "/api/v1/catalog" + ("?dry_run=1" if dry_run else "")
+    try:
+        resp = requests.post(url, json={"filename": name or os.path.basename(path), "content": content}, timeout=30)
+    except requests.RequestException as exc:
+        raise click.ClickException(f"cannot reach the controller at {controller}: {exc.__class__.__name__}") from None
+    body = resp.json() if resp.headers.get("content-type", "").startswith("application/json") else {}
+    if resp.status_code == 422:
+        for line in body.get("errors", []):
+            click.echo(line, err=True)
+        click.echo(f"rejected: {body['error']['message']}", err=True)
+        sys.exit(1)
+    if resp.status_code != 200:
+        message = body.get("error", {}).get("message") if body else resp.text[:300]
+        raise click.ClickException(f"HTTP {resp.status_code}: {message}")
+    if fmt != "table":
+        click.echo(dump(body, fmt))
+        return
+    click.echo(_render_plan(body))
+
+
+def _render_plan(body: dict) -> str:
+    d, r = body["diff"], body["replicas"]
+    lines = [f"catalog {body['from_version']} -> {body['to_version']}"]
+    lines += [f"+ model {n}" for n in d["added"]] + [f"- model {n}" for n in d["removed"]]
+    for name, changes in d["changed"].items():
+        lines.append(f"~ model {name}")
+        lines += [f"    {c['path']}: {c['old']!r} -> {c['new']!r}" for c in changes]
+    if not (d["added"] or d["removed"] or d["changed"]):
+        lines.append("no model changes")
+    lines += [f"  start   {s['model']}/{s['profile']} on {s['node']} GPUs {s['gpus'] or '-'}" for s in r["start"]]
+    lines += [f"  stop    {s['id']} ({s['model']}): {s['reason']}" for s in r["stop"]]
+    lines += [f"  replace {s['id']} ({s['model']}/{s['profile']} on {s['node']}): profile changed" for s in r["replace"]]
+    lines += [f"  cannot place {m}: {why}" for m, why in r["unplaceable"].items()]
+    if body.get("dry_run"):
+        lines.append("dry run: nothing written")
+    elif body.get("in_force"):
+        lines.append(f"applied: {body['written']} written, catalog {body['to_version']} in force")
+    else:
+        lines.append(f"written to {body['written']}; not in force yet (see llmgwctl status)")
+    return "\n".join(lines)

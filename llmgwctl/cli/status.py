@@ -1,0 +1,98 @@
+"""`llmgwctl status`: what the controller has in force and what runs where, as tables or -o json|yaml."""
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from .common import controller_option
+from .output import dump, output_option, table
+
+
+def _ago(seconds) -> str:
+    if seconds is None:
+        return "-"
+    seconds = float(seconds)
+    if seconds < 60:
+        return f"{seconds:.0f}s ago"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"
+
+
+def _cut(text, width: int) -> str:
+    text = "" if text is None else str(text)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def render(status: dict, now: float | None = None, events: int = 8) -> str:
+    """The status as tables that fit a 100-column terminal."""
+    now = time.time() if now is None else now
+    cat = status["catalog"]
+    swapped = now - cat["swapped_at"] if cat.get("swapped_at") else None
+    out = [f"catalog {cat['version']} from {cat['directory']}: {cat['models']} models, in force since {_ago(swapped)}"
+           + ("" if status.get("settled", True) else "  (settling: adopting running replicas)")]
+    rejection = cat.get("last_rejection")
+    if rejection and not cat.get("directory_valid", True):
+        out.append(f"last edit REJECTED {_ago(now - rejection['at'])}; the catalog above stays in force:")
+        out.extend(f"  {e}" for e in rejection["errors"][:10])
+        if len(rejection["errors"]) > 10:
+            out.append(f"  ... {len(rejection['errors']) - 10} more")
+    out.append("")
+    out.append(table(("MODEL", "ALIASES", "DESIRED", "READY", "REPLICAS", "NOTE"), [
+        (_cut(m["name"], 28), _cut(",".join(m["aliases"]), 20), m["desired"], m["ready"],
+         f"{m['min']}-{m['max']}" if m["min"] != m["max"] else m["min"], _cut(m.get("unplaceable") or "", 40))
+        for m in status["models"]]))
+    if status["replicas"]:
+        out.append("")
+        out.append(table(("REPLICA", "MODEL", "PROFILE", "NODE", "GPUS", "STATE", "ENDPOINT", "RST", "USED", "REASON"), [
+            (_cut(r["id"], 22), _cut(r["model"], 16), _cut(r["profile"], 10), _cut(r["node"], 12),
+             ",".join(map(str, r["gpus"])) or "-", r["state"], _cut((r.get("url") or "-").replace("http://", ""), 21),
+             r["restarts"], _ago(r.get("idle_seconds")).replace(" ago", ""), _cut(r.get("reason") or "", 24))
+            for r in status["replicas"]]))
+    if status["nodes"]:
+        out.append("")
+        out.append(table(("NODE", "STATE", "POOLS", "GPUS USED", "ENGINES", "LAST SEEN"), [
+            (_cut(n["name"], 20), n["state"], _cut(",".join(n["pools"]) or "-", 16), f"{n['gpus_used']}/{n['gpus']}",
+             _cut(",".join(n["engines"]) or "-", 28), _ago(n["last_seen_seconds"]))
+            for n in status["nodes"]]))
+    if status.get("events") and events:
+        out.append("")
+        out.append("RECENT EVENTS")
+        for e in status["events"][-events:]:
+            out.append(_cut(f"  {_ago(now - e['at']):>8}  {e['kind']}: {e['message']}", 100))
+    return "\n".join(out)
+
+
+def fetch(controller: str) -> dict:
+    import requests
+
+    try:
+        resp = requests.get(controller.rstrip("/") + "/api/v1/status", timeout=10)
+    except requests.RequestException as exc:
+        raise click.ClickException(f"cannot reach the controller at {controller}: {exc.__class__.__name__}; "
+                                   "is `llmgwctl serve` running? (--controller or $LLMGW_CONTROLLER)") from None
+    if resp.status_code != 200:
+        raise click.ClickException(f"{controller} answered HTTP {resp.status_code}: {resp.text[:300]}")
+    return resp.json()
+
+
+@click.command("status")
+@controller_option
+@output_option
+@click.option("--watch", "-w", is_flag=True, help="Redraw every 2 seconds until Ctrl-C.")
+def command(controller, fmt, watch):
+    """Show the catalog in force, models, replicas, nodes and recent events."""
+    while True:
+        status = fetch(controller)
+        text = dump(status, fmt) if fmt != "table" else render(status)
+        if watch:
+            click.clear()
+        click.echo(text)
+        if not watch:
+            return
+        try:
+            time.sleep(2)
+        except KeyboardInterrupt:
+            sys.exit(0)

@@ -1,0 +1,83 @@
+"""`Controller`: wires catalog, watcher, inventory, reconciler and (optionally) an in-process router.
+
+It only connects pieces; each decision lives in the piece that owns it. The
+order of a catalog swap is spelled out here because it crosses pieces: the
+router gets the new catalog first (so a new model's name resolves before its
+endpoints arrive), then the reconciler is woken to move replicas.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable
+
+from ..catalog import Catalog, Live
+from ..catalog.watcher import CatalogWatcher
+from ..inventory import Inventory
+from ..reconciler import DesiredStore, Reconciler
+from ..reconciler import run as run_reconciler
+from .broadcast import Broadcast
+
+log = logging.getLogger("llmgw.control")
+
+
+class Controller:
+    def __init__(self, catalogs_dir: str, *, router: Any = None, clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time, node_timeout: float | None = None,
+                 **reconciler_options: Any):
+        self.live = Live()
+        self.watcher = CatalogWatcher(catalogs_dir, self.live, wall_clock=wall_clock)
+        self.inventory = Inventory(clock=clock, **({"unreachable_after": node_timeout} if node_timeout else {}))
+        self.desired = DesiredStore()
+        self.wake_event = asyncio.Event()
+        # The watch stream standalone routers follow: one version for "catalog or
+        # endpoints changed", so a router applies both in the right order.
+        self.watch = Broadcast()
+        self.router = router
+        self.reconciler = Reconciler(self.live, self.inventory, self.desired, endpoints=router, usage=router,
+                                     clock=clock, wall_clock=wall_clock, on_change=self.watch.bump,
+                                     **reconciler_options)
+        self.live.subscribe(self._swapped)
+
+    def _swapped(self, old: Catalog, new: Catalog) -> None:
+        if self.router is not None:
+            self.router.set_catalog(new)     # first: names resolve before endpoints or replicas move
+        self.watch.bump()
+        self.reconciler.event("catalog-swapped", f"{old.version} -> {new.version}")
+        self.wake_event.set()
+
+    def load(self) -> Catalog:
+        """Load the catalog directory; CatalogError if invalid (serve refuses to start on it)."""
+        return self.watcher.load_initial()
+
+    def wake(self, model_name: str) -> None:
+        """The router's Waker: a request arrived for a model with no ready replica."""
+        self.reconciler.wake(model_name)
+        self.wake_event.set()
+
+    def agent_reported(self, node: str, body: dict) -> None:
+        _, came_back = self.inventory.report(node, body)
+        if came_back:
+            self.reconciler.event("node-back", f"node {node} reports again")
+        self.wake_event.set()
+
+    async def run(self, stop: asyncio.Event, tick: float | None = None) -> None:
+        """Follow the catalog directory and reconcile until `stop` is set."""
+        tasks = [
+            asyncio.create_task(self.watcher.run(stop), name="catalog-watcher"),
+            asyncio.create_task(run_reconciler(self.reconciler, self.wake_event, stop,
+                                               **({"tick": tick} if tick else {})), name="reconciler"),
+        ]
+        try:
+            await stop.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def status(self) -> dict:
+        usage = self.router.usage_snapshot() if self.router is not None else {}
+        out = {"catalog": self.watcher.status()}
+        out.update(self.reconciler.status(usage))
+        return out

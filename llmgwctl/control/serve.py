@@ -1,0 +1,156 @@
+"""`llmgwctl serve`: controller + router + control API (+ this machine's agent) in one process.
+
+Start order: load the catalog (refuse to start on an invalid one: there is no
+last good catalog yet, and starting empty would stop every adopted replica),
+control API up (agents can report), local agent in-process, router up, then
+the reconcile loop and the watcher.
+
+Stop order (SIGINT/SIGTERM): stop accepting new requests on the router, let
+requests in flight finish (bounded), then, with a local agent, tell it to run
+nothing and wait for its engines to stop (bounded), then the rest. Engines of
+remote agents are left running: a restarted controller adopts them.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+from .api import ControlAPI
+from .controller import Controller
+
+log = logging.getLogger("llmgw.serve")
+
+# Requests in flight get this long to finish when serve stops: a typical chat
+# completion streams in well under it, and a supervisor's stop timeout (systemd's
+# default is 90 s) leaves room for the engine shutdown that follows.
+SHUTDOWN_DRAIN = 30.0
+
+
+@dataclass
+class ServeConfig:
+    catalogs: str = "catalogs"
+    listen: tuple[str, int] = ("127.0.0.1", 8080)
+    control: tuple[str, int] = ("127.0.0.1", 8081)
+    local_agent: bool = True
+    gpus: str = "auto"
+    pools: tuple[str, ...] = ()
+    state_dir: Path = field(default_factory=lambda: Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "llmgw")
+    node: str = field(default_factory=socket.gethostname)
+    ports: str = "20000-20999"
+    settle: float | None = None
+    drain_grace: float | None = None
+    node_timeout: float | None = None
+    replace_after: float | None = None
+    tick: float | None = None
+    stop_engines_on_exit: bool = True
+
+
+class Server:
+    """A running serve: `start()` binds everything, `stop()` shuts it down in order."""
+
+    def __init__(self, cfg: ServeConfig):
+        from ..router import Router
+
+        self.cfg = cfg
+        options = {k: v for k, v in (("settle", cfg.settle), ("drain_grace", cfg.drain_grace),
+                                     ("node_timeout", cfg.node_timeout), ("replace_after", cfg.replace_after)) if v is not None}
+        self.router = Router(waker=self)
+        self.controller = Controller(cfg.catalogs, router=self.router, **options)
+        self.stop_event = asyncio.Event()       # stops the controller's loops: set last
+        self.shutdown = asyncio.Event()         # SIGINT/SIGTERM: begin the ordered stop
+        self._runners: list[web.AppRunner] = []
+        self._tasks: list[asyncio.Task] = []
+        self._agent_stop = asyncio.Event()
+        self.router_port = 0
+        self.control_port = 0
+
+    def wake(self, model_name: str) -> None:
+        """The router's Waker (built before the controller exists, so this forwards)."""
+        self.controller.wake(model_name)
+
+    async def start(self) -> None:
+        from ..router.server import start as start_router
+
+        catalog = await asyncio.to_thread(self.controller.load)
+        self.router.set_catalog(catalog)
+        self.controller.reconciler.add_sink(self.router)
+        # Long-polls (agents, standalone routers) are cut at shutdown rather than
+        # waited for: their clients retry, and they would hold the exit for 30 s.
+        runner = web.AppRunner(ControlAPI(self.controller).app(), access_log=None, shutdown_timeout=0.5)
+        await runner.setup()
+        site = web.TCPSite(runner, *self.cfg.control)
+        await site.start()
+        self._runners.append(runner)
+        self.control_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        log.info("control API on http://%s:%d", self.cfg.control[0], self.control_port)
+        if self.cfg.local_agent:
+            self._tasks.append(asyncio.create_task(self._run_local_agent(), name="local-agent"))
+        router_runner, self.router_port = await start_router(self.router, *self.cfg.listen)
+        self._runners.insert(0, router_runner)
+        log.info("router on http://%s:%d/v1 serving catalog %s (%d models)", self.cfg.listen[0], self.router_port,
+                 catalog.version, len(catalog))
+        self._tasks.append(asyncio.create_task(self.controller.run(self.stop_event, self.cfg.tick), name="controller"))
+
+    async def _run_local_agent(self) -> None:
+        from ..agent.ports import PortRange
+        from ..agent.run import AgentConfig, run_agent
+
+        host = self.cfg.control[0] if self.cfg.control[0] not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        cfg = AgentConfig(node=self.cfg.node, state_dir=Path(self.cfg.state_dir), ports=PortRange.parse(self.cfg.ports),
+                          gpus=self.cfg.gpus, pools=tuple(self.cfg.pools),
+                          controller=f"http://{host}:{self.control_port}")
+        await run_agent(cfg, self._agent_stop)
+
+    async def stop(self) -> None:
+        router_runner = self._runners[0] if self._runners else None
+        if router_runner is not None and len(self._runners) > 1:
+            # 1. No new requests: close the router's listening socket, let the ones
+            #    in flight finish (aiohttp waits for handlers up to the timeout).
+            await router_runner.shutdown()
+            await router_runner.cleanup()
+            self._runners.pop(0)
+        if self.cfg.local_agent and self.cfg.stop_engines_on_exit:
+            await self._stop_local_engines()
+        self.stop_event.set()
+        self._agent_stop.set()
+        for task in self._tasks:
+            try:
+                await asyncio.wait_for(task, 30)
+            except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - shutting down regardless
+                task.cancel()
+        for runner in self._runners:
+            await runner.cleanup()
+
+    async def _stop_local_engines(self) -> None:
+        """Tell this machine's agent to run nothing, and wait until it reports nothing running."""
+        node = self.cfg.node
+        self.controller.reconciler.stop_node(node)
+        self.controller.wake_event.set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SHUTDOWN_DRAIN
+        while loop.time() < deadline:
+            reported = self.controller.inventory.get(node)
+            if reported is None or not reported.replicas:
+                return
+            await asyncio.sleep(0.1)
+        log.warning("local engines still running after %.0fs; leaving them for the next start to adopt", SHUTDOWN_DRAIN)
+
+
+async def serve(cfg: ServeConfig, ready: "asyncio.Future | None" = None) -> None:
+    server = Server(cfg)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, server.shutdown.set)
+    if ready is not None:
+        ready.set_result(server)
+    await server.shutdown.wait()
+    log.info("shutting down: no new requests, draining, stopping local engines")
+    await server.stop()

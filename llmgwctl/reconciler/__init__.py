@@ -1,0 +1,41 @@
+"""The reconciler: desired (catalog) vs actual (agent reports), every pass; and each node's desired list.
+
+Owns replica records (ids it chose, adoption, drain, idle scale-down, wake),
+the per-node desired lists agents long-poll, and publishing ready replicas as
+the router's endpoints. It must not know HTTP, processes or the router's
+internals: see the protocols in `core`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from .core import DRAIN_GRACE, REPLACE_AFTER, SETTLE, EndpointSink, Event, Reconciler, Replica, UsageSource
+from .desired import LONG_POLL, DesiredStore
+
+log = logging.getLogger("llmgw.reconciler")
+
+# A pass every second even when nothing woke us: heartbeat timeouts, drain
+# progress and idle timeouts are all judged on a pass, and a pass over a
+# fleet's worth of records is milliseconds.
+TICK = 1.0
+
+__all__ = ["DRAIN_GRACE", "LONG_POLL", "REPLACE_AFTER", "SETTLE", "TICK", "DesiredStore", "EndpointSink", "Event",
+           "Reconciler", "Replica", "UsageSource", "run"]
+
+
+async def run(reconciler: Reconciler, wake: asyncio.Event, stop: asyncio.Event, tick: float = TICK) -> None:
+    """Run `reconcile_once` on every tick and whenever `wake` is set, until `stop`."""
+    while not stop.is_set():
+        wake.clear()
+        try:
+            reconciler.reconcile_once()
+        except Exception:  # a bug in one pass must not stop the control plane; the next pass retries
+            log.exception("reconcile pass failed")
+        waiter = asyncio.ensure_future(wake.wait())
+        stopper = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({waiter, stopper}, timeout=tick, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            stopper.cancel()

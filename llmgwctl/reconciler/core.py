@@ -1,0 +1,483 @@
+"""The reconciler: make what runs on the fleet match what the catalog wants, one pass at a time.
+
+Level-triggered: every pass starts from the catalog in force, the inventory
+(what agents report) and its own records, and derives what to do from them.
+Events -- a catalog swap, an agent report, a wake from the router -- only make
+the next pass come sooner. Everything a pass does is safe to repeat.
+
+Order matters where traffic is involved: a replica leaves the router's
+endpoint list in the pass that decides to stop it, and its engine is told to
+stop only once the router reports no request in flight on it (or the drain
+grace ran out). A new replica joins the list only once its agent reports it
+ready, i.e. its health check passed.
+
+It must not know HTTP or processes: it talks to agents through the
+DesiredStore, to the router through the EndpointSink and UsageSource
+protocols below, and reads time from an injected clock.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping, Protocol
+
+from ..catalog import Catalog, Live, Model, Profile
+from ..engines.spec import ReplicaSpec
+from ..inventory import Inventory, Node, ReportedReplica
+from ..placement import NodeView, Running, place
+from ..router.endpoint import Endpoint
+from .desired import DesiredStore
+
+log = logging.getLogger("llmgw.reconciler")
+
+# After a controller start, adopt what agents report and start nothing for up
+# to 15 s -- three agent heartbeats -- so a restart never starts duplicates of
+# replicas whose nodes simply have not reported yet. It ends early once every
+# node heard from has reported twice (the second report proves the first was
+# not a stale retry, and that the agent sees our desired list).
+SETTLE = 15.0
+# A replica being stopped gets up to 30 s for requests already in flight:
+# long enough for a typical chat completion to finish streaming, short enough
+# that a scale-down frees its GPUs promptly.
+DRAIN_GRACE = 30.0
+# A node unreachable this long has its replicas replaced elsewhere. Longer than
+# the unreachable timeout so a flapping node (a GC pause, a brief network
+# blip) comes back to find its replicas still its own, not reshuffled.
+REPLACE_AFTER = 60.0
+# Scale up when ready replicas carry this many requests in flight each, on
+# average: a vLLM replica batches dozens of sequences, so below this a new
+# replica would cost a GPU without helping latency.
+SCALE_UP_INFLIGHT = 16
+# Events kept for `status`: enough for the last few minutes of a busy fleet.
+EVENTS = 200
+
+
+class EndpointSink(Protocol):
+    """Where the ready endpoints go: the router. A push once per change, never a pull per request,
+    so the control plane does not depend on the router; when the two run as separate processes this
+    becomes the watch stream and nothing above it changes."""
+
+    def set_endpoints(self, endpoints: Iterable[Endpoint]) -> None: ...
+
+
+class UsageSource(Protocol):
+    """The router's last-used time and in-flight count per replica, read once a pass (idle stop, drain)."""
+
+    def usage_snapshot(self) -> Mapping[str, tuple[float | None, int]]: ...
+
+
+@dataclass
+class Replica:
+    """The controller's record of one replica it desires (or adopted)."""
+
+    spec: ReplicaSpec
+    node: str
+    created: float
+    state: str = "pending"          # pending starting ready failed draining stopping lost
+    reported: ReportedReplica | None = None
+    adopted: bool = False
+    drain_since: float | None = None
+    drain_reason: str = ""
+    seen: bool = False              # its agent has reported it at least once
+
+    @property
+    def url(self) -> str | None:
+        return self.reported.url if self.reported else None
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    at: float                       # wall clock, for people
+    kind: str
+    message: str
+
+    def to_dict(self) -> dict:
+        return {"at": self.at, "kind": self.kind, "message": self.message}
+
+
+@dataclass
+class _ModelScale:
+    wanted: int = 0
+    last_used: float | None = None
+    woken: float | None = None
+
+
+class Reconciler:
+    def __init__(self, live: Live, inventory: Inventory, desired: DesiredStore, *,
+                 endpoints: EndpointSink | None = None, usage: UsageSource | None = None,
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
+                 settle: float = SETTLE, drain_grace: float = DRAIN_GRACE, replace_after: float = REPLACE_AFTER,
+                 on_change: Callable[[], None] = lambda: None):
+        self.live, self.inventory, self.desired = live, inventory, desired
+        self._sinks: list[EndpointSink] = [endpoints] if endpoints else []
+        self.usage = usage
+        self._clock, self._wall = clock, wall_clock
+        self.settle, self.drain_grace, self.replace_after = settle, drain_grace, replace_after
+        self.started = clock()
+        self.settled = settle <= 0
+        self.replicas: dict[str, Replica] = {}
+        # Ids of replicas given up on (their node was lost too long): if the node
+        # comes back still running them, they are not adopted again but stopped.
+        self._forgotten: set[str] = set()
+        self._scale: dict[str, _ModelScale] = {}
+        self.unplaceable: dict[str, str] = {}
+        self.events: collections.deque[Event] = collections.deque(maxlen=EVENTS)
+        self.endpoints: tuple[Endpoint, ...] = ()
+        self._endpoint_fingerprint: str | None = None
+        self.endpoints_version = 0
+        self._on_change = on_change
+        self._cordoned: set[str] = set()
+        self.passes = 0
+
+    def add_sink(self, sink: EndpointSink) -> None:
+        self._sinks.append(sink)
+        sink.set_endpoints(self.endpoints)
+
+    # --- inputs -------------------------------------------------------------
+
+    def wake(self, model: str) -> None:
+        """The router has a request for `model` and no ready replica: want one now.
+
+        Idempotent: however often it is called, the model wants one replica,
+        and placement starts one. The caller wakes the loop for a prompt pass.
+        """
+        catalog = self.live.current
+        resolved = catalog.resolve(model)
+        if resolved is None:
+            return
+        scale = self._scale.setdefault(resolved.name, _ModelScale())
+        scale.woken = self._clock()
+
+    def stop_node(self, node: str) -> None:
+        """Stop everything on `node` now and place nothing new there (serve's shutdown of its local agent)."""
+        self._cordoned.add(node)
+        for rec in self.replicas.values():
+            if rec.node == node and rec.state != "stopping":
+                rec.state, rec.drain_reason = "stopping", "controller shutting down"
+        self.desired.set(node, ())
+        self.event("node-stopping", f"stopping every replica on {node}")
+
+    def event(self, kind: str, message: str) -> None:
+        self.events.append(Event(self._wall(), kind, message))
+        log.info("%s: %s", kind, message)
+
+    # --- the pass -----------------------------------------------------------
+
+    def reconcile_once(self) -> None:
+        now = self._clock()
+        catalog = self.live.current
+        self.passes += 1
+        for node in self.inventory.check():
+            self.event("node-lost", f"node {node.name} missed its reports; its replicas leave the router")
+        self._merge_reports(catalog, now)
+        self._handle_lost_nodes(now)
+        if not self.settled:
+            nodes = list(self.inventory.nodes())
+            heard_twice = nodes and all(n.reports >= 2 for n in nodes)
+            if now - self.started >= self.settle or heard_twice:
+                self.settled = True
+                self.event("settled", f"settling window over: adopted {sum(r.adopted for r in self.replicas.values())} replicas")
+        if self.settled:
+            usage = dict(self.usage.usage_snapshot()) if self.usage else {}
+            self._plan(catalog, now, usage)
+            self._drain(now, usage)
+        self._publish(catalog)
+
+    def _merge_reports(self, catalog: Catalog, now: float) -> None:
+        for node in self.inventory.nodes():
+            if not node.reachable:
+                continue
+            for rep in node.replicas.values():
+                rec = self.replicas.get(rep.id)
+                if rec is None:
+                    rec = self._adopt(catalog, node, rep, now)
+                    if rec is None:
+                        continue
+                rec.reported, rec.seen = rep, True
+                if rec.state not in ("draining", "stopping"):
+                    if rec.state != rep.state and rep.state in ("ready", "failed"):
+                        detail = f": {rep.reason}" if rep.state == "failed" and rep.reason else ""
+                        self.event(f"replica-{rep.state}", f"{rec.spec.id} ({rec.spec.model}/{rec.spec.profile} on {node.name}){detail}")
+                    rec.state = rep.state if rep.state in ("starting", "ready", "failed") else rec.state
+            # A replica the agent no longer lists: once it had listed it, or once
+            # we told it to stop, absence means the engine is gone.
+            for rid, rec in list(self.replicas.items()):
+                if rec.node != node.name or rid in node.replicas:
+                    continue
+                if rec.state == "stopping" or (rec.seen and rec.state != "pending"):
+                    if rec.state != "stopping":
+                        self.event("replica-gone", f"{rid} ({rec.spec.model}) is no longer reported by {node.name}")
+                    else:
+                        self.event("replica-stopped", f"{rid} ({rec.spec.model}) stopped on {node.name}")
+                    del self.replicas[rid]
+            if self.desired.get(node.name) is None and self.settled:
+                self.desired.set(node.name, ())
+
+    def _adopt(self, catalog: Catalog, node: Node, rep: ReportedReplica, now: float) -> Replica | None:
+        """A replica an agent runs that we have no record of: keep it if the catalog still has a place for it."""
+        if rep.id in self._forgotten:
+            return None
+        model = catalog.resolve(rep.model)
+        if model is None or model.name != rep.model or _profile(model, rep.profile) is None:
+            return None  # not desired: absent from the node's list, so its agent stops it
+        spec = _spec_from_report(rep)
+        if spec is None:
+            return None
+        rec = Replica(spec=spec, node=node.name, created=now, state=rep.state, reported=rep, adopted=True, seen=True)
+        self.replicas[rep.id] = rec
+        # An adopted replica counts as used now, so a scale-to-zero model found
+        # running after a restart gets its full idle timeout, not an instant stop.
+        scale = self._scale.setdefault(model.name, _ModelScale())
+        scale.last_used = max(scale.last_used or now, now)
+        self.event("replica-adopted", f"{rep.id} ({rep.model}/{rep.profile} on {node.name}, {rep.state})")
+        return rec
+
+    def _handle_lost_nodes(self, now: float) -> None:
+        for node in self.inventory.nodes():
+            if node.reachable:
+                continue
+            for rid, rec in list(self.replicas.items()):
+                if rec.node != node.name:
+                    continue
+                if rec.state != "lost":
+                    rec.state = "lost"
+                if node.unreachable_since is not None and now - node.unreachable_since >= self.replace_after:
+                    del self.replicas[rid]
+                    self._forgotten.add(rid)
+                    self.event("replica-replaced", f"{rid} ({rec.spec.model}) on lost node {node.name} given up; placing a replacement")
+            if node.unreachable_since is not None and now - node.unreachable_since >= self.replace_after:
+                # If it comes back, it gets an empty list and stops what it still runs.
+                self.desired.set(node.name, ())
+
+    def _wanted(self, catalog: Catalog, now: float, usage: Mapping[str, tuple[float | None, int]]) -> dict[str, int]:
+        by_model: dict[str, list[Replica]] = collections.defaultdict(list)
+        for rec in self.replicas.values():
+            by_model[rec.spec.model].append(rec)
+        wanted = {}
+        for model in catalog.models:
+            scale = self._scale.setdefault(model.name, _ModelScale(wanted=model.replicas.min))
+            recs = [r for r in by_model.get(model.name, ()) if r.state not in ("draining", "stopping")]
+            inflight = 0
+            for rec in recs:
+                last, n = usage.get(rec.spec.id, (None, 0))
+                inflight += n
+                if last is not None:
+                    scale.last_used = max(scale.last_used or last, last)
+                if n:
+                    scale.last_used = now
+            used = max((t for t in (scale.last_used, scale.woken) if t is not None), default=None)
+            idle = model.idle_timeout is not None and (used is None or now - used >= model.idle_timeout)
+            target = max(scale.wanted, model.replicas.min)
+            ready = [r for r in recs if r.state == "ready"]
+            if idle:
+                target = model.replicas.min
+            elif ready and len(ready) == len(recs) and inflight / len(ready) >= SCALE_UP_INFLIGHT:
+                target = len(ready) + 1
+            if model.replicas.min == 0 and used is not None and not idle:
+                target = max(target, 1)
+            if model.replicas.min == 0 and used is None:
+                target = 0
+            target = max(model.replicas.min, min(model.replicas.max, target))
+            if target != scale.wanted:
+                if target < scale.wanted:
+                    self.event("scale-down", f"{model.name}: {scale.wanted} -> {target} replicas (idle)")
+                else:
+                    self.event("scale-up", f"{model.name}: {scale.wanted} -> {target} replicas")
+            scale.wanted = target
+            wanted[model.name] = target
+        for name in [n for n in self._scale if catalog.resolve(n) is None]:
+            del self._scale[name]
+        return wanted
+
+    def _plan(self, catalog: Catalog, now: float, usage: Mapping[str, tuple[float | None, int]]) -> None:
+        wanted = self._wanted(catalog, now, usage)
+        running, views = self._placement_input(catalog)
+        plan = place(catalog, views, running, wanted)
+        for stop in plan.stop:
+            rec = self.replicas.get(stop.replica_id)
+            if rec is not None and rec.state not in ("draining", "stopping"):
+                rec.state, rec.drain_since, rec.drain_reason = "draining", now, stop.reason
+                self.event("replica-draining", f"{rec.spec.id} ({rec.spec.model} on {rec.node}): {stop.reason}")
+        for a in plan.start:
+            model = catalog.resolve(a.model)
+            profile = _profile(model, a.profile)
+            rid = _new_id(model.name)
+            spec = ReplicaSpec.for_profile(rid, model, profile, catalog.engines[profile.engine], a.gpu_indices)
+            self.replicas[rid] = Replica(spec=spec, node=a.node, created=now)
+            self.event("replica-placed", f"{rid} ({model.name}/{profile.name}) on {a.node} GPUs {list(a.gpu_indices) or 'none'}")
+        unplaceable = {u.model: u.reason for u in plan.unplaceable}
+        for model, reason in unplaceable.items():
+            if self.unplaceable.get(model) != reason:
+                self.event("unplaceable", f"{model}: {reason}")
+        self.unplaceable = unplaceable
+
+    def _placement_input(self, catalog: Catalog) -> tuple[list[Running], list[NodeView]]:
+        running, held = [], collections.defaultdict(set)
+        for rec in self.replicas.values():
+            if rec.state in ("draining", "stopping"):
+                # Still holding its GPUs until its engine is gone, but no longer
+                # counted toward what the model wants.
+                held[rec.node].update(rec.spec.gpu_indices)
+                continue
+            model = catalog.resolve(rec.spec.model)
+            profile = _profile(model, rec.spec.profile) if model is not None and model.name == rec.spec.model else None
+            current = profile is not None and rec.spec.spec_hash == ReplicaSpec.for_profile(
+                rec.spec.id, model, profile, catalog.engines[profile.engine]).spec_hash
+            running.append(Running(replica_id=rec.spec.id, model=rec.spec.model, profile=rec.spec.profile,
+                                   node=rec.node, gpu_indices=rec.spec.gpu_indices, current=current,
+                                   ready=rec.state == "ready", failed=rec.state == "failed"))
+        views = []
+        for node in self.inventory.nodes():
+            views.append(NodeView(
+                name=node.name, pools=node.pools,
+                gpus=tuple(g.index for g in node.gpus if g.index not in held[node.name]),
+                engines=node.available_engines | _catalog_engines_known(node, catalog),
+                schedulable=node.reachable and node.name not in self._cordoned,
+            ))
+        return running, views
+
+    def _drain(self, now: float, usage: Mapping[str, tuple[float | None, int]]) -> None:
+        for rec in self.replicas.values():
+            if rec.state != "draining":
+                continue
+            inflight = usage.get(rec.spec.id, (None, 0))[1]
+            if inflight == 0 or now - rec.drain_since >= self.drain_grace:
+                rec.state = "stopping"
+                why = "drained" if inflight == 0 else f"drain grace over with {inflight} in flight"
+                self.event("replica-stopping", f"{rec.spec.id} ({rec.spec.model} on {rec.node}): {why}")
+
+    # --- outputs ------------------------------------------------------------
+
+    def _publish(self, catalog: Catalog) -> None:
+        per_node: dict[str, list[ReplicaSpec]] = collections.defaultdict(list)
+        for rec in self.replicas.values():
+            if rec.state != "stopping":
+                per_node[rec.node].append(rec.spec)
+        for node in self.inventory.nodes():
+            # Until settled, only nodes whose replicas were adopted get a list:
+            # an agent takes its first answer as the whole truth.
+            if node.reachable and (self.settled or node.name in per_node):
+                if self.desired.set(node.name, per_node.get(node.name, ())):
+                    self._on_change()
+        endpoints = []
+        for rec in sorted(self.replicas.values(), key=lambda r: r.spec.id):
+            if rec.state != "ready" or not rec.url:
+                continue
+            node = self.inventory.get(rec.node)
+            if node is None or not node.reachable:
+                continue
+            model = catalog.resolve(rec.spec.model)
+            profile = _profile(model, rec.spec.profile) if model is not None else None
+            endpoints.append(Endpoint(
+                replica_id=rec.spec.id, model=rec.spec.model, profile=rec.spec.profile, engine=rec.spec.engine,
+                url=rec.url, priority=profile.priority if profile else 0, weight=profile.weight if profile else 1.0,
+                metrics_path=rec.spec.metrics,
+            ))
+        fingerprint = repr([e.to_dict() for e in endpoints])
+        if fingerprint != self._endpoint_fingerprint:
+            self._endpoint_fingerprint = fingerprint
+            self.endpoints = tuple(endpoints)
+            self.endpoints_version += 1
+            for sink in self._sinks:
+                sink.set_endpoints(self.endpoints)
+            self._on_change()
+
+    def preview(self, catalog: Catalog) -> dict:
+        """What swapping in `catalog` would do to replicas, without doing it (for `catalog apply`)."""
+        wanted = {}
+        for model in catalog.models:
+            scale = self._scale.get(model.name)
+            current = scale.wanted if scale is not None else model.replicas.min
+            wanted[model.name] = max(model.replicas.min, min(model.replicas.max, current))
+        running, views = self._placement_input(catalog)
+        plan = place(catalog, views, running, wanted)
+        by_id = {r.replica_id: r for r in running}
+        stale = [r for r in running if not r.current and _profile(catalog.resolve(r.model), r.profile) is not None
+                 and catalog.resolve(r.model).name == r.model]
+        return {
+            "start": [{"model": a.model, "profile": a.profile, "node": a.node, "gpus": list(a.gpu_indices)} for a in plan.start],
+            "stop": [{"id": s.replica_id, "model": by_id[s.replica_id].model if s.replica_id in by_id else "",
+                      "reason": s.reason} for s in plan.stop],
+            "replace": [{"id": r.replica_id, "model": r.model, "profile": r.profile, "node": r.node} for r in stale],
+            "unplaceable": {u.model: u.reason for u in plan.unplaceable},
+        }
+
+    # --- for status -----------------------------------------------------------
+
+    def status(self, usage: Mapping[str, tuple[float | None, int]] | None = None) -> dict:
+        catalog = self.live.current
+        usage = usage or {}
+        now = self._clock()
+        models = []
+        for model in catalog.models:
+            recs = [r for r in self.replicas.values() if r.spec.model == model.name]
+            scale = self._scale.get(model.name)
+            models.append({
+                "name": model.name, "aliases": list(model.aliases),
+                "min": model.replicas.min, "max": model.replicas.max,
+                "desired": scale.wanted if scale else model.replicas.min,
+                "ready": sum(r.state == "ready" for r in recs), "replicas": len(recs),
+                "unplaceable": self.unplaceable.get(model.name),
+            })
+        replicas = []
+        for rec in sorted(self.replicas.values(), key=lambda r: (r.spec.model, r.spec.id)):
+            last, inflight = usage.get(rec.spec.id, (None, 0))
+            rep = rec.reported
+            replicas.append({
+                "id": rec.spec.id, "model": rec.spec.model, "profile": rec.spec.profile, "engine": rec.spec.engine,
+                "node": rec.node, "gpus": list(rec.spec.gpu_indices), "state": rec.state, "url": rec.url,
+                "pid": rep.pid if rep else None, "restarts": rep.restarts if rep else 0,
+                "last_exit": rep.last_exit if rep else None, "adopted": rec.adopted,
+                "inflight": inflight, "idle_seconds": round(now - last, 1) if last is not None else None,
+                "reason": rec.drain_reason if rec.state in ("draining", "stopping") else (rep.reason if rep else ""),
+                "spec_hash": rec.spec.spec_hash,
+            })
+        nodes = []
+        for node in sorted(self.inventory.nodes(), key=lambda n: n.name):
+            used = {i for r in self.replicas.values() if r.node == node.name for i in r.spec.gpu_indices}
+            nodes.append({
+                "name": node.name, "state": "ready" if node.reachable else "unreachable", "pools": sorted(node.pools),
+                "gpus": len(node.gpus), "gpus_used": len(used & {g.index for g in node.gpus}),
+                "gpu_models": sorted({g.name for g in node.gpus if g.name}),
+                "engines": sorted(node.available_engines),
+                "engines_missing": {n: why for n, (ok, why) in sorted(node.engines.items()) if not ok},
+                "last_seen_seconds": round(now - node.last_seen, 1), "reports": node.reports,
+            })
+        return {
+            "settled": self.settled, "passes": self.passes, "models": models, "replicas": replicas, "nodes": nodes,
+            "events": [e.to_dict() for e in self.events],
+        }
+
+
+def _profile(model: Model | None, name: str) -> Profile | None:
+    if model is None:
+        return None
+    return next((p for p in model.profiles if p.name == name), None)
+
+
+def _spec_from_report(rep: ReportedReplica) -> ReplicaSpec | None:
+    raw = rep.spec
+    if not raw:
+        return None
+    try:
+        return ReplicaSpec.from_dict(raw)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _catalog_engines_known(node: Node, catalog: Catalog) -> frozenset[str]:
+    # A catalog-defined engine the agent has not been asked about yet: assume it
+    # can run it (the agent reports it failed with the reason if not) rather
+    # than never placing a custom engine anywhere.
+    return frozenset(n for n, e in catalog.engines.items() if not e.builtin and n not in node.engines)
+
+
+def _new_id(model: str) -> str:
+    # Chosen once by the controller and never reused: a short model slug for
+    # people reading logs, and random bits so a restarted controller (which
+    # keeps no database) cannot collide with an id it handed out before.
+    slug = "".join(c if c.isalnum() else "-" for c in model.lower()).strip("-")[:24] or "replica"
+    return f"{slug}-{uuid.uuid4().hex[:8]}"

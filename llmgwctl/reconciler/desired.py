@@ -1,0 +1,63 @@
+"""Each node's desired replicas, and the long-poll agents wait on.
+
+The reconciler writes a node's list only when it changed; an agent's
+`GET .../desired?after=V` is answered at once when the node's version differs
+from V (a restarted controller counts from 1 again, and agents take any
+different version as news), otherwise when it changes or after a timeout.
+
+A node's list is not served at all until the reconciler has set it once: an
+agent takes its first answer as the whole truth, so answering before its
+report was read and its running replicas adopted would tell it to stop them.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Iterable
+
+from ..engines.spec import ReplicaSpec
+
+# Held long-polls answer after 30 s with no change: well inside the agent's 45 s
+# client timeout, and short enough that proxies and NAT don't drop idle requests.
+LONG_POLL = 30.0
+
+
+class DesiredStore:
+    def __init__(self) -> None:
+        self._versions = itertools.count(1)
+        self._lists: dict[str, tuple[int, tuple[ReplicaSpec, ...], str]] = {}
+        self._changed: dict[str, asyncio.Event] = {}
+
+    def set(self, node: str, specs: Iterable[ReplicaSpec]) -> bool:
+        """Make `specs` the node's desired list; True if that changed it."""
+        specs = tuple(sorted(specs, key=lambda s: s.id))
+        fingerprint = "|".join(f"{s.id}:{s.spec_hash}:{s.gpu_indices}" for s in specs)
+        current = self._lists.get(node)
+        if current is not None and current[2] == fingerprint:
+            return False
+        self._lists[node] = (next(self._versions), specs, fingerprint)
+        event = self._changed.pop(node, None)
+        if event is not None:
+            event.set()
+        return True
+
+    def get(self, node: str) -> tuple[int, tuple[ReplicaSpec, ...]] | None:
+        entry = self._lists.get(node)
+        return (entry[0], entry[1]) if entry else None
+
+    async def wait(self, node: str, after: int | None, timeout: float = LONG_POLL) -> tuple[int, tuple[ReplicaSpec, ...]] | None:
+        """The node's list once its version differs from `after`; None on timeout before it is known."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            entry = self.get(node)
+            if entry is not None and entry[0] != after:
+                return entry
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return entry
+            event = self._changed.setdefault(node, asyncio.Event())
+            try:
+                await asyncio.wait_for(event.wait(), remaining)
+            except asyncio.TimeoutError:
+                return self.get(node)

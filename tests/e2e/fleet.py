@@ -1,0 +1,146 @@
+"""A small fleet of real processes on 127.0.0.1 for end-to-end tests: a controller, agents, fake engines.
+
+Every process is started in its own session and carries a marker in its
+environment; engines inherit it from their agent, so teardown finds and kills
+everything a test started -- engines included, which by design outlive their
+agents and controllers.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+import requests
+
+DEADLINE = 60.0   # seconds for any one condition; generous for a loaded 2-core CI machine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate: Callable[[], object], what: str, timeout: float = DEADLINE, every: float = 0.1):
+    end = time.monotonic() + timeout
+    last_error = None
+    while time.monotonic() < end:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except (requests.RequestException, KeyError, ValueError) as exc:
+            last_error = exc
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}" + (f" (last error: {last_error!r})" if last_error else ""))
+
+
+class Fleet:
+    def __init__(self, root: Path):
+        self.root = root
+        self.mark = uuid.uuid4().hex
+        self.catalogs = root / "catalogs"
+        self.catalogs.mkdir(parents=True, exist_ok=True)
+        self.router_port = free_port()
+        self.control_port = free_port()
+        self.controller: subprocess.Popen | None = None
+        self.agents: dict[str, subprocess.Popen] = {}
+        self._port_base = random.randrange(22000, 29000, 100)
+        self._logs = []
+
+    @property
+    def router(self) -> str:
+        return f"http://127.0.0.1:{self.router_port}"
+
+    @property
+    def control(self) -> str:
+        return f"http://127.0.0.1:{self.control_port}"
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = open(self.root / f"{name}.log", "ab")
+        self._logs.append(log)
+        env = dict(os.environ, LLMGW_TEST_MARK=self.mark, PYTHONUNBUFFERED="1")
+        return subprocess.Popen([sys.executable, "-m", "llmgwctl", *args], stdout=log, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True, cwd=self.root)
+
+    def start_controller(self, *extra: str) -> None:
+        self.controller = self._spawn("controller", [
+            "serve", "--no-local-agent", "--catalogs", str(self.catalogs),
+            "--listen", f"127.0.0.1:{self.router_port}", "--control", f"127.0.0.1:{self.control_port}",
+            "--settle", "2", "--drain-grace", "5", "--node-timeout", "2", "--replace-after", "2", *extra])
+        wait_until(lambda: requests.get(self.control + "/healthz", timeout=1).ok, "the control API")
+
+    def start_agent(self, node: str, gpus: str, *pools: str) -> None:
+        base = self._port_base + 10 * len(self.agents)
+        args = ["agent", "--controller", self.control, "--node", node, "--gpus", gpus,
+                "--state-dir", str(self.root / f"state-{node}"), "--ports", f"{base}-{base + 9}",
+                "--heartbeat", "0.5", "--grace", "3"]
+        for pool in pools:
+            args += ["--pool", pool]
+        self.agents[node] = self._spawn(f"agent-{node}", args)
+
+    def status(self) -> dict:
+        resp = requests.get(self.control + "/api/v1/status", timeout=5)
+        resp.raise_for_status()
+        return resp.json()
+
+    def replicas(self, model: str | None = None, state: str | None = None) -> list[dict]:
+        return [r for r in self.status()["replicas"]
+                if (model is None or r["model"] == model) and (state is None or r["state"] == state)]
+
+    def ready(self, model: str) -> list[dict]:
+        return self.replicas(model, "ready")
+
+    def chat(self, model: str, content: str = "hello", timeout: float = 30, **extra) -> requests.Response:
+        return requests.post(self.router + "/v1/chat/completions", timeout=timeout,
+                             json={"model": model, "messages": [{"role": "user", "content": content}], **extra})
+
+    def kill_controller(self, sig: int = signal.SIGKILL) -> None:
+        if self.controller and self.controller.poll() is None:
+            os.killpg(self.controller.pid, sig)
+            self.controller.wait(timeout=30)
+
+    def log(self, name: str) -> str:
+        path = self.root / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def marked_pids(self) -> list[int]:
+        """Every live process carrying this fleet's marker: ours, engines included."""
+        pids = []
+        needle = f"LLMGW_TEST_MARK={self.mark}".encode()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if needle in f.read().split(b"\0"):
+                        with open(f"/proc/{entry}/stat", "rb") as s:
+                            if s.read().rsplit(b")", 1)[1].split()[0] != b"Z":
+                                pids.append(int(entry))
+            except OSError:
+                continue
+        return pids
+
+    def close(self) -> None:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            for pid in self.marked_pids():
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        for proc in [self.controller, *self.agents.values()]:
+            if proc is not None:
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+        for log in self._logs:
+            log.close()
