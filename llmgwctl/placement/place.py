@@ -49,12 +49,12 @@ REPLACED_NO_ROOM = "replaced: profile changed (no room to start the new one firs
 class _Share:
     """One model's replicas, sorted into what they mean for this pass."""
 
-    __slots__ = ("model", "rank", "current", "stale", "spread", "placed", "missing", "next_profile")
+    __slots__ = ("model", "ranked", "rank", "current", "stale", "spread", "placed", "missing", "next_profile")
 
     def __init__(self, model: Model):
         self.model = model
-        ranked = model.ranked()
-        self.rank = {p.name: i for i, p in enumerate(ranked)}   # 0 = best
+        self.ranked = model.ranked()                             # sorted once per pass, not per replica
+        self.rank = {p.name: i for i, p in enumerate(self.ranked)}   # 0 = best
         self.current: list[Running] = []
         self.stale: list[Running] = []
         self.spread: dict[str, int] = defaultdict(int)          # node -> current replicas there
@@ -106,7 +106,7 @@ def place(catalog: Catalog, nodes: Sequence[NodeView], running: Sequence[Running
             order = _stop_order(current, share.rank)
             stops.extend(Stop(r.replica_id, SCALED_DOWN) for r in order[:len(current) - want])
             current = share.current = order[len(current) - want:]
-        if share.stale and sum(r.ready for r in current) >= want:
+        if share.stale and sum(map(_serving, current)) >= want:
             stops.extend(Stop(r.replica_id, REPLACED) for r in share.stale)
             share.stale = []
         for r in current:
@@ -158,7 +158,7 @@ def _fill(shares: Mapping[str, _Share], fleet: Fleet) -> list[Assignment]:
 
 
 def _place_one(share: _Share, fleet: Fleet, starts: list[Assignment]) -> bool:
-    ranked = share.model.ranked()
+    ranked = share.ranked
     while share.next_profile < len(ranked):
         profile = ranked[share.next_profile]
         node = fleet.pick(profile.pool, profile.engine, profile.gpus, share.spread)
@@ -180,9 +180,9 @@ def _make_room(share: _Share, fleet: Fleet) -> Stop | None:
     node lacks the pool or engine, or too few GPUs even freed), stopping it
     would only lose capacity, so none is stopped.
     """
-    if not share.stale or share.placed or not all(r.ready and not r.failed for r in share.current):
+    if not share.stale or share.placed or not all(map(_serving, share.current)):
         return None
-    ranked = share.model.ranked()
+    ranked = share.ranked
     for replica in _stop_order(share.stale, share.rank):
         freed = fleet.free_count(replica.node) + len(replica.gpu_indices) if replica.node in fleet else -1
         if any(freed >= p.gpus and fleet.can_host(replica.node, p.pool, p.engine) for p in ranked):
@@ -193,7 +193,13 @@ def _make_room(share: _Share, fleet: Fleet) -> Stop | None:
 def _stop_order(replicas: list[Running], rank: Mapping[str, int]) -> list[Running]:
     """Which replicas go first: lowest-priority profile, then not ready, then newest id."""
     newest_first = sorted(replicas, key=lambda r: _id_key(r.replica_id), reverse=True)
-    return sorted(newest_first, key=lambda r: (-rank[r.profile], r.ready))
+    return sorted(newest_first, key=lambda r: (-rank[r.profile], _serving(r)))
+
+
+def _serving(replica: Running) -> bool:
+    # A report may say ready and failed at once (it crashed after passing its
+    # health check); it is not serving, so it counts as not ready.
+    return replica.ready and not replica.failed
 
 
 def _id_key(replica_id: str) -> tuple:

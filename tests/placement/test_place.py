@@ -359,3 +359,14 @@ def test_plan_is_plain_tuples_of_the_model_types():
 
 def _fields(r: Running) -> dict:
     return {f: getattr(r, f) for f in Running.__slots__}
+
+
+def test_ready_and_failed_at_once_counts_as_not_ready():
+    cat = catalog(model("a"))
+    running = [replica("r1", "a", "x", gpus=(0,), ready=True, failed=True),
+               replica("r2", "a", "x", gpus=(1,), current=False, ready=True)]
+    # The only current replica is not serving: the stale one stays.
+    assert place(cat, [node("x")], running, {"a": 1}).stop == ()
+    # Scaling down takes the failed one even though it is the older.
+    running = [replica("r0", "a", "x", gpus=(0,), ready=True, failed=True), replica("r1", "a", "x", gpus=(1,), ready=True)]
+    assert stops(place(cat, [node("x")], running, {"a": 1})) == [("r0", SCALED_DOWN)]
