@@ -370,3 +370,24 @@ def test_ready_and_failed_at_once_counts_as_not_ready():
     # Scaling down takes the failed one even though it is the older.
     running = [replica("r0", "a", "x", gpus=(0,), ready=True, failed=True), replica("r1", "a", "x", gpus=(1,), ready=True)]
     assert stops(place(cat, [node("x")], running, {"a": 1})) == [("r0", SCALED_DOWN)]
+
+
+def test_the_design_example_catalog_places_as_an_operator_expects():
+    from llmgwctl.catalog import load_text
+    cat = load_text("""
+apiVersion: llmgw/v1
+kind: Catalog
+models:
+  - name: qwen2.5-7b-instruct
+    source: Qwen/Qwen2.5-7B-Instruct
+    replicas: {min: 1, max: 4}
+    profiles:
+      - {name: h100, engine: vllm, pool: h100, gpus: 1, priority: 10}
+      - {name: cpu-fallback, engine: llamacpp, gpus: 0, priority: 1}
+""")
+    nodes = [node("gpu-1", pools=("h100",), engines=("vllm",)), node("cpu-1", gpus=0, pools=("cpu",), engines=("llamacpp",))]
+    plan = place(cat, nodes, [], {"qwen2.5-7b-instruct": 2})
+    assert starts(plan) == [("qwen2.5-7b-instruct", "h100", "gpu-1", (0,)), ("qwen2.5-7b-instruct", "h100", "gpu-1", (1,))]
+    # With the h100 node gone, the fallback takes over on the CPU node.
+    plan = place(cat, nodes[1:], [], {})
+    assert starts(plan) == [("qwen2.5-7b-instruct", "cpu-fallback", "cpu-1", ())]
