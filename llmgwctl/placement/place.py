@@ -179,6 +179,12 @@ def _make_room(share: _Share, fleet: Fleet) -> Stop | None:
     starting (or crash-looping). If no stale replica's room would help (its
     node lacks the pool or engine, or too few GPUs even freed), stopping it
     would only lose capacity, so none is stopped.
+
+    Placement keeps no memory between passes, so nothing reserves the freed
+    room for this model: a short model earlier in the next pass's round can
+    take it, and this model may then stop its next stale replica before the
+    first is replaced. Rare (it needs two short models competing for the same
+    GPUs), and the catalog order decides who gets room first.
     """
     if not share.stale or share.placed or not all(map(_serving, share.current)):
         return None
