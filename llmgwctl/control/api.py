@@ -26,6 +26,7 @@ from aiohttp import web
 from ..catalog import CatalogError
 from ..inventory import ReportError
 from ..reconciler import LONG_POLL
+from . import schemas
 from .apply import ApplyError, plan, validate_with, write_atomically
 from .controller import Controller
 
@@ -141,6 +142,9 @@ class ControlAPI:
             body = await request.json()
         except (ValueError, UnicodeDecodeError):
             return _error(400, "report must be a JSON object")
+        wrong = schemas.problems("agent-report", body)
+        if wrong:
+            return _error(400, "report does not follow schemas/api/agent-report.schema.json: " + "; ".join(wrong))
         try:
             self.c.agent_reported(request.match_info["node"], body)
         except ReportError as exc:

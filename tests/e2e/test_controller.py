@@ -62,6 +62,22 @@ def test_catalog_converges_on_the_right_pools(fleet):
     assert nodes["n1"]["pools"] == ["a100"] and nodes["n1"]["gpus_used"] == 2 and nodes["n1"]["state"] == "ready"
 
 
+def test_payloads_follow_their_schemas(fleet):
+    from llmgwctl.control import schemas
+
+    desired = requests.get(fleet.control + "/api/v1/agents/n1/desired", params={"after": -1}, timeout=10).json()
+    assert schemas.problems("desired", desired) == [] and desired["replicas"]
+    watch = requests.get(fleet.control + "/api/v1/watch/endpoints", params={"after": -1}, timeout=10).json()
+    assert schemas.problems("watch-endpoints", watch) == [] and len(watch["endpoints"]) == 3
+    # Agents' reports are checked on arrival; a malformed one changes nothing and says why.
+    before = fleet.status()["nodes"]
+    bad = requests.post(fleet.control + "/api/v1/agents/n1/report", timeout=10,
+                        json={"node": "n1", "gpus": [{"index": "zero"}], "replicas": []})
+    assert bad.status_code == 400
+    assert "gpus[0].index: 'zero' is not of type 'integer'" in bad.json()["error"]["message"]
+    assert [n["gpus"] for n in fleet.status()["nodes"]] == [n["gpus"] for n in before]
+
+
 def test_adding_a_model_by_file_leaves_the_others_alone(fleet):
     before = pids(fleet)
     (fleet.catalogs / "extra.yaml").write_text(

@@ -22,6 +22,8 @@ def wheel(tmp_path_factory):
 def test_wheel_carries_schema_and_man_pages(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "llmgwctl/_data/schemas/catalog.schema.json" in names
+    for schema in os.listdir(REPO / "schemas" / "api"):
+        assert f"llmgwctl/_data/schemas/api/{schema}" in names
     for page in os.listdir(REPO / "man"):
         assert f"llmgwctl/_data/man/{page}" in names
         section = page.rsplit(".", 1)[1]
