@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
 
 
 @dataclass(frozen=True, slots=True)
@@ -13,6 +15,10 @@ class NodeView:
     gpus: tuple[int, ...]                 # GPU indices the node has
     engines: frozenset[str]               # engines its agent can run
     schedulable: bool = True              # False while unreachable or draining: nothing new lands here
+    # Engines its agent reported it cannot run, each with the agent's reason,
+    # which names the fix ("llama-server not found ...; install it with: ...").
+    # Only for explaining an unplaceable replica; placement itself reads `engines`.
+    unavailable: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), compare=False)
 
 
 @dataclass(frozen=True, slots=True)

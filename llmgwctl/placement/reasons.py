@@ -2,7 +2,8 @@
 
 Each profile of the model gets one clause, best first, saying the first thing
 that stands in its way: no node in its pool, no schedulable node there, no node
-whose agent runs its engine, or too few free GPUs (with the numbers). The text
+whose agent runs its engine (with the reason each agent gave, which names the
+fix), or too few free GPUs (with the numbers). The text
 is computed from the fleet as it is at the end of the pass, i.e. what the
 operator will find once the plan is applied.
 """
@@ -60,17 +61,31 @@ class Explainer:
             return f"no schedulable node in {where} ({_count(len(names), 'node')}, all unreachable or draining)"
         able = [n for n in schedulable if engine in fleet.nodes[n].engines]
         if not able:
-            lacking = ", ".join(schedulable[:NAMES_SHOWN])
-            if len(schedulable) > NAMES_SHOWN:
-                lacking += f" and {len(schedulable) - NAMES_SHOWN} more"
             inside = f" in pool {pool}" if pool is not None else ""
-            return f"no node{inside} can run engine {engine} ({lacking} lack{'s' if len(schedulable) == 1 else ''} it)"
+            return f"no node{inside} can run engine {engine} ({self._lacking(schedulable, engine)})"
         total = sum(len(fleet.nodes[n].gpus) for n in able)
         free = [fleet.free_count(n) for n in able]
         text = f"{where}: {sum(free)} of {_count(total, 'GPU')} free on {_count(len(able), 'node')}"
         if len(able) > 1:
             text += f", at most {max(free)} on one"
         return text + f", needs {gpus}"
+
+
+    def _lacking(self, names: list[str], engine: str) -> str:
+        """The nodes that lack `engine`, grouped by the reason their agents gave, since the reason says the fix."""
+        by_reason: dict[str, list[str]] = {}
+        for name in names:
+            by_reason.setdefault(self.fleet.nodes[name].unavailable.get(engine, ""), []).append(name)
+        parts = []
+        for reason, group in list(by_reason.items())[:NAMES_SHOWN]:
+            shown = ", ".join(group[:NAMES_SHOWN])
+            if len(group) > NAMES_SHOWN:
+                shown += f" and {len(group) - NAMES_SHOWN} more"
+            parts.append(f"{shown} lack{'s' if len(group) == 1 else ''} it" + (f": {reason}" if reason else ""))
+        if len(by_reason) > NAMES_SHOWN:
+            rest = sum(len(g) for g in list(by_reason.values())[NAMES_SHOWN:])
+            parts.append(f"{_count(rest, 'more node')} for other reasons")
+        return "; ".join(parts)
 
 
 def _title(profile: Profile) -> str:

@@ -336,6 +336,7 @@ class Reconciler:
                 gpus=tuple(g.index for g in node.gpus if g.index not in held[node.name]),
                 engines=node.available_engines | _catalog_engines_known(node, catalog),
                 schedulable=node.reachable and node.name not in self._cordoned,
+                unavailable={name: why for name, (ok, why) in node.engines.items() if not ok},
             ))
         return running, views
 
