@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -53,6 +54,8 @@ class Fleet:
         self.control_port = free_port()
         self.controller: subprocess.Popen | None = None
         self.agents: dict[str, subprocess.Popen] = {}
+        self.routers: list[subprocess.Popen] = []
+        self._agent_args: dict[str, list[str]] = {}
         self._port_base = random.randrange(22000, 29000, 100)
         self._logs = []
 
@@ -85,7 +88,29 @@ class Fleet:
                 "--heartbeat", "0.5", "--grace", "3"]
         for pool in pools:
             args += ["--pool", pool]
+        self._agent_args[node] = args
         self.agents[node] = self._spawn(f"agent-{node}", args)
+
+    def kill_agent(self, node: str, sig: int = signal.SIGKILL) -> None:
+        """Signal the agent process only: its engines run in their own process groups and stay up."""
+        proc = self.agents[node]
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            proc.wait(timeout=30)
+
+    def restart_agent(self, node: str) -> None:
+        """Start `node`'s agent again with the very arguments (state dir, ports) it had."""
+        self.agents[node] = self._spawn(f"agent-{node}", self._agent_args[node])
+
+    def start_router(self, *extra: str) -> str:
+        """A standalone `llmgwctl router --controller`; returns its base URL once it listens."""
+        name = f"router-{len(self.routers)}"
+        self.routers.append(self._spawn(name, ["router", "--controller", self.control, "--listen", "127.0.0.1:0",
+                                               "--log-level", "warning", *extra]))
+        # The router prints its bound port on stdout once its first watch answer is applied.
+        found = wait_until(lambda: re.search(r"router listening on (http://127\.0\.0\.1:\d+)", self.log(name)),
+                           "the standalone router to listen")
+        return found.group(1)
 
     def status(self) -> dict:
         resp = requests.get(self.control + "/api/v1/status", timeout=5)
@@ -136,7 +161,7 @@ class Fleet:
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
-        for proc in [self.controller, *self.agents.values()]:
+        for proc in [self.controller, *self.agents.values(), *self.routers]:
             if proc is not None:
                 try:
                     proc.wait(timeout=10)
