@@ -26,13 +26,23 @@ def _cut(text, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _cut_left(text: str, width: int) -> str:
+    return text if len(text) <= width else "…" + text[-(width - 1):]
+
+
+def _wrap(text: str) -> list[str]:
+    import textwrap
+    return textwrap.wrap(text, width=100, initial_indent="  ", subsequent_indent="    ")
+
+
 def render(status: dict, now: float | None = None, events: int = 8) -> str:
     """The status as tables that fit a 100-column terminal."""
     now = time.time() if now is None else now
     cat = status["catalog"]
     swapped = now - cat["swapped_at"] if cat.get("swapped_at") else None
-    out = [f"catalog {cat['version']} from {cat['directory']}: {cat['models']} models, in force since {_ago(swapped)}"
-           + ("" if status.get("settled", True) else "  (settling: adopting running replicas)")]
+    out = [f"catalog {cat['version']}: {cat['models']} models, in force since {_ago(swapped)}"
+           + ("" if status.get("settled", True) else "  (settling: adopting running replicas)"),
+           f"  from {_cut_left(cat['directory'], 92)}"]
     rejection = cat.get("last_rejection")
     if rejection and not cat.get("directory_valid", True):
         out.append(f"last edit REJECTED {_ago(now - rejection['at'])}; the catalog above stays in force:")
@@ -40,22 +50,28 @@ def render(status: dict, now: float | None = None, events: int = 8) -> str:
         if len(rejection["errors"]) > 10:
             out.append(f"  ... {len(rejection['errors']) - 10} more")
     out.append("")
-    out.append(table(("MODEL", "ALIASES", "DESIRED", "READY", "REPLICAS", "NOTE"), [
-        (_cut(m["name"], 28), _cut(",".join(m["aliases"]), 20), m["desired"], m["ready"],
-         f"{m['min']}-{m['max']}" if m["min"] != m["max"] else m["min"], _cut(m.get("unplaceable") or "", 40))
+    out.append(table(("MODEL", "ALIASES", "DESIRED", "READY", "REPLICAS"), [
+        (_cut(m["name"], 40), _cut(",".join(m["aliases"]), 30), m["desired"], m["ready"],
+         f"{m['min']}-{m['max']}" if m["min"] != m["max"] else m["min"])
         for m in status["models"]]))
+    for m in status["models"]:
+        if m.get("unplaceable"):
+            out.extend(_wrap(f"cannot place {m['name']}: {m['unplaceable']}"))
     if status["replicas"]:
         out.append("")
-        out.append(table(("REPLICA", "MODEL", "PROFILE", "NODE", "GPUS", "STATE", "ENDPOINT", "RST", "USED", "REASON"), [
-            (_cut(r["id"], 22), _cut(r["model"], 16), _cut(r["profile"], 10), _cut(r["node"], 12),
-             ",".join(map(str, r["gpus"])) or "-", r["state"], _cut((r.get("url") or "-").replace("http://", ""), 21),
-             r["restarts"], _ago(r.get("idle_seconds")).replace(" ago", ""), _cut(r.get("reason") or "", 24))
+        out.append(table(("REPLICA", "PROFILE", "NODE", "GPUS", "STATE", "ENDPOINT", "RST", "USED"), [
+            (_cut(r["id"], 24), _cut(r["profile"], 10), _cut(r["node"], 10), _cut(",".join(map(str, r["gpus"])) or "-", 5),
+             r["state"], _cut((r.get("url") or "-").replace("http://", ""), 21), r["restarts"],
+             _ago(r.get("idle_seconds")).replace(" ago", ""))
             for r in status["replicas"]]))
+        for r in status["replicas"]:
+            if r.get("reason") and r["state"] != "ready":
+                out.extend(_wrap(f"{r['id']} {r['state']}: {r['reason']}"))
     if status["nodes"]:
         out.append("")
         out.append(table(("NODE", "STATE", "POOLS", "GPUS USED", "ENGINES", "LAST SEEN"), [
-            (_cut(n["name"], 20), n["state"], _cut(",".join(n["pools"]) or "-", 16), f"{n['gpus_used']}/{n['gpus']}",
-             _cut(",".join(n["engines"]) or "-", 28), _ago(n["last_seen_seconds"]))
+            (_cut(n["name"], 16), n["state"], _cut(",".join(n["pools"]) or "-", 16), f"{n['gpus_used']}/{n['gpus']}",
+             _cut(",".join(n["engines"]) or "-", 24), _ago(n["last_seen_seconds"]))
             for n in status["nodes"]]))
     if status.get("events") and events:
         out.append("")

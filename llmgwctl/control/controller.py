@@ -35,6 +35,7 @@ class Controller:
         # endpoints changed", so a router applies both in the right order.
         self.watch = Broadcast()
         self.router = router
+        self._loaded = False
         self.reconciler = Reconciler(self.live, self.inventory, self.desired, endpoints=router, usage=router,
                                      clock=clock, wall_clock=wall_clock, on_change=self.watch.bump,
                                      **reconciler_options)
@@ -44,8 +45,18 @@ class Controller:
         if self.router is not None:
             self.router.set_catalog(new)     # first: names resolve before endpoints or replicas move
         self.watch.bump()
-        self.reconciler.event("catalog-swapped", f"{old.version} -> {new.version}")
+        if self._loaded:
+            self.reconciler.event("catalog-swapped", f"{old.version} -> {new.version}")
+        else:
+            self.reconciler.event("catalog-loaded", f"{new.version}: {len(new)} models from {self.watcher.directory}")
+            self._loaded = True
         self.wake_event.set()
+
+    def _reloaded(self, outcome) -> None:
+        if outcome.rejection is not None:
+            problems = outcome.rejection.problems
+            self.reconciler.event("catalog-rejected", f"{len(problems)} problem{'s' if len(problems) != 1 else ''}, "
+                                  f"keeping {outcome.catalog.version}: {problems[0]}")
 
     def load(self) -> Catalog:
         """Load the catalog directory; CatalogError if invalid (serve refuses to start on it)."""
@@ -65,7 +76,7 @@ class Controller:
     async def run(self, stop: asyncio.Event, tick: float | None = None) -> None:
         """Follow the catalog directory and reconcile until `stop` is set."""
         tasks = [
-            asyncio.create_task(self.watcher.run(stop), name="catalog-watcher"),
+            asyncio.create_task(self.watcher.run(stop, on_batch=self._reloaded), name="catalog-watcher"),
             asyncio.create_task(run_reconciler(self.reconciler, self.wake_event, stop,
                                                **({"tick": tick} if tick else {})), name="reconciler"),
         ]

@@ -62,6 +62,44 @@ def test_catalog_converges_on_the_right_pools(fleet):
     assert nodes["n1"]["pools"] == ["a100"] and nodes["n1"]["gpus_used"] == 2 and nodes["n1"]["state"] == "ready"
 
 
+def test_status_command_tables_and_json(fleet):
+    out = subprocess.run([sys.executable, "-m", "llmgwctl", "status", "--controller", fleet.control],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 100, "status must fit a 100-column terminal"
+    assert any(line.split()[:4] == ["MODEL", "ALIASES", "DESIRED", "READY"] for line in lines)
+    assert any(line.split()[:1] == ["REPLICA"] for line in lines) and any(line.startswith("NODE") for line in lines)
+    assert sum(" ready " in line for line in lines) >= 3 + 2   # 3 replicas, 2 nodes
+    as_json = json.loads(subprocess.run([sys.executable, "-m", "llmgwctl", "status", "-o", "json", "--controller",
+                                         fleet.control], capture_output=True, text=True, timeout=60).stdout)
+    assert sorted(m["name"] for m in as_json["models"]) == ["anywhere", "big", "small"]
+    assert {r["state"] for r in as_json["replicas"]} == {"ready"}
+    assert as_json["events"][0]["kind"] == "catalog-loaded"
+    gone = subprocess.run([sys.executable, "-m", "llmgwctl", "status", "--controller", "http://127.0.0.1:9"],
+                          capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 1 and "cannot reach the controller at http://127.0.0.1:9" in gone.stderr
+
+
+def test_invalid_edit_is_rejected_and_the_catalog_stays(fleet):
+    version = fleet.status()["catalog"]["version"]
+    broken = fleet.catalogs / "broken.yaml"
+    broken.write_text("apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n  - name: small\n    profiles: [{engine: fake}]\n")
+    try:
+        wait_until(lambda: not fleet.status()["catalog"]["directory_valid"], "the rejection")
+        status = fleet.status()
+        assert status["catalog"]["version"] == version
+        assert "name 'small' is already the name of model 'small'" in status["catalog"]["last_rejection"]["errors"][0]
+        assert status["events"][-1]["kind"] == "catalog-rejected"
+        assert fleet.chat("small", max_tokens=2).status_code == 200
+        table = subprocess.run([sys.executable, "-m", "llmgwctl", "status", "--controller", fleet.control],
+                               capture_output=True, text=True, timeout=60).stdout
+        assert "last edit REJECTED" in table
+    finally:
+        broken.unlink()
+    wait_until(lambda: fleet.status()["catalog"]["directory_valid"], "the directory valid again")
+
+
 def test_payloads_follow_their_schemas(fleet):
     from llmgwctl.control import schemas
 
