@@ -81,6 +81,15 @@ class Fleet:
             "--settle", "2", "--drain-grace", "5", "--node-timeout", "2", "--replace-after", "2", *extra])
         wait_until(lambda: requests.get(self.control + "/healthz", timeout=1).ok, "the control API")
 
+    def start_serve(self, *extra: str) -> None:
+        """`llmgwctl serve` as a user runs it, local agent included, on this fleet's free ports."""
+        self.controller = self._spawn("serve", [
+            "serve", "--catalogs", str(self.catalogs), "--listen", f"127.0.0.1:{self.router_port}",
+            "--control", f"127.0.0.1:{self.control_port}", "--state-dir", str(self.root / "state-serve"),
+            # The top ten of the fleet's hundred ports: start_agent hands out the bottom ones.
+            "--ports", f"{self._port_base + 90}-{self._port_base + 99}", "--gpus", "none", *extra])
+        wait_until(lambda: requests.get(self.control + "/healthz", timeout=1).ok, "the control API")
+
     def start_agent(self, node: str, gpus: str, *pools: str) -> None:
         base = self._port_base + 10 * len(self.agents)
         args = ["agent", "--controller", self.control, "--node", node, "--gpus", gpus,
