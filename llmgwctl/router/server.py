@@ -8,7 +8,12 @@ narrow surfaces the control plane meets it through:
 - `set_endpoints(endpoints)` and `set_catalog(catalog)`: pushed once per change,
   never pulled per request;
 - `usage_snapshot()`: last use and in-flight count per replica, read once a tick;
-- a `Waker` it calls when a request finds no ready replica.
+- a `Waker` it calls when a request finds no ready replica;
+- `set_api_keys(keys)`: optional API keys (see `auth`), swapped whole like a catalog.
+
+Each request is counted in `self.metrics` (pre-bound children, see
+`llmgwctl.observability.metrics`) and, unless turned off, written as one line
+to the `llmgw.access` log; the input limits are in `limits`.
 
 It must not know about placement, agents or the reconciler.
 """
@@ -19,19 +24,24 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Callable, Iterable
 
 import aiohttp
 from aiohttp import web
 
 from ..catalog import Catalog
+from ..observability.metrics import CONTENT_TYPE_LATEST, RouterMetrics, RouterProbe, usage_tokens
+from . import auth as keyauth
 from . import errors
 from .balancer import Balancer, EndpointState
 from .coldstart import ColdStart, ColdTimeout, QueueFull, Waker
 from .endpoint import Endpoint
+from .limits import ConnectionGuard, DepthError, check_depth, server_options
 from .poller import LoadPoller, ParseLoad, _default_parse
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger("llmgw.access")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +77,39 @@ class RouterConfig:
     # a socket the engine is closing (which would look like a reset and eject a
     # healthy endpoint).
     keepalive_timeout: float = 4.0
+    # -- limits on what clients can make the router hold (see limits.py) --
+    # OpenAI request bodies nest about 6 deep (messages, content parts, image
+    # urls) and a tool's JSON schema rarely past 20; 64 leaves room for any real
+    # schema while refusing the deeply nested bodies that make parsers recurse.
+    max_json_depth: int = 64
+    # Once the headers are in, the whole body must arrive within this: 32 MiB
+    # at 1 MB/s (a slow link) takes 32 s; a client slower than that is holding
+    # a connection, not sending a request.
+    body_timeout: float = 120.0
+    # An idle keep-alive connection is closed after this, and a new connection
+    # (or the next request on one) must complete its headers within it, which
+    # is what defeats slowloris. Longer than the idle expiry of common client
+    # pools (httpx 5 s, aiohttp 15 s, requests never reuses past a minute), so
+    # clients close first and never send on a socket the router is closing;
+    # 75 s is also nginx's default.
+    client_idle_timeout: float = 75.0
+    # Request line and each header line; 8 KiB is what aiohttp and nginx allow
+    # by default, and an API key or a trace header is a few hundred bytes.
+    max_header_bytes: int = 8190
+    # Header lines per request: SDKs send about ten.
+    max_headers: int = 128
+    # Open connections per client address (0: no limit). A busy application
+    # server keeps its pool of 100 (httpx, aiohttp defaults) and more in
+    # bursts; 256 is above that and still far below the file-descriptor limit,
+    # so one address cannot take every socket. Behind a load balancer every
+    # client shares its address: raise it or set 0 there.
+    max_connections_per_client: int = 256
+    # No byte from an engine for this long ends the request (a stream gets an
+    # error event): a non-streamed generation sends nothing until it is done,
+    # and 32k tokens at 60 tok/s is about 9 minutes.
+    upstream_idle_timeout: float = 600.0
+    # One line per request on the `llmgw.access` logger (at INFO).
+    access_log: bool = True
 
 
 class _View:
@@ -107,12 +150,20 @@ class Router:
         self.poller: LoadPoller | None = None
         self._poll_task: asyncio.Task | None = None
         self._models_cache: tuple[object, bytes] = (None, b"")
+        self._keys: keyauth.ApiKeys | None = None
+        self.limiter = keyauth.Limiter(clock)
+        self.metrics = RouterMetrics(RouterProbe(
+            states=self.balancer.states,
+            waiting=lambda: {m.name: self.cold.waiting(m.name) for m in self._view.catalog.models},
+            catalog=lambda: (self._view.version, [m.name for m in self._view.catalog.models]),
+            clock=clock))
 
     # -- the control plane's side ------------------------------------------------
 
     def set_endpoints(self, endpoints: Iterable[Endpoint]) -> None:
         """Replace the whole list of ready endpoints. Call on the event loop, once per change."""
         gained = self.balancer.set_endpoints(endpoints)
+        self.metrics.retain(st.replica_id for st in self.balancer.states())
         self.cold.endpoints_changed(gained)
         if self.poller is not None:
             self.poller.resync()
@@ -126,6 +177,12 @@ class Router:
     def catalog(self) -> Catalog:
         return self._view.catalog
 
+    def set_api_keys(self, keys: "keyauth.ApiKeys | None") -> None:
+        """Require one of `keys` on every request from now on (None: no keys, the router is open)."""
+        self._keys = keys
+        if keys is not None:
+            self.limiter.retain(keys.names())
+
     def usage_snapshot(self) -> dict[str, tuple[float | None, int]]:
         """{replica_id: (last use on the router's monotonic clock or None, requests in flight)}."""
         return self.balancer.usage_snapshot()
@@ -136,6 +193,7 @@ class Router:
         app = web.Application(client_max_size=self.config.max_body_bytes)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/{tail:.+}", self._proxy)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
         app.on_startup.append(self._on_startup)
@@ -149,7 +207,9 @@ class Router:
         # No total or read timeout: a generation may run for minutes, and a long
         # prefill sends no byte for a long time. A client that gives up
         # disconnects, and that cancels the upstream request.
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout)
+        # sock_read bounds only silence: a stream that keeps sending runs as long as it likes.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout,
+                                        sock_read=cfg.upstream_idle_timeout or None)
         # No Accept-Encoding, so engines answer uncompressed and the router never
         # decompresses; no User-Agent, one header less per request.
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
@@ -177,17 +237,31 @@ class Router:
     async def _not_found(self, request: web.Request) -> web.Response:
         return errors.not_found(f"{request.method} {request.path}")
 
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if self._keys is not None and self._keys.lookup(request.headers.get("Authorization")) is None:
+            return keyauth.unauthorized()
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
     async def _models(self, request: web.Request) -> web.Response:
         view = self._view
-        key = (view, self.balancer.generation)
-        if self._models_cache[0] != key:
-            self._models_cache = (key, self._models_body(view))
-        return web.Response(body=self._models_cache[1], content_type="application/json",
-                            headers={"x-llmgw-catalog-version": view.version})
+        headers = {"x-llmgw-catalog-version": view.version}
+        if self._keys is not None:
+            api_key = self._keys.lookup(request.headers.get("Authorization"))
+            if api_key is None:
+                return keyauth.unauthorized()
+            # Only what this key may use: the list must not reveal the rest.
+            return web.Response(body=self._models_body(view, api_key), content_type="application/json",
+                                headers=headers)
+        cache_key = (view, self.balancer.generation)
+        if self._models_cache[0] != cache_key:
+            self._models_cache = (cache_key, self._models_body(view))
+        return web.Response(body=self._models_cache[1], content_type="application/json", headers=headers)
 
-    def _models_body(self, view: _View) -> bytes:
+    def _models_body(self, view: _View, api_key: "keyauth.ApiKey | None" = None) -> bytes:
         data = []
         for m in view.catalog.models:
+            if api_key is not None and not keyauth.allows(api_key, m.name, m):
+                continue
             ready = self.balancer.ready_count(m.name)
             data.append({"id": m.name, "object": "model", "created": 0, "owned_by": "llmgw",
                          "llmgw": {"ready_replicas": ready, "aliases": list(m.aliases),
@@ -197,37 +271,86 @@ class Router:
                              "llmgw": {"ready_replicas": ready, "alias_of": m.name}})
         return json.dumps({"object": "list", "data": data}).encode()
 
+    def _refuse(self, request: web.Request, t0: float, resp: web.Response, model: str = "",
+                api_key: "keyauth.ApiKey | None" = None) -> web.Response:
+        """Count and log a request answered without an endpoint (4xx, 5xx of the router's own)."""
+        self.metrics.unrouted(model, resp.status)
+        if self.config.access_log and access_log.isEnabledFor(logging.INFO):
+            self._log_access(request, resp.status, model, "", perf_counter() - t0, api_key)
+        return resp
+
+    def _log_access(self, request: web.Request, status: int, model: str, endpoint: str, seconds: float,
+                    api_key: "keyauth.ApiKey | None", overhead: float | None = None) -> None:
+        # The key's name, never the key; the client address, never a body.
+        name = api_key.name if api_key is not None else "-"
+        access_log.info("%s %s %s %d model=%s endpoint=%s key=%s %.1fms", request.remote, request.method,
+                        request.path, status, model or "-", endpoint or "-", name, seconds * 1e3,
+                        extra={"event": "access", "client": request.remote, "method": request.method,
+                               "path": request.path, "status": status, "model": model, "endpoint": endpoint,
+                               "key": name, "duration_ms": round(seconds * 1e3, 3),
+                               "overhead_ms": None if overhead is None else round(overhead * 1e3, 3)})
+
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
-        limit = self.config.max_body_bytes
+        t0 = perf_counter()
+        cfg = self.config
+        api_key = None
+        keys = self._keys
+        if keys is not None:
+            # Before the body is read: a stranger or a key over its rate makes
+            # the router parse nothing.
+            api_key = keys.lookup(request.headers.get("Authorization"))
+            if api_key is None:
+                return self._refuse(request, t0, keyauth.unauthorized())
+            wait = self.limiter.take(api_key)
+            if wait:
+                return self._refuse(request, t0, keyauth.rate_limited(api_key, wait), api_key=api_key)
+        limit = cfg.max_body_bytes
         length = request.content_length
         if length is not None and length > limit:
-            return errors.too_large(limit)
+            return self._refuse(request, t0, errors.too_large(limit), api_key=api_key)
         try:
-            body = await request.read()
+            if request.content.is_eof():
+                body = await request.read()      # already buffered: the usual small request
+            else:
+                async with asyncio.timeout(cfg.body_timeout):
+                    body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return errors.too_large(limit)
+            return self._refuse(request, t0, errors.too_large(limit), api_key=api_key)
+        except TimeoutError:
+            return self._refuse(request, t0, errors.response(
+                408, f"the request body did not arrive within {cfg.body_timeout:g} s", "invalid_request_error",
+                "request_timeout", headers={"Connection": "close"}), api_key=api_key)
         try:
             doc = json.loads(body)
-        except ValueError as exc:
-            return errors.invalid_json(str(exc))
+        except (ValueError, RecursionError) as exc:
+            return self._refuse(request, t0, errors.invalid_json(str(exc) or "nested too deeply"), api_key=api_key)
         if type(doc) is not dict:
-            return errors.not_an_object()
+            return self._refuse(request, t0, errors.not_an_object(), api_key=api_key)
+        if cfg.max_json_depth:
+            try:
+                check_depth(body, doc, cfg.max_json_depth)
+            except DepthError as exc:
+                return self._refuse(request, t0, errors.response(400, str(exc), "invalid_request_error", "too_deep"),
+                                    api_key=api_key)
         name = doc.get("model")
         if type(name) is not str or not name:
-            return errors.missing_model()
+            return self._refuse(request, t0, errors.missing_model(), api_key=api_key)
         view = self._view           # taken once: a swap from here on is invisible to this request
         model = view.catalog.resolve(name)
+        if api_key is not None and not keyauth.allows(api_key, name, model):
+            return self._refuse(request, t0, keyauth.forbidden(name), model.name if model else "", api_key)
         if model is None:
-            return errors.unknown_model(name, view.catalog.names())
+            return self._refuse(request, t0, errors.unknown_model(name, view.catalog.names()), api_key=api_key)
         target = model.name
         if name != target:
             # Only an alias costs a re-serialisation; the canonical name is
             # forwarded as the very bytes the client sent.
             doc["model"] = target
             body = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
-        return await self._forward(request, target, body, view)
+        return await self._forward(request, target, body, view, t0, api_key)
 
-    async def _forward(self, request: web.Request, model: str, body: bytes, view: _View) -> web.StreamResponse:
+    async def _forward(self, request: web.Request, model: str, body: bytes, view: _View, t0: float,
+                       api_key: "keyauth.ApiKey | None") -> web.StreamResponse:
         balancer = self.balancer
         top = view.top_profile.get(model)
         if top is not None and not balancer.has_profile(model, top):
@@ -235,13 +358,19 @@ class Router:
         state = balancer.pick(model)
         if state is None:
             if not self.cold.can_wait:
-                return errors.no_replica(model)
+                return self._refuse(request, t0, errors.no_replica(model), model, api_key)
+            waited = perf_counter()
             try:
                 state = await self.cold.wait(model, lambda: balancer.pick(model))
             except QueueFull:
-                return errors.queue_full(model, self.cold.max_waiting)
+                self.metrics.cold_wait.labels(model, "queue_full").observe(0.0)
+                return self._refuse(request, t0, errors.queue_full(model, self.cold.max_waiting), model, api_key)
             except ColdTimeout:
-                return errors.cold_timeout(model, self.cold.timeout)
+                self.metrics.cold_wait.labels(model, "timeout").observe(perf_counter() - waited)
+                return self._refuse(request, t0, errors.cold_timeout(model, self.cold.timeout), model, api_key)
+            self.metrics.cold_wait.labels(model, "served").observe(perf_counter() - waited)
+            # The wait is neither the router's work nor the engine's: count it as upstream time.
+            t0 += perf_counter() - waited
         session = self._session
         path = request.raw_path
         clock = self._clock
@@ -251,15 +380,17 @@ class Router:
             state.inflight += 1
             state.last_used = clock()
             try:
+                up0 = perf_counter()
                 try:
                     upstream = await session.post(state.base_url + path, data=body, headers=_UPSTREAM_HEADERS)
                 except _CONNECT_ERRORS as exc:
+                    t0 += perf_counter() - up0      # a failed attempt's wait is not the router's work
                     balancer.eject(state)
                     failure = f"{state.replica_id}: {exc or type(exc).__name__}"
                     log.warning("endpoint %s failed before answering, trying another: %s", state.replica_id, exc)
                 else:
                     try:
-                        return await self._respond(request, upstream, state, view)
+                        return await self._respond(request, upstream, state, view, t0, up0, api_key)
                     finally:
                         # A response read to its end goes back to the pool; one cut
                         # short (client gone, error) closes, so the engine sees the
@@ -268,8 +399,9 @@ class Router:
                             upstream.release()
                         else:
                             upstream.close()
-            except aiohttp.ClientError as exc:
-                return errors.upstream_failed(model, f"{state.replica_id}: {exc}")
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                return self._refuse(request, t0, errors.upstream_failed(
+                    model, f"{state.replica_id}: {exc or type(exc).__name__}"), model, api_key)
             finally:
                 state.inflight -= 1
                 state.last_used = clock()
@@ -277,52 +409,98 @@ class Router:
             state = balancer.pick(model, tried)
             if state is None:
                 break
-        return errors.upstream_failed(model, failure)
+        return self._refuse(request, t0, errors.upstream_failed(model, failure), model, api_key)
 
     async def _respond(self, request: web.Request, upstream: aiohttp.ClientResponse, state: EndpointState,
-                       view: _View) -> web.StreamResponse:
+                       view: _View, t0: float, up0: float, api_key: "keyauth.ApiKey | None") -> web.StreamResponse:
+        up1 = perf_counter()        # the engine's response headers are in
+        # Router overhead = time since arrival minus time waiting on the engine,
+        # up to the moment the response headers are built (they carry it).
         ctype = upstream.headers.get("Content-Type", "application/json")
         headers = {"Content-Type": ctype, "x-llmgw-replica": state.replica_id,
                    "x-llmgw-catalog-version": view.version}
         encoding = upstream.headers.get("Content-Encoding")
         if encoding is not None:
             headers["Content-Encoding"] = encoding
+        em = self.metrics.endpoint(state.endpoint.model, state.replica_id)
         if not ctype.startswith(_EVENT_STREAM):
+            r0 = perf_counter()
             try:
                 data = await upstream.read()
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 self.balancer.eject(state)
-                return errors.upstream_failed(state.endpoint.model,
-                                              f"{state.replica_id} stopped mid-response: {exc or type(exc).__name__}")
+                return self._refuse(request, t0, errors.upstream_failed(
+                    state.endpoint.model, f"{state.replica_id} stopped mid-response: {exc or type(exc).__name__}"),
+                    state.endpoint.model, api_key)
+            r1 = perf_counter()
             self.balancer.succeeded(state)
-            return web.Response(status=upstream.status, body=data, headers=headers)
+            usage = usage_tokens(data)
+            if usage is not None:
+                em.tokens(usage)
+            status = upstream.status
+            now = perf_counter()
+            overhead = (up0 - t0) + (r0 - up1) + (now - r1)
+            headers["x-llmgw-overhead-ms"] = f"{overhead * 1e3:.3f}"
+            # A whole reply is handed to aiohttp in one piece: its first byte and
+            # its last leave together.
+            elapsed = now - t0
+            em.done(status, elapsed, elapsed, overhead)
+            if self.config.access_log and access_log.isEnabledFor(logging.INFO):
+                self._log_access(request, status, state.endpoint.model, state.replica_id, elapsed, api_key, overhead)
+            return web.Response(status=status, body=data, headers=headers)
         # Streams: no cache, and tell a buffering proxy in front (nginx) not to.
         headers["Cache-Control"] = "no-cache"
         headers["X-Accel-Buffering"] = "no"
-        resp = web.StreamResponse(status=upstream.status, headers=headers)
+        overhead = (up0 - t0) + (perf_counter() - up1)
+        headers["x-llmgw-overhead-ms"] = f"{overhead * 1e3:.3f}"
+        status = upstream.status
+        resp = web.StreamResponse(status=status, headers=headers)
         await resp.prepare(request)
         self.balancer.succeeded(state)
         write = resp.write
+        first = 0.0
         try:
             # iter_any yields whatever bytes arrived, as soon as they arrive: no
             # line splitting, no re-encoding, no waiting for a full event.
             async for chunk in upstream.content.iter_any():
                 await write(chunk)
+                if not first:
+                    first = perf_counter()
+                if b'"usage"' in chunk:     # the last chunk, when the client asked for usage
+                    usage = usage_tokens(chunk)
+                    if usage is not None:
+                        em.tokens(usage)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            # The engine died mid-stream. Headers are sent, so no retry: end the
-            # stream with an error event, which OpenAI SDKs raise, instead of a hang.
+            # The engine died (or went silent past upstream_idle_timeout)
+            # mid-stream. Headers are sent, so no retry: end the stream with an
+            # error event, which OpenAI SDKs raise, instead of a hang.
             self.balancer.eject(state)
-            log.warning("endpoint %s died mid-stream: %s", state.replica_id, exc)
+            log.warning("endpoint %s died mid-stream: %s", state.replica_id, exc or type(exc).__name__)
             try:
                 await write(errors.stream_error_event(f"{state.replica_id}: {exc or type(exc).__name__}"))
                 await resp.write_eof()
             except ConnectionError:
                 pass
-            return resp
         except ConnectionError:
-            return resp     # the client left; the caller closes the upstream connection
-        await resp.write_eof()
+            # The client left: counted as nginx's 499; the caller closes the
+            # upstream connection.
+            self._stream_done(request, em, 499, t0, first, overhead, state, api_key)
+            return resp
+        except asyncio.CancelledError:
+            # The same, as a handler cancelled by aiohttp when the client disconnects.
+            self._stream_done(request, em, 499, t0, first, overhead, state, api_key)
+            raise
+        else:
+            await resp.write_eof()
+        self._stream_done(request, em, status, t0, first, overhead, state, api_key)
         return resp
+
+    def _stream_done(self, request: web.Request, em, status: int, t0: float, first: float, overhead: float,
+                     state: EndpointState, api_key: "keyauth.ApiKey | None") -> None:
+        now = perf_counter()
+        em.done(status, now - t0, (first or now) - t0, overhead)
+        if self.config.access_log and access_log.isEnabledFor(logging.INFO):
+            self._log_access(request, status, state.endpoint.model, state.replica_id, now - t0, api_key, overhead)
 
 
 async def start(router: Router, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, int]:
@@ -330,8 +508,14 @@ async def start(router: Router, host: str = "127.0.0.1", port: int = 0) -> tuple
     # handler_cancellation: a client that disconnects cancels its handler at
     # once, which closes the upstream request even while the engine is still
     # silent (a long prefill), so the engine frees the slot.
-    runner = web.AppRunner(router.app(), handler_cancellation=True, access_log=None)
+    cfg = router.config
+    runner = web.AppRunner(router.app(), handler_cancellation=True, access_log=None,
+                           **server_options(client_idle_timeout=cfg.client_idle_timeout,
+                                            max_field_size=cfg.max_header_bytes, max_headers=cfg.max_headers))
     await runner.setup()
+    if cfg.max_connections_per_client:
+        refused = router.metrics.refused.labels("per_client_limit")
+        ConnectionGuard(cfg.max_connections_per_client, on_refuse=lambda addr: refused.inc()).install(runner.server)
     site = web.TCPSite(runner, host, port)
     await site.start()
     bound = site._server.sockets[0].getsockname()[1] if port == 0 else port    # type: ignore[union-attr]

@@ -1,0 +1,335 @@
+"""Prometheus metrics for the router and the control plane, every name under `llmgw_`.
+
+Two registries, one per HTTP face, so each `/metrics` shows what that face
+owns: `RouterMetrics` (the router's port) and `ControlMetrics` (the control
+API). Both include the process collector (CPU, memory, open fds).
+
+Router (hot path first):
+
+    llmgw_router_requests_total{model,endpoint,code}          counter
+    llmgw_router_request_duration_seconds{model}              histogram, arrival to last byte sent
+    llmgw_router_time_to_first_byte_seconds{model}            histogram, arrival to first body byte sent
+    llmgw_router_overhead_seconds                             histogram, time in the router excluding upstream
+                                                              (also the `x-llmgw-overhead-ms` response header)
+    llmgw_router_tokens_total{model,direction="in|out"}       counter, from the engine's `usage` when it sends one
+    llmgw_router_inflight_requests{model,endpoint}            gauge (read at scrape)
+    llmgw_router_ready_endpoints{model}                       gauge (read at scrape)
+    llmgw_router_endpoint_metrics_age_seconds{endpoint}       gauge, age of the last load reading (+Inf: none yet)
+    llmgw_router_cold_queue_length{model}                     gauge (read at scrape)
+    llmgw_router_cold_wait_seconds{model,outcome}             histogram, time a request waited for a cold model
+    llmgw_router_catalog_info{version}                        gauge, 1
+    llmgw_router_connections_refused_total{reason}            counter, connections closed by the input limits
+    llmgw_router_api_keys_reloads_total{result}               counter, applied | rejected
+
+Control plane (all read at scrape from `Controller.status()`, except the pass
+duration and the API's request counter):
+
+    llmgw_catalog_swaps_total, llmgw_catalog_rejections_total counters
+    llmgw_catalog_info{version}, llmgw_catalog_directory_valid, llmgw_catalog_models
+    llmgw_reconcile_pass_duration_seconds                     histogram
+    llmgw_reconcile_passes_total                              counter
+    llmgw_replicas{model,state}                               gauge, every state of every catalog model (0 included)
+    llmgw_nodes{state}                                        gauge, ready | unreachable
+    llmgw_gpus{pool,state="used|free|unreachable"}            gauge; a node in two pools counts in both, no pool is "none"
+    llmgw_node_last_report_age_seconds{node}                  gauge
+    llmgw_control_requests_total{route,code}                  counter, route is the URL template
+
+Labels are bounded: `model` is a catalog model's canonical name (never the
+client's string: a request for an unknown name counts under model=""),
+`endpoint` a replica id the router was told about, and children of endpoints
+that left the list are removed (replica ids are never reused, so keeping them
+would grow without end). No request ids, keys or client addresses.
+
+Hot-path cost: the router asks for an `EndpointMetrics` once per request (a
+dict lookup) and calls `done()`, which increments a pre-bound counter child and
+observes three pre-bound histogram children; no label dict is built per
+request. Everything that is a level (in flight, queue length, staleness) is
+read from the router's own state when scraped and costs requests nothing.
+
+It must not change what it observes, and it knows only the narrow read-only
+views handed to it (`RouterProbe`, a status callable).
+"""
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+__all__ = ["CONTENT_TYPE_LATEST", "ControlMetrics", "EndpointMetrics", "RouterMetrics", "RouterProbe",
+           "render", "usage_tokens"]
+
+# Request duration: from a cached embedding (a few ms) to a long generation
+# (minutes); past 300 s only the count matters.
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+# Router overhead: the target is 250 us of CPU per request, so the buckets are
+# fine around it; 50 ms and up means the loop was blocked, not the router slow.
+OVERHEAD_BUCKETS = (50e-6, 100e-6, 150e-6, 200e-6, 250e-6, 300e-6, 400e-6, 500e-6, 750e-6,
+                    1e-3, 2e-3, 5e-3, 10e-3, 50e-3)
+# Cold waits: a fake engine is up in under a second, vLLM loading a 70B model
+# takes minutes; the router's cold timeout defaults to 120 s.
+COLD_WAIT_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+# Reconcile passes: well under a millisecond for a small fleet, tens of ms at
+# thousands of nodes (bench/placement.py); a second means something is wrong.
+PASS_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+REPLICA_STATES = ("pending", "starting", "ready", "failed", "draining", "stopping", "lost")
+
+# The usage block is at the end of a reply (and in the last chunk of a stream
+# that asked for it); these read the two counts without parsing the reply.
+_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+# usage with its *_details sub-objects is well under this many bytes.
+_USAGE_SPAN = 600
+
+
+def usage_tokens(data: bytes) -> tuple[int, int] | None:
+    """(prompt_tokens, completion_tokens) from an OpenAI-shaped reply or SSE chunk, or None if it has no usage."""
+    at = data.rfind(b'"usage"')
+    if at < 0:
+        return None
+    tail = data[at:at + _USAGE_SPAN]
+    p = _PROMPT.search(tail)
+    if p is None:
+        return None
+    c = _COMPLETION.search(tail)
+    return int(p.group(1)), int(c.group(1)) if c else 0
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The registry in Prometheus' text format (serve with CONTENT_TYPE_LATEST)."""
+    return generate_latest(registry)
+
+
+@dataclass(frozen=True, slots=True)
+class RouterProbe:
+    """Read-only views of the router's own state, called at scrape time only.
+
+    states(): objects with replica_id, endpoint.model, inflight and load_at
+              (the balancer's EndpointState);
+    waiting(): {model: requests waiting for a cold start};
+    catalog(): (version, model names).
+    """
+
+    states: Callable[[], Iterable[Any]]
+    waiting: Callable[[], Mapping[str, int]]
+    catalog: Callable[[], tuple[str, Iterable[str]]]
+    clock: Callable[[], float] = time.monotonic
+
+
+class _ModelMetrics:
+    __slots__ = ("duration", "ttfb", "tokens_in", "tokens_out")
+
+    def __init__(self, m: "RouterMetrics", model: str):
+        self.duration = m.duration.labels(model)
+        self.ttfb = m.ttfb.labels(model)
+        self.tokens_in = m.tokens.labels(model, "in")
+        self.tokens_out = m.tokens.labels(model, "out")
+
+
+class EndpointMetrics:
+    """Pre-bound children for one (model, endpoint): what a request served there records."""
+
+    __slots__ = ("_counter", "_model", "_endpoint", "_codes", "_m", "_overhead")
+
+    def __init__(self, metrics: "RouterMetrics", model: str, endpoint: str):
+        self._counter = metrics.requests
+        self._model, self._endpoint = model, endpoint
+        self._codes: dict[int, Any] = {}
+        self._m = metrics.model(model)
+        self._overhead = metrics.overhead
+
+    def done(self, code: int, duration: float, ttfb: float, overhead: float) -> None:
+        child = self._codes.get(code)
+        if child is None:
+            child = self._codes[code] = self._counter.labels(self._model, self._endpoint, str(code))
+        child.inc()
+        m = self._m
+        m.duration.observe(duration)
+        m.ttfb.observe(ttfb)
+        self._overhead.observe(overhead)
+
+    def tokens(self, usage: tuple[int, int]) -> None:
+        self._m.tokens_in.inc(usage[0])
+        self._m.tokens_out.inc(usage[1])
+
+    def codes(self) -> tuple[str, ...]:
+        return tuple(str(c) for c in self._codes)
+
+
+class RouterMetrics:
+    """The router's registry. `endpoint(model, replica_id)` on the hot path; `retain(ids)` when the list changes."""
+
+    def __init__(self, probe: RouterProbe | None = None, *, process: bool = True):
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("llmgw_router_requests", "Requests answered by the router, by model, endpoint "
+                                "(empty when none was chosen) and HTTP status.", ("model", "endpoint", "code"),
+                                registry=r)
+        self.duration = Histogram("llmgw_router_request_duration_seconds", "Arrival to last byte sent.",
+                                  ("model",), buckets=DURATION_BUCKETS, registry=r)
+        self.ttfb = Histogram("llmgw_router_time_to_first_byte_seconds", "Arrival to the first body byte sent "
+                              "(a stream's first chunk).", ("model",), buckets=DURATION_BUCKETS, registry=r)
+        self.overhead = Histogram("llmgw_router_overhead_seconds", "Time spent in the router itself, upstream "
+                                  "time excluded (up to the response headers).", buckets=OVERHEAD_BUCKETS, registry=r)
+        self.tokens = Counter("llmgw_router_tokens", "Tokens the engines reported in `usage`, in (prompt) and "
+                              "out (completion).", ("model", "direction"), registry=r)
+        self.cold_wait = Histogram("llmgw_router_cold_wait_seconds", "Time requests waited for a cold model's "
+                                   "first replica.", ("model", "outcome"), buckets=COLD_WAIT_BUCKETS, registry=r)
+        self.refused = Counter("llmgw_router_connections_refused", "Connections closed by the router's input "
+                               "limits.", ("reason",), registry=r)
+        self.key_reloads = Counter("llmgw_router_api_keys_reloads", "API key file reloads.", ("result",), registry=r)
+        self._models: dict[str, _ModelMetrics] = {}
+        self._endpoints: dict[tuple[str, str], EndpointMetrics] = {}
+        self._unrouted: dict[tuple[str, int], Any] = {}
+        if probe is not None:
+            r.register(_RouterCollector(probe))
+        if process:
+            ProcessCollector(registry=r)
+
+    def model(self, model: str) -> _ModelMetrics:
+        m = self._models.get(model)
+        if m is None:
+            m = self._models[model] = _ModelMetrics(self, model)
+        return m
+
+    def endpoint(self, model: str, replica_id: str) -> EndpointMetrics:
+        key = (model, replica_id)
+        em = self._endpoints.get(key)
+        if em is None:
+            em = self._endpoints[key] = EndpointMetrics(self, model, replica_id)
+        return em
+
+    def unrouted(self, model: str, code: int) -> None:
+        """A request answered before any endpoint was chosen (4xx, no replica, queue full); model may be ""."""
+        key = (model, code)
+        child = self._unrouted.get(key)
+        if child is None:
+            child = self._unrouted[key] = self.requests.labels(model, "", str(code))
+        child.inc()
+
+    def retain(self, replica_ids: Iterable[str]) -> None:
+        """Drop the series of endpoints no longer in the list (their ids are never reused)."""
+        keep = set(replica_ids)
+        for key in [k for k in self._endpoints if k[1] not in keep]:
+            em = self._endpoints.pop(key)
+            for code in em.codes():
+                try:
+                    self.requests.remove(key[0], key[1], code)
+                except KeyError:
+                    pass
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _RouterCollector:
+    def __init__(self, probe: RouterProbe):
+        self.probe = probe
+
+    def describe(self):
+        return []       # names are known only at collect time; nothing to check at register
+
+    def collect(self):
+        p = self.probe
+        now = p.clock()
+        inflight = GaugeMetricFamily("llmgw_router_inflight_requests", "Requests in flight per endpoint.",
+                                     labels=("model", "endpoint"))
+        age = GaugeMetricFamily("llmgw_router_endpoint_metrics_age_seconds", "Seconds since the endpoint's last "
+                                "successful /metrics poll (+Inf: none yet).", labels=("endpoint",))
+        ready: dict[str, int] = {}
+        for st in p.states():
+            model = st.endpoint.model
+            inflight.add_metric((model, st.replica_id), st.inflight)
+            if st.endpoint.metrics_path is not None:
+                age.add_metric((st.replica_id,), now - st.load_at if math.isfinite(st.load_at) else math.inf)
+            ready[model] = ready.get(model, 0) + 1
+        version, models = p.catalog()
+        ready_g = GaugeMetricFamily("llmgw_router_ready_endpoints", "Ready endpoints per model.", labels=("model",))
+        queue = GaugeMetricFamily("llmgw_router_cold_queue_length", "Requests waiting for a cold model.",
+                                  labels=("model",))
+        waiting = p.waiting()
+        for name in models:
+            ready_g.add_metric((name,), ready.get(name, 0))
+            queue.add_metric((name,), waiting.get(name, 0))
+        info = GaugeMetricFamily("llmgw_router_catalog_info", "The catalog version the router resolves against.",
+                                 labels=("version",))
+        info.add_metric((version,), 1)
+        return [inflight, age, ready_g, queue, info]
+
+
+class ControlMetrics:
+    """The control API's registry: `observe_pass(seconds)` from the reconciler, the rest read from `status()`."""
+
+    def __init__(self, status: Callable[[], Mapping[str, Any]] | None = None, *, process: bool = True):
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.passes = Histogram("llmgw_reconcile_pass_duration_seconds", "Wall time of one reconcile pass.",
+                                buckets=PASS_BUCKETS, registry=r)
+        self.requests = Counter("llmgw_control_requests", "Control API requests by route template and status.",
+                                ("route", "code"), registry=r)
+        if status is not None:
+            r.register(_ControlCollector(status))
+        if process:
+            ProcessCollector(registry=r)
+
+    def observe_pass(self, seconds: float) -> None:
+        self.passes.observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _ControlCollector:
+    def __init__(self, status: Callable[[], Mapping[str, Any]]):
+        self.status = status
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        s = self.status()
+        cat = s.get("catalog", {})
+        yield CounterMetricFamily("llmgw_catalog_swaps", "Catalogs swapped in since start.", value=cat.get("swaps", 0))
+        yield CounterMetricFamily("llmgw_catalog_rejections", "Catalog directory states rejected since start.",
+                                  value=cat.get("rejections", 0))
+        info = GaugeMetricFamily("llmgw_catalog_info", "The catalog in force.", labels=("version",))
+        info.add_metric((str(cat.get("version", "")),), 1)
+        yield info
+        yield GaugeMetricFamily("llmgw_catalog_directory_valid", "0 while the directory holds a rejected edit.",
+                                value=1 if cat.get("directory_valid", True) else 0)
+        yield GaugeMetricFamily("llmgw_catalog_models", "Models in the catalog in force.", value=cat.get("models", 0))
+        yield CounterMetricFamily("llmgw_reconcile_passes", "Reconcile passes since start.", value=s.get("passes", 0))
+        counts: dict[tuple[str, str], int] = {(m["name"], st): 0 for m in s.get("models", ()) for st in REPLICA_STATES}
+        for rep in s.get("replicas", ()):
+            key = (rep["model"], rep["state"])
+            counts[key] = counts.get(key, 0) + 1
+        replicas = GaugeMetricFamily("llmgw_replicas", "Replicas by model and state.", labels=("model", "state"))
+        for (model, state), n in sorted(counts.items()):
+            replicas.add_metric((model, state), n)
+        yield replicas
+        nodes = GaugeMetricFamily("llmgw_nodes", "Nodes by state.", labels=("state",))
+        by_state = {"ready": 0, "unreachable": 0}
+        gpus: dict[tuple[str, str], int] = {}
+        age = GaugeMetricFamily("llmgw_node_last_report_age_seconds", "Seconds since the node's agent last "
+                                "reported.", labels=("node",))
+        for node in s.get("nodes", ()):
+            by_state[node["state"]] = by_state.get(node["state"], 0) + 1
+            used, total = node.get("gpus_used", 0), node.get("gpus", 0)
+            # An unreachable node's GPUs are neither usable nor known to be busy.
+            split = (("used", used), ("free", total - used)) if node["state"] == "ready" else (("unreachable", total),)
+            for pool in node.get("pools") or ("none",):
+                for state, n in split:
+                    gpus[(pool, state)] = gpus.get((pool, state), 0) + n
+            age.add_metric((node["name"],), node.get("last_seen_seconds", 0))
+        for state, n in sorted(by_state.items()):
+            nodes.add_metric((state,), n)
+        yield nodes
+        yield age
+        g = GaugeMetricFamily("llmgw_gpus", "GPUs per pool, used by replicas or free.", labels=("pool", "state"))
+        for (pool, state), n in sorted(gpus.items()):
+            g.add_metric((pool, state), n)
+        yield g

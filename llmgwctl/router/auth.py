@@ -1,0 +1,284 @@
+"""Router API keys (optional, `llmgwctl router --api-keys FILE`): who may call, which models, how often.
+
+The file (YAML), watched and reloaded like a catalog -- a valid edit is in force
+within a moment, an invalid one is logged with every problem and the keys in
+force stay as they were:
+
+    keys:
+      - name: team-search             # unique; shown in the access log, never the key
+        sha256: 9f86d081884c7d65...   # hex SHA-256 of the key: printf %s "$KEY" | sha256sum
+        models: ["qwen*", "default"]  # glob patterns over model names and aliases
+        rpm: 600                      # requests per minute (a bucket of rpm, refilled rpm/60 a second)
+
+Clients send `Authorization: Bearer <key>` (what every OpenAI SDK sends as its
+api_key). The checks, in order:
+
+1. no key, or one not in the file -> 401, before the body is read;
+2. over its rate -> 429 with Retry-After (seconds until the bucket holds one
+   request again), before the body is read, so a key over its limit cannot
+   make the router parse anything;
+3. once the body names a model: a name that matches none of the key's patterns,
+   and is not an alias of (or the model behind) a name that does, -> 403. The
+   answer is the same whether the model exists or not, so a key cannot probe
+   the catalog; only a permitted name can get the router's 404.
+
+`GET /v1/models` lists only what the key may use, and with keys on `/metrics`
+needs a key too (any key: give Prometheus one with `models: []`); `/healthz`
+stays open for probes.
+
+Decisions: keys are stored as SHA-256, not bcrypt or argon2, because they are
+random tokens an operator generates (`openssl rand -hex 32`), not passwords: a
+fast hash of a 256-bit secret cannot be brute-forced, and a slow hash would
+cost milliseconds of CPU on every request. The lookup is a dict keyed by the
+digest of what the client sent, so timing tells a client nothing about the
+stored keys (it cannot steer the digest). Buckets are kept per key name across
+reloads, so editing the file neither resets nor forgives anyone's rate.
+
+It must not know HTTP beyond the header value and the error responses, nor
+the balancer: the server calls `lookup`, `Limiter.take` and `allows`.
+"""
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import hashlib
+import logging
+import math
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import yaml
+
+from . import errors
+
+log = logging.getLogger("llmgw.router.keys")
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_FIELDS = {"name", "sha256", "models", "rpm"}
+
+
+class KeyFileError(Exception):
+    """The API key file cannot be used; the message lists every problem, one per line."""
+
+
+def hash_key(key: str) -> str:
+    """What goes in the file's `sha256` field for `key`."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    name: str
+    digest: str
+    models: tuple[str, ...]
+    rpm: int
+    _pattern: Any = None            # the globs as one compiled regex
+
+    def may_use(self, name: str) -> bool:
+        return self._pattern is not None and self._pattern.match(name) is not None
+
+
+class ApiKeys:
+    """An immutable set of keys, built only by `parse_keys` / `load_keys`."""
+
+    __slots__ = ("_by_digest", "source")
+
+    def __init__(self, keys: Iterable[ApiKey], source: str = "<keys>"):
+        self._by_digest = {k.digest: k for k in keys}
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self._by_digest)
+
+    def names(self) -> list[str]:
+        return sorted(k.name for k in self._by_digest.values())
+
+    def lookup(self, authorization: str | None) -> ApiKey | None:
+        """The key behind an `Authorization: Bearer ...` header value, or None."""
+        if not authorization or not authorization.startswith("Bearer "):
+            return None
+        secret = authorization[7:].strip()
+        if not secret:
+            return None
+        return self._by_digest.get(hashlib.sha256(secret.encode("utf-8", "surrogateescape")).hexdigest())
+
+
+def allows(key: ApiKey, requested: str, model: Any | None) -> bool:
+    """May `key` send a request naming `requested`, which resolved to `model` (a catalog Model or None)?"""
+    if key.may_use(requested):
+        return True
+    if model is None:
+        return False
+    # A key allowed "qwen*" may also use qwen's canonical name or any other alias
+    # of it: they are the same model and the same GPUs.
+    return key.may_use(model.name) or any(key.may_use(a) for a in model.aliases)
+
+
+def parse_keys(doc: Any, source: str = "<keys>") -> ApiKeys:
+    if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
+        raise KeyFileError(f"{source}: expected a mapping with a 'keys' list, e.g. keys: "
+                           "[{name: team-a, sha256: <64 hex>, models: ['*'], rpm: 600}]")
+    problems: list[str] = []
+    out: list[ApiKey] = []
+    names: dict[str, int] = {}
+    digests: dict[str, int] = {}
+    for i, raw in enumerate(doc["keys"]):
+        where = f"{source}: keys[{i}]"
+        if not isinstance(raw, dict):
+            problems.append(f"{where}: expected a mapping with name, sha256, models and rpm")
+            continue
+        unknown = sorted(set(raw) - _FIELDS)
+        if unknown:
+            hint = " (store the key's SHA-256 in 'sha256', never the key)" if unknown[0] in ("key", "token", "secret") else ""
+            problems.append(f"{where}: unknown field {unknown[0]!r}; expected {', '.join(sorted(_FIELDS))}{hint}")
+            continue
+        missing = [f for f in ("name", "sha256", "models", "rpm") if f not in raw]
+        if missing:
+            problems.append(f"{where}.{missing[0]}: required")
+            continue
+        name, digest, models, rpm = raw["name"], raw["sha256"], raw["models"], raw["rpm"]
+        if not isinstance(name, str) or not name:
+            problems.append(f"{where}.name: must be a non-empty string")
+            continue
+        if not isinstance(digest, str) or not _HEX64.fullmatch(digest.lower()):
+            problems.append(f"{where}.sha256: must be 64 hex digits, the SHA-256 of the key "
+                            "(printf %s \"$KEY\" | sha256sum)")
+            continue
+        if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
+            problems.append(f"{where}.models: must be a list of model names or glob patterns, e.g. ['qwen*']")
+            continue
+        if isinstance(rpm, bool) or not isinstance(rpm, int) or rpm < 1:
+            problems.append(f"{where}.rpm: must be a whole number of requests per minute, at least 1; got {rpm!r}")
+            continue
+        digest = digest.lower()
+        if name in names:
+            problems.append(f"{where}.name: {name!r} is already used by keys[{names[name]}]")
+            continue
+        if digest in digests:
+            problems.append(f"{where}.sha256: the same key is already keys[{digests[digest]}]")
+            continue
+        names[name], digests[digest] = i, i
+        pattern = re.compile("|".join(f"(?:{fnmatch.translate(m)})" for m in models)) if models else None
+        out.append(ApiKey(name=name, digest=digest, models=tuple(models), rpm=rpm, _pattern=pattern))
+    if problems:
+        raise KeyFileError("\n".join(problems))
+    return ApiKeys(out, source)
+
+
+def load_keys(path: str | os.PathLike) -> ApiKeys:
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise KeyFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise KeyFileError(f"{path}: not valid YAML: {exc}") from None
+    return parse_keys(doc, path)
+
+
+class Limiter:
+    """A token bucket per key name: holds up to `rpm` requests, refilled at rpm/60 a second.
+
+    A full bucket lets a client that was quiet send a minute's worth at once,
+    which is what "N requests per minute" promises; after that it gets one
+    every 60/rpm seconds. Mutated only on the event loop.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._buckets: dict[str, list[float]] = {}      # name -> [tokens, at]
+
+    def take(self, key: ApiKey) -> float:
+        """0.0 if the request may go now (and count it), else seconds until it could."""
+        now = self._clock()
+        b = self._buckets.get(key.name)
+        if b is None:
+            b = self._buckets[key.name] = [float(key.rpm), now]
+        tokens = min(float(key.rpm), b[0] + (now - b[1]) * key.rpm / 60.0)
+        b[1] = now
+        if tokens >= 1.0:
+            b[0] = tokens - 1.0
+            return 0.0
+        b[0] = tokens
+        return (1.0 - tokens) * 60.0 / key.rpm
+
+    def retain(self, names: Iterable[str]) -> None:
+        keep = set(names)
+        for name in [n for n in self._buckets if n not in keep]:
+            del self._buckets[name]
+
+
+# -- the responses ------------------------------------------------------------------
+
+def unauthorized() -> Any:
+    return errors.response(401, "a valid API key is required: send it as 'Authorization: Bearer <key>'",
+                           "invalid_request_error", "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+def forbidden(name: str) -> Any:
+    # Same words whether or not the model exists: a key must not learn the catalog.
+    return errors.response(403, f"this API key may not use the model {name!r}", "invalid_request_error",
+                           "model_not_permitted")
+
+
+def rate_limited(key: ApiKey, wait: float) -> Any:
+    return errors.response(429, f"API key {key.name!r} is over its limit of {key.rpm} requests per minute; "
+                           f"retry in {math.ceil(wait)} s", "rate_limit_error", "rate_limit_exceeded",
+                           headers={"Retry-After": str(max(1, math.ceil(wait)))})
+
+
+# -- following the file ---------------------------------------------------------------
+
+class KeyFileWatcher:
+    """Reloads the key file when it changes; `reload()` is one pass, for tests and SIGHUP.
+
+    `apply(keys)` is called with every valid new set (on the event loop when
+    run by `run`); an invalid file is logged with every problem, counted, and
+    the keys in force stay.
+    """
+
+    def __init__(self, path: str | os.PathLike, apply: Callable[[ApiKeys], None],
+                 on_result: Callable[[str], None] = lambda result: None):
+        self.path = os.path.abspath(os.fspath(path))
+        self._apply = apply
+        self._on_result = on_result
+        self.last_error: str | None = None
+
+    def load_initial(self) -> ApiKeys:
+        """KeyFileError if invalid: at start there are no keys to keep, and serving open is not an option."""
+        keys = load_keys(self.path)
+        self._apply(keys)
+        log.info("API keys loaded from %s: %d keys (%s)", self.path, len(keys), ", ".join(keys.names()))
+        return keys
+
+    def reload(self) -> bool:
+        try:
+            keys = load_keys(self.path)
+        except KeyFileError as exc:
+            self.last_error = str(exc)
+            self._on_result("rejected")
+            log.error("API key file edit rejected, keeping the keys in force:\n  %s",
+                      str(exc).replace("\n", "\n  "), extra={"event": "api-keys-rejected"})
+            return False
+        self.last_error = None
+        self._apply(keys)
+        self._on_result("applied")
+        log.info("API keys reloaded from %s: %d keys (%s)", self.path, len(keys), ", ".join(keys.names()),
+                 extra={"event": "api-keys-reloaded"})
+        return True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        import watchfiles
+
+        # Watch the directory, not the file: editors and config managers replace
+        # a file by renaming a new one over it, which a watch on the old inode misses.
+        directory, name = os.path.split(self.path)
+        async for _ in watchfiles.awatch(directory, watch_filter=lambda change, p: os.path.basename(p) == name,
+                                         step=10, debounce=1000, stop_event=stop, recursive=False):
+            self.reload()
