@@ -38,6 +38,9 @@ APPLY_WAIT = 10.0
 # Catalog documents above this are refused: the largest real catalogs are a
 # few hundred KB; this bounds what a client can make the controller parse.
 MAX_APPLY_BYTES = 4 * 1024 * 1024
+# How often a held watch checks whether the settling window is over: one flag
+# read; a router hears the settled list within a tenth of a second of it.
+SETTLED_POLL = 0.1
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error", **extra) -> web.Response:
@@ -160,7 +163,19 @@ class ControlAPI:
         return web.json_response({"version": version, "replicas": [s.to_dict() for s in specs]})
 
     async def watch_endpoints(self, request: web.Request) -> web.Response:
-        version = await self.c.watch.wait(_after(request), _poll_timeout(request))
+        after, timeout = _after(request), _poll_timeout(request)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        await self.c.watch.wait(after, timeout)
+        # A router that already holds a list (it sends the version it has) is not
+        # given ours before the settling window is over: right after a restart
+        # this controller knows only the replicas agents have reported so far --
+        # none in the first moment -- and the router would drop every endpoint
+        # it serves. It keeps its own until the adopted list is complete (or the
+        # hold runs out, for a settling window longer than a long-poll).
+        while after and not self.c.reconciler.settled and loop.time() < deadline:
+            await asyncio.sleep(SETTLED_POLL)
+        version = self.c.watch.version
         return web.json_response({"version": version, "catalog": self.c.live.current.to_dict(),
                                   "endpoints": [e.to_dict() for e in self.c.reconciler.endpoints]})
 

@@ -2,11 +2,20 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from typing import Callable
 
 
 class Broadcast:
-    def __init__(self) -> None:
-        self.version = 1
+    def __init__(self, wall_clock: Callable[[], float] = time.time) -> None:
+        # Versions start at this process's start time in milliseconds, not at 1.
+        # Watchers take any version other than their last as news, and a
+        # restarted controller counting from 1 again soon reaches exactly the
+        # version a router last saw from the old one: that router would take the
+        # new controller's list for "no change" and hold its own for a whole
+        # long-poll. A new life starts above every version the last one could
+        # have handed out (that would take more than one change a millisecond).
+        self.version = int(wall_clock() * 1000)
         self._event = asyncio.Event()
 
     def bump(self) -> None:

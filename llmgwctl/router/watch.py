@@ -24,9 +24,12 @@ Watch (long poll)::
   otherwise it holds the request until something changes, and after about
   30 s answers with its current state anyway (same version), so proxies and
   dead peers are noticed.
-- A version *lower* than `after` means the controller restarted and counts
-  from the beginning again: the router applies that answer as it would a
-  newer one.
+- Any version other than `after` is news, higher or lower: the router applies
+  it. A restarted controller starts counting from its start time in
+  milliseconds, so its versions never repeat the one the router last saw.
+- A controller still in its settling window (just restarted, adopting what
+  agents report) holds the watch of a router that sends `after` > 0 until it
+  has settled, so that router keeps its list rather than take a partial one.
 - Endpoint fields are those of `Endpoint.to_dict()`; `priority`, `weight` and
   `metrics_path` may be omitted (0, 1.0, "/metrics"). The router applies the
   catalog first, then the endpoints, so a new model's endpoints never arrive
