@@ -74,12 +74,23 @@ class Fleet:
         return subprocess.Popen([sys.executable, "-m", "llmgwctl", *args], stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True, cwd=self.root)
 
-    def start_controller(self, *extra: str) -> None:
-        self.controller = self._spawn("controller", [
-            "serve", "--no-local-agent", "--catalogs", str(self.catalogs),
-            "--listen", f"127.0.0.1:{self.router_port}", "--control", f"127.0.0.1:{self.control_port}",
-            "--settle", "2", "--drain-grace", "5", "--node-timeout", "2", "--replace-after", "2", *extra])
-        wait_until(lambda: requests.get(self.control + "/healthz", timeout=1).ok, "the control API")
+    def start_controller(self, *extra: str, keep_ports: bool = False) -> None:
+        for attempt in range(3):
+            self.controller = self._spawn("controller", [
+                "serve", "--no-local-agent", "--catalogs", str(self.catalogs),
+                "--listen", f"127.0.0.1:{self.router_port}", "--control", f"127.0.0.1:{self.control_port}",
+                "--settle", "2", "--drain-grace", "5", "--node-timeout", "2", "--replace-after", "2", *extra])
+            wait_until(lambda: self.controller.poll() is not None or requests.get(self.control + "/healthz", timeout=1).ok,
+                            "the control API")
+            if self.controller.poll() is None:
+                return
+            # Exited: most likely a port another test's process took between our
+            # pick and its bind. New ports, unless agents already know these.
+            if keep_ports or self.agents:
+                time.sleep(1)
+            else:
+                self.router_port, self.control_port = free_port(), free_port()
+        raise AssertionError("controller did not start:\n" + self.log("controller")[-3000:])
 
     def start_serve(self, *extra: str) -> None:
         """`llmgwctl serve` as a user runs it, local agent included, on this fleet's free ports."""
