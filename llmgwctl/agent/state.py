@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..engines.spec import ReplicaSpec
+from ..fsutil import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -51,25 +51,7 @@ def save(state_dir: Path, boot_id: str, records: list[Record]) -> None:
     """Write the records atomically: temp file in the same directory, fsync, rename, fsync the dir."""
     state_dir.mkdir(parents=True, exist_ok=True)
     doc = {"format": FORMAT, "boot_id": boot_id, "replicas": [r.to_dict() for r in records]}
-    fd, tmp = tempfile.mkstemp(prefix=f".{FILENAME}.", dir=state_dir)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, state_dir / FILENAME)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    # The rename is durable only once the directory entry is.
-    dfd = os.open(state_dir, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    write_atomically(state_dir / FILENAME, json.dumps(doc, indent=1, sort_keys=True).encode())
 
 
 def load(state_dir: Path, boot_id: str) -> list[Record]:

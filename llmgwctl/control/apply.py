@@ -11,6 +11,7 @@ import shutil
 import tempfile
 from typing import Any
 
+from .. import fsutil
 from ..catalog import Catalog, CatalogError, Problem, load_dir
 from ..catalog.diff import diff
 from ..catalog.loader import catalog_files, is_catalog_file
@@ -51,25 +52,7 @@ def validate_with(directory: str, filename: str, content: bytes) -> Catalog:
 def write_atomically(directory: str, filename: str, content: bytes) -> str:
     name = check_filename(filename)
     final = os.path.join(directory, name)
-    # The temp name starts with a dot, which the watcher never reads.
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(content)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the rename itself survives a power cut
-    finally:
-        os.close(dir_fd)
+    fsutil.write_atomically(final, content)
     return final
 
 

@@ -21,7 +21,7 @@ import collections
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Protocol
 
 from ..catalog import Catalog, Live, Model, Profile
@@ -131,6 +131,8 @@ class Reconciler:
         self._on_change = on_change
         self._cordoned: set[str] = set()
         self.passes = 0
+        # Told how long each pass took (seconds); the control API's metrics set it.
+        self.on_pass: Callable[[float], None] = lambda seconds: None
 
     def add_sink(self, sink: EndpointSink) -> None:
         self._sinks.append(sink)
@@ -162,11 +164,12 @@ class Reconciler:
 
     def event(self, kind: str, message: str) -> None:
         self.events.append(Event(self._wall(), kind, message))
-        log.info("%s: %s", kind, message)
+        log.info("%s: %s", kind, message, extra={"event": kind})     # `event` is a key in JSON logs
 
     # --- the pass -----------------------------------------------------------
 
     def reconcile_once(self) -> None:
+        started = time.perf_counter()       # real time spent, not the injected clock: it is a cost
         now = self._clock()
         catalog = self.live.current
         self.passes += 1
@@ -185,6 +188,7 @@ class Reconciler:
             self._plan(catalog, now, usage)
             self._drain(now, usage)
         self._publish(catalog)
+        self.on_pass(time.perf_counter() - started)
 
     def _merge_reports(self, catalog: Catalog, now: float) -> None:
         for node in self.inventory.nodes():
