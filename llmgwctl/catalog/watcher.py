@@ -113,7 +113,8 @@ class CatalogWatcher:
         self.live.swap(loaded)
         self.swapped_at = self._wall()
         self.swaps += 1
-        log.info("catalog swapped %s -> %s: %s", old.version, loaded.version, change.summary())
+        log.info("catalog swapped %s -> %s: %s", old.version, loaded.version, change.summary(),
+                 extra={"event": "catalog-swapped"})
         return Outcome(loaded, swapped=True, diff=change)
 
     def _reject(self, problems: tuple[Problem, ...]) -> Outcome:
@@ -122,7 +123,8 @@ class CatalogWatcher:
         self.rejections += 1
         current = self.live.current
         log.warning("catalog edit rejected, keeping %s in force (%d problem%s):\n  %s", current.version,
-                    len(problems), "" if len(problems) == 1 else "s", "\n  ".join(str(p) for p in problems))
+                    len(problems), "" if len(problems) == 1 else "s", "\n  ".join(str(p) for p in problems),
+                    extra={"event": "catalog-rejected"})
         return Outcome(current, rejection=self.last_rejection)
 
     async def reload_async(self) -> Outcome:

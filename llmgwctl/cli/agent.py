@@ -1,7 +1,6 @@
 """`llmgwctl agent`: run this machine's node agent."""
 from __future__ import annotations
 
-import logging
 import socket
 from pathlib import Path
 
@@ -9,6 +8,7 @@ import click
 
 from ..agent.controller import HEARTBEAT
 from ..agent.core import START_TIMEOUT, STOP_GRACE
+from .common import log_format_option, setup_logging
 
 
 def _ports(ctx: click.Context, param: click.Parameter, value: str):
@@ -59,8 +59,9 @@ def _gpus(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--heartbeat", type=click.FloatRange(min=0.1), default=HEARTBEAT, show_default=True,
               help="Seconds between reports to the controller when nothing changes.")
 @click.option("-v", "--verbose", is_flag=True, help="Log debug detail.")
+@log_format_option
 def command(controller, node, gpus, pools, state_dir, advertise_host, ports, desired_file, token_file, grace,
-            start_timeout, heartbeat, verbose) -> None:
+            start_timeout, heartbeat, verbose, log_format) -> None:
     """Run the node agent: start, watch and stop this machine's engines."""
     from ..agent import AgentConfig, main
 
@@ -69,8 +70,7 @@ def command(controller, node, gpus, pools, state_dir, advertise_host, ports, des
     token = token_file.read().strip() if token_file else None
     if token_file and not token:
         raise click.BadParameter(f"{token_file.name} is empty", param_hint="--token-file")
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(2 if verbose else 0, log_format)
     main(AgentConfig(node=node, state_dir=state_dir, ports=ports, gpus=gpus, pools=tuple(pools),
                      host=advertise_host, controller=controller, desired_file=desired_file, token=token,
                      grace=grace, start_timeout=start_timeout, heartbeat=heartbeat))

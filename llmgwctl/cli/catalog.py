@@ -7,7 +7,7 @@ import click
 
 from ..catalog import CatalogError, format_duration, load_paths
 from ..catalog.diff import diff as diff_catalogs
-from .common import controller_option
+from .common import controller_headers, controller_option
 from .output import dump, output_option, table
 
 paths_argument = click.argument("paths", nargs=-1, required=True,
@@ -130,7 +130,8 @@ def apply(path, dry_run, name, controller, fmt):
         content = f.read()
     url = controller.rstrip("/") + "/api/v1/catalog" + ("?dry_run=1" if dry_run else "")
     try:
-        resp = requests.post(url, json={"filename": name or os.path.basename(path), "content": content}, timeout=30)
+        resp = requests.post(url, json={"filename": name or os.path.basename(path), "content": content}, timeout=30,
+                             headers=controller_headers())
     except requests.RequestException as exc:
         raise click.ClickException(f"cannot reach the controller at {controller}: {exc.__class__.__name__}") from None
     body = resp.json() if resp.headers.get("content-type", "").startswith("application/json") else {}

@@ -1,7 +1,6 @@
 """Bits several commands share: HOST:PORT options, the controller URL, logging setup."""
 from __future__ import annotations
 
-import logging
 import os
 
 import click
@@ -22,8 +21,25 @@ def host_port(ctx: click.Context, param: click.Parameter, value: str) -> tuple[s
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-def setup_logging(verbose: int) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose > 1 else logging.INFO,
-                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
-    if verbose < 2:
-        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+def setup_logging(verbose: int, log_format: str = "text", level: str | None = None) -> None:
+    """Human-readable lines by default; `log_format="json"` for collectors (see llmgwctl.observability.logs)."""
+    from ..observability.logs import setup_logging as setup
+    setup(verbose, log_format, level=level)
+
+
+log_format_option = click.option(
+    "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+    help="text for people, json (one object per line) for log collectors.")
+
+
+def controller_headers() -> dict[str, str]:
+    """The bearer token for the control API, from $LLMGW_TOKEN or the file named by $LLMGW_TOKEN_FILE."""
+    token = os.environ.get("LLMGW_TOKEN")
+    path = os.environ.get("LLMGW_TOKEN_FILE")
+    if not token and path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as exc:
+            raise click.ClickException(f"LLMGW_TOKEN_FILE={path}: cannot read: {exc.strerror or exc}") from None
+    return {"Authorization": f"Bearer {token}"} if token else {}

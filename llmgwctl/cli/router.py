@@ -1,10 +1,11 @@
 """`llmgwctl router`: the OpenAI-compatible router as its own process."""
 from __future__ import annotations
 
-import logging
 import os
 
 import click
+
+from .common import log_format_option, setup_logging
 
 
 def _listen(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, int]:
@@ -31,25 +32,35 @@ def _listen(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str
               help="Requests that may wait per cold model; more get 429.")
 @click.option("--max-body-bytes", type=click.IntRange(min=1), default=32 * 1024 * 1024, show_default=True,
               help="Larger request bodies get 413.")
+@click.option("--api-keys", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Require API keys (YAML: name, sha256, models, rpm); followed for edits. Without it the router is open.")
+@click.option("--max-connections-per-client", type=click.IntRange(min=0), default=256, show_default=True,
+              help="Open connections one client address may hold; 0 for no limit (behind a load balancer).")
+@click.option("--access-log/--no-access-log", default=True, show_default=True,
+              help="One line per request on the llmgw.access log (at info level).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
+@log_format_option
 def command(listen: tuple[str, int], controller: str | None, endpoints_file: str | None, catalogs_dir: str | None,
             token: str | None, poll_interval: float, cold_timeout: float, cold_queue: int, max_body_bytes: int,
-            log_level: str) -> None:
+            api_keys: str | None, max_connections_per_client: int, access_log: bool, log_level: str,
+            log_format: str) -> None:
     """Serve the OpenAI-compatible API, routing each request to a ready, lightly loaded replica."""
     if controller and (endpoints_file or catalogs_dir):
         raise click.UsageError("use either --controller or --endpoints with --catalogs, not both")
     if not controller and not (endpoints_file and catalogs_dir):
         raise click.UsageError("give --controller URL, or both --endpoints FILE and --catalogs DIR")
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(0, log_format, level=log_level)
 
     from ..catalog import CatalogError
     from ..router import RouterConfig
+    from ..router.auth import KeyFileError
     from ..router.standalone import run
     from ..router.static import EndpointFileError
 
     config = RouterConfig(poll_interval=poll_interval, cold_timeout=cold_timeout, cold_queue=cold_queue,
-                          max_body_bytes=max_body_bytes)
+                          max_body_bytes=max_body_bytes, max_connections_per_client=max_connections_per_client,
+                          access_log=access_log)
     _raise_fd_limit()
     host, port = listen
 
@@ -58,10 +69,10 @@ def command(listen: tuple[str, int], controller: str | None, endpoints_file: str
         click.echo(f"router listening on http://{host}:{bound}")
 
     coro = run(host, port, endpoints_file=endpoints_file, catalogs_dir=catalogs_dir, controller=controller,
-               token=token, config=config, on_listening=announce)
+               token=token, config=config, on_listening=announce, api_keys=api_keys)
     try:
         _run_loop(coro)
-    except (CatalogError, EndpointFileError) as exc:
+    except (CatalogError, EndpointFileError, KeyFileError) as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

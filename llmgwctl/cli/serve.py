@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .common import host_port, setup_logging
+from .common import host_port, log_format_option, setup_logging
 
 
 @click.command("serve")
@@ -35,17 +35,37 @@ from .common import host_port, setup_logging
               help="A node silent this long is unreachable and its replicas leave the router [default: 15].")
 @click.option("--replace-after", type=float, default=None, metavar="SECONDS",
               help="Replicas of a node unreachable this long are replaced elsewhere [default: 60].")
+@click.option("--token-file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Bearer token every control API request must carry; required when --control is not loopback.")
+@click.option("--agent-token-file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="A second token that may only report, follow desired replicas, watch and wake (for agents and routers).")
+@click.option("--api-keys", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Router API keys (YAML: name, sha256, models, rpm); followed for edits. Without it the router is open.")
+@click.option("--access-log/--no-access-log", default=True, show_default=True,
+              help="One line per router request on the llmgw.access log.")
+@log_format_option
 @click.option("-v", "--verbose", count=True, help="More logging (-vv for debug).")
 def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node, ports, settle, drain_grace,
-            node_timeout, replace_after, verbose):
+            node_timeout, replace_after, token_file, agent_token_file, api_keys, access_log, log_format, verbose):
     """Serve the catalogs in DIR: place replicas, route OpenAI requests, follow every edit."""
     from ..catalog import CatalogError
+    from ..control.auth import TokenError, check_bind, read_token_file
     from ..control.serve import ServeConfig, serve
+    from ..router.auth import KeyFileError
 
-    setup_logging(verbose)
+    if agent_token_file and not token_file:
+        raise click.UsageError("--agent-token-file needs --token-file: without an admin token every other route would be open")
+    try:
+        token = read_token_file(token_file) if token_file else None
+        agent_token = read_token_file(agent_token_file, "--agent-token-file") if agent_token_file else None
+        check_bind(control[0], token)
+    except TokenError as exc:
+        raise click.UsageError(str(exc)) from None
+    setup_logging(verbose, log_format)
     cfg = ServeConfig(catalogs=catalogs, listen=listen, control=control, local_agent=local_agent, gpus=gpus,
                       pools=tuple(pools), ports=ports, settle=settle, drain_grace=drain_grace,
-                      node_timeout=node_timeout, replace_after=replace_after)
+                      node_timeout=node_timeout, replace_after=replace_after, token=token, agent_token=agent_token,
+                      api_keys=api_keys, access_log=access_log)
     if state_dir is not None:
         cfg.state_dir = state_dir
     if node:
@@ -64,6 +84,10 @@ def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node
             click.echo(str(problem), err=True)
         click.echo(f"llmgwctl serve: {catalogs} is not a valid catalog; fix it (llmgwctl catalog validate {catalogs}) and start again",
                    err=True)
+        sys.exit(1)
+    except KeyFileError as exc:
+        click.echo(str(exc), err=True)
+        click.echo(f"llmgwctl serve: {api_keys} is not a valid API key file; fix it and start again", err=True)
         sys.exit(1)
     except OSError as exc:
         click.echo(f"llmgwctl serve: {exc}", err=True)

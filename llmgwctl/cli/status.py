@@ -6,7 +6,7 @@ import time
 
 import click
 
-from .common import controller_option
+from .common import controller_headers, controller_option
 from .output import dump, output_option, table
 
 
@@ -85,7 +85,7 @@ def fetch(controller: str) -> dict:
     import requests
 
     try:
-        resp = requests.get(controller.rstrip("/") + "/api/v1/status", timeout=10)
+        resp = requests.get(controller.rstrip("/") + "/api/v1/status", timeout=10, headers=controller_headers())
     except requests.RequestException as exc:
         raise click.ClickException(f"cannot reach the controller at {controller}: {exc.__class__.__name__}; "
                                    "is `llmgwctl serve` running? (--controller or $LLMGW_CONTROLLER)") from None

@@ -11,6 +11,11 @@
     GET  /api/v1/watch/endpoints?after=V   long-poll: {"version", "catalog", "endpoints"} (llmgwctl.router.watch)
     GET  /api/v1/watch/catalog?after=V     long-poll: {"version", "catalog"}
     POST /api/v1/wake                      {"model": NAME} -> 202
+    GET  /metrics                          Prometheus text (llmgwctl.observability.metrics.ControlMetrics)
+
+With a token configured (`auth.ControlAuth`), every route but /healthz and
+/readyz needs `Authorization: Bearer <token>`; a missing or wrong one is 401
+before any handler runs.
 
 Errors are JSON `{"error": {"message", "type", "code"}}` like the router's.
 """
@@ -24,10 +29,12 @@ import os
 from aiohttp import web
 
 from ..catalog import CatalogError
+from ..observability.metrics import CONTENT_TYPE_LATEST, ControlMetrics
 from ..inventory import ReportError
 from ..reconciler import LONG_POLL
 from . import schemas
 from .apply import ApplyError, plan, validate_with, write_atomically
+from .auth import ControlAuth
 from .controller import Controller
 
 log = logging.getLogger("llmgw.control")
@@ -70,12 +77,18 @@ def _poll_timeout(request: web.Request) -> float:
 
 
 class ControlAPI:
-    def __init__(self, controller: Controller):
+    def __init__(self, controller: Controller, *, auth: ControlAuth | None = None,
+                 metrics: ControlMetrics | None = None):
         self.c = controller
+        self.auth = auth or ControlAuth()
+        self.metrics = metrics or ControlMetrics(controller.status)
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_APPLY_BYTES)
+        requests = self.metrics.requests
+        app = web.Application(client_max_size=MAX_APPLY_BYTES,
+                              middlewares=[self.auth.middleware(lambda route, code: requests.labels(route, str(code)).inc())])
         app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/metrics", self.get_metrics)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/api/v1/status", self.status)
         app.router.add_get("/api/v1/catalog", self.get_catalog)
@@ -89,6 +102,9 @@ class ControlAPI:
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
+
+    async def get_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def readyz(self, request: web.Request) -> web.Response:
         ready = self.c.reconciler.settled

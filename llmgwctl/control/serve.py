@@ -9,6 +9,11 @@ Stop order (SIGINT/SIGTERM): stop accepting new requests on the router, let
 requests in flight finish (bounded), then, with a local agent, tell it to run
 nothing and wait for its engines to stop (bounded), then the rest. Engines of
 remote agents are left running: a restarted controller adopts them.
+
+Security (see `auth`): the control API refuses to bind beyond loopback without
+a token; with one, the local agent presents the agent token (or the admin
+token). Router API keys (`api_keys`) are loaded before the router listens, so
+it never serves a moment open, and followed for edits.
 """
 from __future__ import annotations
 
@@ -22,7 +27,10 @@ from pathlib import Path
 
 from aiohttp import web
 
+from ..observability.metrics import ControlMetrics
+from ..router.limits import server_options
 from .api import ControlAPI
+from .auth import ControlAuth, check_bind
 from .controller import Controller
 
 log = logging.getLogger("llmgw.serve")
@@ -50,18 +58,22 @@ class ServeConfig:
     replace_after: float | None = None
     tick: float | None = None
     stop_engines_on_exit: bool = True
+    token: str | None = None                # the control API's admin token; None: open, loopback only
+    agent_token: str | None = None          # a token that may only report, follow and wake
+    api_keys: str | None = None             # the router's API key file; None: the router is open
+    access_log: bool = True                 # one line per router request on `llmgw.access`
 
 
 class Server:
     """A running serve: `start()` binds everything, `stop()` shuts it down in order."""
 
     def __init__(self, cfg: ServeConfig):
-        from ..router import Router
+        from ..router import Router, RouterConfig
 
         self.cfg = cfg
         options = {k: v for k, v in (("settle", cfg.settle), ("drain_grace", cfg.drain_grace),
                                      ("node_timeout", cfg.node_timeout), ("replace_after", cfg.replace_after)) if v is not None}
-        self.router = Router(waker=self)
+        self.router = Router(waker=self, config=RouterConfig(access_log=cfg.access_log))
         self.controller = Controller(cfg.catalogs, router=self.router, **options)
         self.stop_event = asyncio.Event()       # stops the controller's loops: set last
         self.shutdown = asyncio.Event()         # SIGINT/SIGTERM: begin the ordered stop
@@ -78,12 +90,23 @@ class Server:
     async def start(self) -> None:
         from ..router.server import start as start_router
 
+        check_bind(self.cfg.control[0], self.cfg.token)      # TokenError before anything binds
+        auth = ControlAuth(self.cfg.token, self.cfg.agent_token)
+        metrics = ControlMetrics(self.controller.status)
+        self.controller.reconciler.on_pass = metrics.observe_pass
         catalog = await asyncio.to_thread(self.controller.load)
         self.router.set_catalog(catalog)
         self.controller.reconciler.add_sink(self.router)
+        if self.cfg.api_keys:
+            from ..router.auth import follow_keys
+            self._tasks.append(follow_keys(self.router, self.cfg.api_keys, self.stop_event))
         # Long-polls (agents, standalone routers) are cut at shutdown rather than
         # waited for: their clients retry, and they would hold the exit for 30 s.
-        runner = web.AppRunner(ControlAPI(self.controller).app(), access_log=None, shutdown_timeout=0.5)
+        # Idle and header limits as on the router: long-polls answer within 30 s,
+        # so 75 s of keep-alive never cuts one.
+        runner = web.AppRunner(ControlAPI(self.controller, auth=auth, metrics=metrics).app(), access_log=None,
+                               shutdown_timeout=0.5,
+                               **server_options(client_idle_timeout=75.0, max_field_size=8190, max_headers=128))
         await runner.setup()
         site = web.TCPSite(runner, *self.cfg.control)
         await site.start()
@@ -105,7 +128,7 @@ class Server:
         host = self.cfg.control[0] if self.cfg.control[0] not in ("0.0.0.0", "::", "") else "127.0.0.1"
         cfg = AgentConfig(node=self.cfg.node, state_dir=Path(self.cfg.state_dir), ports=PortRange.parse(self.cfg.ports),
                           gpus=self.cfg.gpus, pools=tuple(self.cfg.pools),
-                          controller=f"http://{host}:{self.control_port}")
+                          controller=f"http://{host}:{self.control_port}", token=self.cfg.agent_token or self.cfg.token)
         await run_agent(cfg, self._agent_stop)
 
     async def stop(self) -> None:

@@ -282,3 +282,15 @@ class KeyFileWatcher:
         async for _ in watchfiles.awatch(directory, watch_filter=lambda change, p: os.path.basename(p) == name,
                                          step=10, debounce=1000, stop_event=stop, recursive=False):
             self.reload()
+
+
+def follow_keys(router: Any, path: str | os.PathLike, stop: asyncio.Event) -> asyncio.Task:
+    """Put the keys in `path` in force on `router` now, and reload them on every edit until `stop`.
+
+    KeyFileError if the file is invalid at start (call before the router
+    listens, so it never serves a moment without its keys). Call on the loop.
+    """
+    reloads = router.metrics.key_reloads
+    watcher = KeyFileWatcher(path, router.set_api_keys, on_result=lambda result: reloads.labels(result).inc())
+    watcher.load_initial()
+    return asyncio.get_running_loop().create_task(watcher.run(stop), name="api-keys")

@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 
 async def run(host: str, port: int, *, endpoints_file: str | None = None, catalogs_dir: str | None = None,
               controller: str | None = None, token: str | None = None, config: RouterConfig = RouterConfig(),
-              on_listening: Callable[[int], None] | None = None, stop: asyncio.Event | None = None) -> None:
-    """Serve until SIGTERM/SIGINT (or `stop`). CatalogError / EndpointFileError if the static files are bad."""
+              on_listening: Callable[[int], None] | None = None, stop: asyncio.Event | None = None,
+              api_keys: str | None = None) -> None:
+    """Serve until SIGTERM/SIGINT (or `stop`). CatalogError / EndpointFileError / KeyFileError if the files are bad."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -53,6 +54,9 @@ async def run(host: str, port: int, *, endpoints_file: str | None = None, catalo
         else:
             assert endpoints_file is not None and catalogs_dir is not None
             router = _static(endpoints_file, catalogs_dir, config, tasks, stop)
+        if api_keys is not None:
+            from .auth import follow_keys
+            tasks.append(follow_keys(router, api_keys, stop))     # before listening: never open for a moment
         runner, bound = await start(router, host, port)
         log.info("router listening on http://%s:%d", host, bound)
         if on_listening is not None:
