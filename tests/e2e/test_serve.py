@@ -1,0 +1,52 @@
+"""`llmgwctl serve` as a user runs it: one process with its local agent answers at once, and Ctrl-C leaves nothing behind."""
+import random
+import signal
+import subprocess
+import sys
+from .fleet import Fleet, free_port, wait_until
+
+CATALOG = """\
+apiVersion: llmgw/v1
+kind: Catalog
+models:
+  - name: fake-chat
+    aliases: [default]
+    profiles: [{name: cpu, engine: fake, gpus: 0}]
+"""
+
+
+def test_serve_answers_with_its_local_agent_and_stops_its_engines_on_ctrl_c(tmp_path):
+    fleet = Fleet(tmp_path)
+    (fleet.catalogs / "models.yaml").write_text(CATALOG)
+    base = random.randrange(23000, 29000, 100)   # the agent skips ports it cannot bind
+    try:
+        proc = fleet._spawn("serve", [
+            "serve", "--catalogs", str(fleet.catalogs), "--listen", f"127.0.0.1:{fleet.router_port}",
+            "--control", f"127.0.0.1:{fleet.control_port}", "--state-dir", str(tmp_path / "state"),
+            "--ports", f"{base}-{base + 99}", "--gpus", "none", "--settle", "1"])
+        fleet.controller = proc
+        wait_until(lambda: fleet.ready("fake-chat"), "the local agent's replica ready")
+        reply = fleet.chat("default")
+        assert reply.status_code == 200 and reply.json()["model"] == "fake-chat"
+        (replica,) = fleet.replicas()
+        engine_pid = replica["pid"]
+        assert engine_pid in fleet.marked_pids()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0, fleet.log("serve")[-2000:]
+        # Ctrl-C drains and stops the local engines: nothing of ours is left running.
+        wait_until(lambda: fleet.marked_pids() == [], "every process gone", timeout=30)
+        assert "stopped" in fleet.log("serve")
+    finally:
+        fleet.close()
+
+
+def test_serve_refuses_an_invalid_catalog_with_its_errors(tmp_path):
+    catalogs = tmp_path / "catalogs"
+    catalogs.mkdir()
+    (catalogs / "bad.yaml").write_text("apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n  - name: x\n    profiles: [{engine: vlm}]\n")
+    out = subprocess.run([sys.executable, "-m", "llmgwctl", "serve", "--catalogs", str(catalogs), "--no-local-agent",
+                          "--listen", f"127.0.0.1:{free_port()}", "--control", f"127.0.0.1:{free_port()}"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert f"{catalogs}/bad.yaml:5:25: models[0].profiles[0].engine: 'vlm' is not one of" in out.stderr
+    assert "is not a valid catalog" in out.stderr
