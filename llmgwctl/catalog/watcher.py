@@ -3,6 +3,8 @@
 Editors, `git pull` and `llmgwctl catalog apply` all end as file events in the
 directory. The watcher groups a burst of events into one reload, validates the
 *whole* directory, and swaps only when it is valid and its content changed.
+A burst is what arrives within a few milliseconds, or, inside a git work tree,
+everything written while git holds its index lock: one checkout, one swap.
 A rejected state is remembered (time and every problem) for `status`, and the
 catalog in force stays as it was.
 
@@ -36,6 +38,13 @@ STEP_MS = 10
 # ...and never waits longer than DEBOUNCE_MS for a burst to go quiet, so a tool
 # that writes continuously (a slow rsync) still gets its valid states applied.
 DEBOUNCE_MS = 1000
+# While git holds its index lock it is writing the work tree (checkout, pull,
+# reset): a batch seen then is a checkout half done, however slowly git goes
+# (a git-lfs or git-crypt filter takes tens of ms a file, far past STEP_MS), so
+# the load waits for the lock to go. A catalog repository's checkout takes well
+# under a second even on a slow disk; a lock older than 10 s was left by a git
+# that died (git never clears it), and the watcher stops waiting and says so.
+GIT_LOCK_WAIT = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +166,7 @@ class CatalogWatcher:
                     if follower.done():
                         follower.result()  # re-raise why watching stopped (directory gone...)
                     break
+                await self._until_git_is_done(stop_event)
                 while not batches.empty():  # one load covers every batch already queued
                     batches.get_nowait()
                 loaded = await asyncio.to_thread(self._load)
@@ -173,6 +183,20 @@ class CatalogWatcher:
             stopped.cancel()
             await asyncio.gather(follower, return_exceptions=True)
 
+    async def _until_git_is_done(self, stop_event: asyncio.Event) -> None:
+        """Wait while a git command holds the index lock of the repository the directory is in."""
+        lock = git_index_lock(self.directory)
+        if lock is None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + GIT_LOCK_WAIT
+        while os.path.exists(lock) and not stop_event.is_set():
+            if loop.time() >= deadline:
+                log.warning("%s has existed for %.0f s: loading the catalog anyway. If no git command is running, "
+                            "a crashed one left it; remove it", lock, GIT_LOCK_WAIT)
+                return
+            await asyncio.sleep(self._step_ms / 1000)
+
     def status(self) -> dict:
         current = self.live.current
         return {
@@ -181,6 +205,29 @@ class CatalogWatcher:
             "directory_valid": self.directory_valid,
             "last_rejection": self.last_rejection.to_dict() if self.last_rejection else None,
         }
+
+
+def git_index_lock(directory: str) -> str | None:
+    """The index.lock of the git work tree `directory` is in (at any depth), or None outside git."""
+    path = os.path.abspath(directory)
+    while True:
+        dotgit = os.path.join(path, ".git")
+        if os.path.isdir(dotgit):
+            return os.path.join(dotgit, "index.lock")
+        if os.path.isfile(dotgit):
+            # A linked worktree or a submodule: .git is a file saying where the git directory is.
+            try:
+                with open(dotgit, encoding="utf-8") as f:
+                    line = f.readline().strip()
+            except OSError:
+                return None
+            if not line.startswith("gitdir:"):
+                return None
+            return os.path.join(path, line[len("gitdir:"):].strip(), "index.lock")
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
 
 
 def _relevant(change: object, path: str) -> bool:
