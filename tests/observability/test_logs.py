@@ -1,0 +1,104 @@
+"""Logs: the JSON format's shape, and a real `llmgwctl router --log-format json` writing its access log."""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from llmgwctl.observability.logs import JsonFormatter, setup_logging
+from tests.router.harness import _readline, wait_until
+
+MODEL = "log-model"
+
+
+def test_json_lines_carry_extra_fields_and_exceptions():
+    record = logging.LogRecord("llmgw.reconciler", logging.INFO, __file__, 1, "%s: %s",
+                               ("replica-ready", "r-1 (m/p on n1)"), None)
+    record.event = "replica-ready"
+    doc = json.loads(JsonFormatter().format(record))
+    assert doc["msg"] == "replica-ready: r-1 (m/p on n1)" and doc["event"] == "replica-ready"
+    assert doc["level"] == "info" and doc["logger"] == "llmgw.reconciler" and doc["ts"].endswith("Z")
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        failed = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    assert "RuntimeError: boom" in json.loads(JsonFormatter().format(failed))["exc"]
+
+
+def test_setup_logging_json_and_refuses_an_unknown_format():
+    out = io.StringIO()
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        setup_logging(0, "json", stream=out)
+        logging.getLogger("llmgw.test").info("hello %s", "world", extra={"event": "greeting"})
+        line = json.loads(out.getvalue().strip().splitlines()[-1])
+        assert line["msg"] == "hello world" and line["event"] == "greeting"
+        with pytest.raises(ValueError, match="'text' or 'json'"):
+            setup_logging(0, "xml")
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+
+
+@pytest.fixture
+def router_proc(tmp_path, engines):
+    engine = engines(MODEL, "log-r1")
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "m.yaml").write_text(
+        f"apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n  - name: {MODEL}\n    source: org/m\n"
+        "    profiles: [{name: default, engine: fake, gpus: 0}]\n")
+    (tmp_path / "eps.yaml").write_text(f"endpoints:\n  - {{model: {MODEL}, url: '{engine.url}', id: log-r1}}\n")
+    procs = []
+
+    def start(*extra: str):
+        err = open(tmp_path / f"router-{len(procs)}.err", "w+")
+        proc = subprocess.Popen([sys.executable, "-m", "llmgwctl", "router", "--listen", "127.0.0.1:0",
+                                 "--endpoints", str(tmp_path / "eps.yaml"), "--catalogs", str(tmp_path / "cat"),
+                                 *extra], stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
+        procs.append(proc)
+        url = _readline(proc, 20).rsplit(" ", 1)[-1].strip()
+        return url, err
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def _access_lines(err) -> list[dict]:
+    err.seek(0)
+    return [d for d in (json.loads(line) for line in err.read().splitlines() if line.startswith("{"))
+            if d.get("event") == "access"]
+
+
+def test_router_writes_one_json_access_line_per_request(router_proc):
+    url, err = router_proc("--log-format", "json")
+    for _ in range(3):
+        r = requests.post(url + "/v1/chat/completions", timeout=30,
+                          json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 200
+    lines = wait_until(lambda: (lambda got: got if len(got) >= 3 else None)(_access_lines(err)), 10,
+                       what="three access lines")
+    assert len(lines) == 3
+    assert {(d["status"], d["model"], d["endpoint"], d["method"], d["path"]) for d in lines} == \
+        {(200, MODEL, "log-r1", "POST", "/v1/chat/completions")}
+    assert all(d["client"] == "127.0.0.1" and d["duration_ms"] > 0 and d["logger"] == "llmgw.access" for d in lines)
+
+
+def test_router_access_log_off(router_proc):
+    url, err = router_proc("--log-format", "json", "--no-access-log")
+    r = requests.post(url + "/v1/chat/completions", timeout=30,
+                      json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200
+    # The server logs a line of its own at start: the log works, only access lines are absent.
+    wait_until(lambda: "router listening" in (err.seek(0) or err.read()), 10, what="the start line")
+    assert _access_lines(err) == []

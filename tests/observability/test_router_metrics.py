@@ -1,0 +1,170 @@
+"""The router's /metrics, scraped while real requests go through a real router to a real fake engine."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+
+import requests
+
+from llmgwctl.catalog import Catalog, Model, Profile
+from llmgwctl.observability.metrics import usage_tokens
+from tests.router.harness import catalog, make_router, wait_until
+
+from .scrape import delta, finite, key, scrape
+
+MODEL = "obs-model"
+
+
+def chat(url: str, model: str = MODEL, **extra) -> requests.Response:
+    return requests.post(url + "/v1/chat/completions", timeout=30,
+                         json={"model": model, "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 4,
+                               **extra})
+
+
+def stream_usage(resp: requests.Response) -> tuple[int, int]:
+    """The usage block of an SSE stream's last data chunk that has one."""
+    found = None
+    for line in resp.text.splitlines():
+        if line.startswith("data: {"):
+            doc = json.loads(line[6:])
+            if doc.get("usage"):
+                found = (doc["usage"]["prompt_tokens"], doc["usage"]["completion_tokens"])
+    assert found is not None, resp.text
+    return found
+
+
+def test_counters_move_exactly_as_the_requests_did(engines, routers):
+    engine = engines(MODEL, "obs-r1")
+    rt = routers(make_router(catalog((MODEL, ("obs-alias",))), poll_interval=0.2))
+    rt.set_endpoints([engine.endpoint()])
+    before = scrape(rt.url + "/metrics")
+    tokens_in = tokens_out = 0
+    for i in range(5):
+        r = chat(rt.url, MODEL if i % 2 else "obs-alias")
+        assert r.status_code == 200, r.text
+        # The overhead header is there, a number of milliseconds.
+        assert float(r.headers["x-llmgw-overhead-ms"]) >= 0
+        tokens_in += r.json()["usage"]["prompt_tokens"]
+        tokens_out += r.json()["usage"]["completion_tokens"]
+    for _ in range(3):
+        r = chat(rt.url, stream=True, stream_options={"include_usage": True})
+        assert r.status_code == 200 and float(r.headers["x-llmgw-overhead-ms"]) >= 0
+        p, c = stream_usage(r)
+        tokens_in, tokens_out = tokens_in + p, tokens_out + c
+    assert chat(rt.url, "no-such-model").status_code == 404
+    assert requests.post(rt.url + "/v1/chat/completions", data=b"{not json", timeout=10).status_code == 400
+    after = scrape(rt.url + "/metrics")
+
+    served = dict(model=MODEL, endpoint="obs-r1", code="200")
+    assert delta(before, after, "llmgw_router_requests_total", **served) == 8
+    # Requests answered before an endpoint was chosen: no endpoint, and never the client's model string.
+    assert delta(before, after, "llmgw_router_requests_total", model="", endpoint="", code="404") == 1
+    assert delta(before, after, "llmgw_router_requests_total", model="", endpoint="", code="400") == 1
+    assert not any(name == "llmgw_router_requests_total" and ("model", "no-such-model") in labels
+                   for name, labels in after)
+    assert delta(before, after, "llmgw_router_tokens_total", model=MODEL, direction="in") == tokens_in > 0
+    assert delta(before, after, "llmgw_router_tokens_total", model=MODEL, direction="out") == tokens_out > 0
+    assert delta(before, after, "llmgw_router_request_duration_seconds_count", model=MODEL) == 8
+    assert delta(before, after, "llmgw_router_time_to_first_byte_seconds_count", model=MODEL) == 8
+    assert delta(before, after, "llmgw_router_overhead_seconds_count") == 8
+    assert after[key("llmgw_router_inflight_requests", model=MODEL, endpoint="obs-r1")] == 0
+    assert after[key("llmgw_router_ready_endpoints", model=MODEL)] == 1
+    assert after[key("llmgw_router_catalog_info", version=rt.router.catalog.version)] == 1
+
+
+def test_in_flight_and_poll_staleness_are_read_at_scrape_time(engines, routers):
+    slow = engines(MODEL, "obs-slow", "--ttft", "30")
+    rt = routers(make_router(catalog((MODEL, ())), poll_interval=0.2))
+    rt.set_endpoints([slow.endpoint()])
+    age = key("llmgw_router_endpoint_metrics_age_seconds", endpoint="obs-slow")
+    wait_until(lambda: finite(scrape(rt.url + "/metrics").get(age, math.inf)), 10, what="a first load reading")
+
+    holder = threading.Thread(target=lambda: _swallow(lambda: chat(rt.url)), daemon=True)
+    holder.start()
+    inflight = key("llmgw_router_inflight_requests", model=MODEL, endpoint="obs-slow")
+    wait_until(lambda: scrape(rt.url + "/metrics").get(inflight) == 1, 10, what="one request in flight")
+
+    slow.kill()     # the poller gets no more readings: the age keeps growing
+    first = scrape(rt.url + "/metrics")[age]
+    wait_until(lambda: scrape(rt.url + "/metrics")[age] > first + 0.5, 10, what="the reading to age")
+    holder.join(30)
+    wait_until(lambda: scrape(rt.url + "/metrics").get(inflight) == 0, 10, what="the in-flight count to drop")
+
+
+def _swallow(fn):
+    try:
+        fn()
+    except requests.RequestException:
+        pass
+
+
+def test_series_of_an_endpoint_that_left_are_dropped(engines, routers):
+    engine = engines(MODEL, "obs-gone")
+    rt = routers(make_router(catalog((MODEL, ()))))
+    rt.set_endpoints([engine.endpoint()])
+    assert chat(rt.url).status_code == 200
+    served = key("llmgw_router_requests_total", model=MODEL, endpoint="obs-gone", code="200")
+    assert scrape(rt.url + "/metrics")[served] == 1
+    rt.set_endpoints([])
+    page = scrape(rt.url + "/metrics")
+    # Replica ids are never reused: keeping their series would grow without end.
+    assert not any(("endpoint", "obs-gone") in labels for _, labels in page)
+
+
+class NoopWaker:
+    def __init__(self):
+        self.calls = []
+
+    def wake(self, model_name: str) -> None:
+        self.calls.append(model_name)
+
+
+def test_cold_queue_length_and_wait(routers):
+    cold = Catalog([Model(name="cold-model", source="org/cold",
+                          profiles=(Profile(name="default", engine="fake", gpus=0),))])
+    waker = NoopWaker()
+    rt = routers(make_router(cold, waker=waker, cold_timeout=3.0))
+    queue = key("llmgw_router_cold_queue_length", model="cold-model")
+    assert scrape(rt.url + "/metrics")[queue] == 0
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("r", chat(rt.url, "cold-model")), daemon=True)
+    t.start()
+    wait_until(lambda: scrape(rt.url + "/metrics")[queue] == 1, 10, what="one request waiting")
+    t.join(30)
+    assert result["r"].status_code == 503 and waker.calls == ["cold-model"]
+    page = scrape(rt.url + "/metrics")
+    assert page[queue] == 0
+    assert page[key("llmgw_router_cold_wait_seconds_count", model="cold-model", outcome="timeout")] == 1
+    assert page[key("llmgw_router_requests_total", model="cold-model", endpoint="", code="503")] == 1
+
+
+def test_access_log_one_line_per_request_and_it_can_be_turned_off(engines, routers, caplog):
+    engine = engines(MODEL, "obs-log")
+    on = routers(make_router(catalog((MODEL, ()))))
+    off = routers(make_router(catalog((MODEL, ())), access_log=False))
+    on.set_endpoints([engine.endpoint()])
+    off.set_endpoints([engine.endpoint()])
+    with caplog.at_level(logging.INFO, logger="llmgw.access"):
+        assert chat(on.url).status_code == 200
+        assert chat(on.url, "missing").status_code == 404
+        assert chat(off.url).status_code == 200
+    lines = [r for r in caplog.records if r.name == "llmgw.access"]
+    assert len(lines) == 2, [r.getMessage() for r in lines]
+    ok, missing = lines
+    assert ok.status == 200 and ok.model == MODEL and ok.endpoint == "obs-log" and ok.overhead_ms >= 0
+    assert "POST /v1/chat/completions 200 model=obs-model endpoint=obs-log" in ok.getMessage()
+    assert missing.status == 404 and missing.model == ""
+
+
+def test_usage_tokens_reads_replies_and_chunks_without_parsing_them():
+    reply = b'{"id":"x","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":7,"total_tokens":19}}'
+    assert usage_tokens(reply) == (12, 7)
+    embed = b'{"data":[],"usage":{"prompt_tokens":5,"total_tokens":5}}'
+    assert usage_tokens(embed) == (5, 0)
+    details = (b'data: {"choices":[],"usage":{"prompt_tokens":3,"prompt_tokens_details":{"cached_tokens":0},'
+               b'"completion_tokens":9}}\n\n')
+    assert usage_tokens(details) == (3, 9)
+    assert usage_tokens(b'data: {"choices":[{"delta":{"content":"hi"}}],"usage":null}\n\n') is None
+    assert usage_tokens(b'{"choices":[]}') is None
