@@ -75,6 +75,8 @@ class Balancer:
         self._eject_max = eject_max
         self._rand = (rng or random.Random()).random
         self._states: dict[str, EndpointState] = {}
+        # Endpoints taken out of the list while requests were still running on them.
+        self._withdrawn: dict[str, EndpointState] = {}
         self._tiers: dict[str, Tiers] = {}
         self._profiles: dict[str, frozenset[str]] = {}
         self.generation = 0     # bumped on every change, so callers can cache derived views
@@ -104,6 +106,9 @@ class Balancer:
         for st in states.values():
             by_model.setdefault(st.endpoint.model, {}).setdefault(st.endpoint.priority, []).append(st)
         gained = {st.endpoint.model for rid, st in states.items() if rid not in old}
+        for rid, st in old.items():
+            if rid not in states and st.inflight > 0:
+                self._withdrawn[rid] = st
         self._states = states
         self._tiers = {model: tuple(tuple(tiers[p]) for p in sorted(tiers, reverse=True))
                        for model, tiers in by_model.items()}
@@ -118,7 +123,16 @@ class Balancer:
         return tuple(self._states.values())
 
     def usage_snapshot(self) -> dict[str, tuple[float | None, int]]:
-        return {rid: (st.last_used, st.inflight) for rid, st in self._states.items()}
+        snapshot = {rid: (st.last_used, st.inflight) for rid, st in self._states.items()}
+        # A withdrawn endpoint still carrying requests is what the controller's
+        # drain waits on: report it until its last request finishes, then let
+        # it fall out (absent means nothing in flight).
+        for rid, st in list(self._withdrawn.items()):
+            if st.inflight <= 0:
+                del self._withdrawn[rid]
+            else:
+                snapshot.setdefault(rid, (st.last_used, st.inflight))
+        return snapshot
 
     def ready_count(self, model: str) -> int:
         return sum(len(tier) for tier in self._tiers.get(model, ()))

@@ -79,7 +79,7 @@ class Fleet:
             self.controller = self._spawn("controller", [
                 "serve", "--no-local-agent", "--catalogs", str(self.catalogs),
                 "--listen", f"127.0.0.1:{self.router_port}", "--control", f"127.0.0.1:{self.control_port}",
-                "--settle", "2", "--drain-grace", "5", "--node-timeout", "2", "--replace-after", "2", *extra])
+                "--settle", "2", "--drain-grace", "10", "--node-timeout", "2", "--replace-after", "2", *extra])
             wait_until(lambda: self.controller.poll() is not None or requests.get(self.control + "/healthz", timeout=1).ok,
                             "the control API")
             if self.controller.poll() is None:

@@ -119,7 +119,8 @@ def test_payloads_follow_their_schemas(fleet):
 def test_adding_a_model_by_file_leaves_the_others_alone(fleet):
     before = pids(fleet)
     (fleet.catalogs / "extra.yaml").write_text(
-        "apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n  - name: extra\n    profiles: [{engine: fake, gpus: 0, pool: l4}]\n")
+        "apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n  - name: extra\n    profiles: [{engine: fake, gpus: 0, pool: l4,"
+        " args: [--tokens-per-second, '30']}]\n")
     wait_until(lambda: fleet.ready("extra"), "extra ready")
     assert fleet.ready("extra")[0]["node"] == "n2"
     after = pids(fleet)
@@ -143,10 +144,22 @@ def test_removing_a_model_drains_it_without_failing_streams_to_others(fleet):
                 failures.append(body[-200:])
         done.append(1)
 
-    threads = [threading.Thread(target=stream_to_small) for _ in range(4)]
+    extra_stream = {}
+
+    def stream_to_extra():
+        # A request already running on the model being removed finishes (~4 s, longer than the
+        # agent's 3 s stop grace): the engine must not be told to stop before it is drained.
+        with requests.post(fleet.router + "/v1/chat/completions", stream=True, timeout=60,
+                           json={"model": "extra", "stream": True, "max_tokens": 120, "ignore_eos": True,
+                                 "messages": [{"role": "user", "content": "long"}]}) as resp:
+            extra_stream["status"] = resp.status_code
+            extra_stream["body"] = b"".join(resp.iter_content(None))
+
+    threads = [threading.Thread(target=stream_to_small) for _ in range(4)] + [threading.Thread(target=stream_to_extra)]
     for t in threads:
         t.start()
     extra = fleet.ready("extra")[0]
+    wait_until(lambda: any(r["id"] == extra["id"] and r["inflight"] for r in fleet.replicas("extra")), "the stream to extra")
     (fleet.catalogs / "extra.yaml").unlink()
     for _ in range(20):
         r = fleet.chat("small", max_tokens=2)
@@ -156,6 +169,8 @@ def test_removing_a_model_drains_it_without_failing_streams_to_others(fleet):
     for t in threads:
         t.join(60)
     assert failures == [] and len(done) == 4
+    assert extra_stream["status"] == 200 and extra_stream["body"].rstrip().endswith(b"data: [DONE]"), extra_stream
+    assert b'"error"' not in extra_stream["body"]
     events = [e["kind"] + ": " + e["message"] for e in fleet.status()["events"]]
     assert any(e.startswith("replica-draining: " + extra["id"]) for e in events)
     assert any(e.startswith("replica-stopped: " + extra["id"]) for e in events)
