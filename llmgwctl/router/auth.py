@@ -144,8 +144,10 @@ def parse_keys(doc: Any, source: str = "<keys>") -> ApiKeys:
             problems.append(f"{where}.name: must be a non-empty string")
             continue
         if not isinstance(digest, str) or not _HEX64.fullmatch(digest.lower()):
+            # YAML reads a digest of digits only as a number: say so rather than "not hex".
+            quote = "; quote it so YAML reads it as text" if isinstance(digest, (int, float)) else ""
             problems.append(f"{where}.sha256: must be 64 hex digits, the SHA-256 of the key "
-                            "(printf %s \"$KEY\" | sha256sum)")
+                            f"(printf %s \"$KEY\" | sha256sum){quote}")
             continue
         if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
             problems.append(f"{where}.models: must be a list of model names or glob patterns, e.g. ['qwen*']")
