@@ -11,6 +11,7 @@
     GET  /api/v1/watch/endpoints?after=V   long-poll: {"version", "catalog", "endpoints"} (llmgwctl.router.watch)
     GET  /api/v1/watch/catalog?after=V     long-poll: {"version", "catalog"}
     POST /api/v1/wake                      {"model": NAME} -> 202
+    POST /api/v1/usage                     a standalone router's usage (llmgwctl.router.watch) -> 204
     GET  /metrics                          Prometheus text (llmgwctl.observability.metrics.ControlMetrics)
 
 With a token configured (`auth.ControlAuth`), every route but /healthz and
@@ -98,6 +99,7 @@ class ControlAPI:
         app.router.add_get("/api/v1/watch/endpoints", self.watch_endpoints)
         app.router.add_get("/api/v1/watch/catalog", self.watch_catalog)
         app.router.add_post("/api/v1/wake", self.wake)
+        app.router.add_post("/api/v1/usage", self.usage)
         return app
 
     async def healthz(self, request: web.Request) -> web.Response:
@@ -198,6 +200,13 @@ class ControlAPI:
     async def watch_catalog(self, request: web.Request) -> web.Response:
         version = await self.c.watch.wait(_after(request), _poll_timeout(request))
         return web.json_response({"version": version, "catalog": self.c.live.current.to_dict()})
+
+    async def usage(self, request: web.Request) -> web.Response:
+        try:
+            self.c.usage.report(await request.json())
+        except (ValueError, UnicodeDecodeError) as exc:
+            return _error(400, f"usage report: {exc}")
+        return web.Response(status=204)
 
     async def wake(self, request: web.Request) -> web.Response:
         try:

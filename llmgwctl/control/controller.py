@@ -18,6 +18,7 @@ from ..inventory import Inventory
 from ..reconciler import DesiredStore, Reconciler
 from ..reconciler import run as run_reconciler
 from .broadcast import Broadcast
+from .usage import UsageBoard
 
 log = logging.getLogger("llmgw.control")
 
@@ -36,7 +37,9 @@ class Controller:
         self.watch = Broadcast()
         self.router = router
         self._loaded = False
-        self.reconciler = Reconciler(self.live, self.inventory, self.desired, endpoints=router, usage=router,
+        # Usage from the in-process router and from standalone routers' reports.
+        self.usage = UsageBoard(router, version=lambda: self.watch.version, clock=clock)
+        self.reconciler = Reconciler(self.live, self.inventory, self.desired, endpoints=router, usage=self.usage,
                                      clock=clock, wall_clock=wall_clock, on_change=self.watch.bump,
                                      **reconciler_options)
         self.live.subscribe(self._swapped)
@@ -88,7 +91,7 @@ class Controller:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     def status(self) -> dict:
-        usage = self.router.usage_snapshot() if self.router is not None else {}
-        out = {"catalog": self.watcher.status()}
+        usage = self.usage.usage_snapshot()
+        out = {"catalog": self.watcher.status(), "routers": self.usage.routers()}
         out.update(self.reconciler.status(usage))
         return out

@@ -26,7 +26,7 @@ import aiohttp
 from ..catalog import Live
 from .server import Router, RouterConfig, start
 from .static import EndpointFileError, load_endpoints
-from .watch import ControllerWaker, ControllerWatch, WatchError, backoff
+from .watch import ControllerWaker, ControllerWatch, UsageReporter, WatchError, backoff
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ async def run(host: str, port: int, *, endpoints_file: str | None = None, catalo
             if stop.is_set():
                 return
             tasks.append(loop.create_task(watch.run()))
+            tasks.append(loop.create_task(UsageReporter(router, watch, controller, session, token=token).run()))
         else:
             assert endpoints_file is not None and catalogs_dir is not None
             router = _static(endpoints_file, catalogs_dir, config, tasks, stop)

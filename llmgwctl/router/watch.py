@@ -43,6 +43,17 @@ Wake::
 
 sent at most once per model per cold period (see `coldstart.ColdStart.demand`).
 
+Usage (every USAGE_INTERVAL seconds)::
+
+    POST {controller}/api/v1/usage
+    {"router": "<id, new per process>", "version": 42,          # the watch version this router has applied
+     "replicas": {"r-7": {"idle_seconds": 3.2, "inflight": 1}}}  # idle_seconds null: never used
+    -> 204
+
+the standalone form of the in-process router's `usage_snapshot()`: the
+controller's idle scale-down and drain read it. `version` lets the controller
+tell a report sent before this router applied a withdrawal from one after it.
+
 While the controller is unreachable the router keeps serving its last list and
 catalog, and reconnects with backoff.
 """
@@ -52,6 +63,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from typing import Any, Awaitable, Callable, Iterable, Protocol
 
 import aiohttp
@@ -186,3 +198,47 @@ class ControllerWaker:
             # Lost wakes are repeated after a cold-start timeout; the waiting
             # requests get a 503 meanwhile, which is the truth.
             log.warning("could not ask the controller to wake %s: %s", model_name, exc)
+
+
+# Every 2 s: a drain waits for in-flight counts to reach zero, so a stale one
+# delays a scale-down by at most this much; one small POST per router per 2 s
+# costs the controller nothing.
+USAGE_INTERVAL = 2.0
+
+
+class UsageSource(Protocol):
+    def usage_snapshot(self) -> dict[str, tuple[float | None, int]]: ...
+
+
+class UsageReporter:
+    """Sends this router's usage to the controller: last use and in-flight count per replica."""
+
+    def __init__(self, source: UsageSource, watch: "ControllerWatch", controller: str, session: aiohttp.ClientSession,
+                 *, token: str | None = None, interval: float = USAGE_INTERVAL,
+                 clock: Callable[[], float] = time.monotonic):
+        self._source, self._watch = source, watch
+        self._url = controller.rstrip("/") + "/api/v1/usage"
+        self._session = session
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.interval = interval
+        self._clock = clock
+        self.router_id = uuid.uuid4().hex[:12]
+
+    def payload(self) -> dict[str, Any]:
+        now = self._clock()
+        return {"router": self.router_id, "version": self._watch.version,
+                "replicas": {rid: {"idle_seconds": None if last is None else round(now - last, 3), "inflight": n}
+                             for rid, (last, n) in self._source.usage_snapshot().items()}}
+
+    async def report_once(self) -> bool:
+        try:
+            async with self._session.post(self._url, json=self.payload(), headers=self._headers,
+                                          timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                return resp.status < 300
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False    # the watch loop reports the controller being away; usage just resumes
+
+    async def run(self) -> None:
+        while True:
+            await self.report_once()
+            await asyncio.sleep(self.interval)

@@ -1,0 +1,80 @@
+"""Where the reconciler reads router usage: the in-process router plus every standalone router's reports.
+
+The reconciler needs, per replica, when it was last used (idle scale-down) and
+how many requests are in flight on it (drain). With `llmgwctl serve` alone
+that is the in-process router's snapshot; standalone routers
+(`llmgwctl router --controller`) POST theirs every few seconds
+(`llmgwctl.router.watch.UsageReporter`), and this board merges them: the
+latest use wins, in-flight counts add up.
+
+A standalone router that has not yet applied the newest endpoint list may
+still send requests to a replica the controller just withdrew; until it
+catches up, every replica it reports counts as busy, so a drain never ends on
+its stale "nothing in flight".
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Protocol
+
+# A router's report is trusted for three of its 2 s intervals: one late report
+# is noise; a router silent for longer is gone, and so are its requests.
+STALE_AFTER = 6.0
+
+
+class UsageSource(Protocol):
+    def usage_snapshot(self) -> Mapping[str, tuple[float | None, int]]: ...
+
+
+class UsageError(ValueError):
+    pass
+
+
+class UsageBoard:
+    def __init__(self, local: UsageSource | None = None, *, version: Callable[[], int] = lambda: 0,
+                 clock: Callable[[], float] = time.monotonic, stale_after: float = STALE_AFTER):
+        self.local = local
+        self._version = version
+        self._clock = clock
+        self.stale_after = stale_after
+        self._remote: dict[str, tuple[float, int, dict[str, tuple[float | None, int]]]] = {}
+
+    def report(self, body: Any) -> None:
+        """Take one standalone router's report (see llmgwctl.router.watch)."""
+        if not isinstance(body, dict) or not isinstance(body.get("router"), str) or not isinstance(body.get("replicas"), dict):
+            raise UsageError('expected {"router": ID, "version": N, "replicas": {REPLICA: {"idle_seconds", "inflight"}}}')
+        now = self._clock()
+        replicas = {}
+        try:
+            for rid, entry in body["replicas"].items():
+                idle = entry.get("idle_seconds")
+                inflight = int(entry.get("inflight") or 0)
+                if inflight < 0 or (idle is not None and float(idle) < 0):
+                    raise ValueError("negative")
+                replicas[str(rid)] = (None if idle is None else now - float(idle), inflight)
+            version = int(body.get("version") or 0)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise UsageError(f"bad usage entry: {exc}") from None
+        self._remote[body["router"]] = (now, version, replicas)
+
+    def routers(self) -> int:
+        return len(self._fresh())
+
+    def _fresh(self):
+        now = self._clock()
+        for router in [r for r, (at, _, _) in self._remote.items() if now - at > self.stale_after]:
+            del self._remote[router]
+        return self._remote.values()
+
+    def usage_snapshot(self) -> dict[str, tuple[float | None, int]]:
+        merged: dict[str, tuple[float | None, int]] = dict(self.local.usage_snapshot()) if self.local else {}
+        current = self._version()
+        for _, version, replicas in self._fresh():
+            lagging = version < current
+            for rid, (last, inflight) in replicas.items():
+                if lagging:
+                    inflight = max(inflight, 1)
+                old_last, old_inflight = merged.get(rid, (None, 0))
+                newest = last if old_last is None else (old_last if last is None else max(old_last, last))
+                merged[rid] = (newest, old_inflight + inflight)
+        return merged
