@@ -102,3 +102,10 @@ class SteadyLoad:
 def summary(outcomes: list[Outcome]) -> str:
     failed = [o for o in outcomes if not o.ok]
     return f"sent {len(outcomes)}, failed {len(failed)}"
+
+
+def router_inflight(url: str) -> float:
+    """Requests a router counts in flight, summed over its endpoints, from its /metrics."""
+    text = requests.get(url + "/metrics", timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("llmgw_router_inflight_requests{"))

@@ -23,6 +23,8 @@ from hypothesis import strategies as st
 
 from tests.e2e.fleet import wait_until
 
+from .load import router_inflight
+
 EXAMPLES = 1000
 # Long enough for a reply from the paced fake engine, short enough that a
 # request the server rightly keeps waiting (a body shorter than its declared
@@ -139,12 +141,6 @@ def raw(port: int, req: dict) -> int | None:
     match = re.match(rb"HTTP/1\.[01] (\d{3})", got)
     assert match, got[:200]
     return int(match.group(1))
-
-
-def router_inflight(url: str) -> float:
-    text = requests.get(url + "/metrics", timeout=5).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("llmgw_router_inflight_requests{"))
 
 
 def test_fuzzed_requests_get_no_5xx_crash_nothing_and_leak_no_inflight_count(fleet, figure):
