@@ -34,6 +34,9 @@ def fleet(tmp_path_factory):
         fleet.start_agent("obs-n1", "2xL4-24GB", "l4")
         yield fleet
     finally:
+        # Agents first, so none can launch an engine while close() sweeps the marked processes.
+        for node in list(fleet.agents):
+            fleet.kill_agent(node)
         fleet.close()
         assert fleet.marked_pids() == [], "processes left behind"
 

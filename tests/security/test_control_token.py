@@ -53,6 +53,9 @@ def fleet(tmp_path_factory):
                                "--agent-token-file", str(root / "agent.token"))
         yield fleet
     finally:
+        # Agents first, so none can launch an engine while close() sweeps the marked processes.
+        for node in list(fleet.agents):
+            fleet.kill_agent(node)
         fleet.close()
         assert fleet.marked_pids() == [], "processes left behind"
 
