@@ -312,11 +312,12 @@ class Router:
             if request.content.is_eof():
                 body = await request.read()      # already buffered: the usual small request
             else:
-                async with asyncio.timeout(cfg.body_timeout):
-                    body = await request.read()
+                # wait_for, not asyncio.timeout: Python 3.10 is supported. Only
+                # bodies still arriving pay for it.
+                body = await asyncio.wait_for(request.read(), cfg.body_timeout)
         except web.HTTPRequestEntityTooLarge:
             return self._refuse(request, t0, errors.too_large(limit), api_key=api_key)
-        except TimeoutError:
+        except asyncio.TimeoutError:
             return self._refuse(request, t0, errors.response(
                 408, f"the request body did not arrive within {cfg.body_timeout:g} s", "invalid_request_error",
                 "request_timeout", headers={"Connection": "close"}), api_key=api_key)
@@ -359,18 +360,22 @@ class Router:
         if state is None:
             if not self.cold.can_wait:
                 return self._refuse(request, t0, errors.no_replica(model), model, api_key)
-            waited = perf_counter()
+            wait_from = perf_counter()
             try:
                 state = await self.cold.wait(model, lambda: balancer.pick(model))
             except QueueFull:
                 self.metrics.cold_wait.labels(model, "queue_full").observe(0.0)
                 return self._refuse(request, t0, errors.queue_full(model, self.cold.max_waiting), model, api_key)
             except ColdTimeout:
-                self.metrics.cold_wait.labels(model, "timeout").observe(perf_counter() - waited)
+                self.metrics.cold_wait.labels(model, "timeout").observe(perf_counter() - wait_from)
                 return self._refuse(request, t0, errors.cold_timeout(model, self.cold.timeout), model, api_key)
-            self.metrics.cold_wait.labels(model, "served").observe(perf_counter() - waited)
-            # The wait is neither the router's work nor the engine's: count it as upstream time.
-            t0 += perf_counter() - waited
+            waited = perf_counter() - wait_from
+            self.metrics.cold_wait.labels(model, "served").observe(waited)
+        else:
+            waited = 0.0
+        # Time neither the router's work nor the answering engine's (a cold wait,
+        # failed attempts): left out of the overhead, kept in the duration.
+        skip = waited
         session = self._session
         path = request.raw_path
         clock = self._clock
@@ -383,14 +388,23 @@ class Router:
                 up0 = perf_counter()
                 try:
                     upstream = await session.post(state.base_url + path, data=body, headers=_UPSTREAM_HEADERS)
+                except aiohttp.SocketTimeoutError as exc:
+                    # The engine took the request and then said nothing for
+                    # upstream_idle_timeout: wedged, and the request may have
+                    # run there, so not retried elsewhere.
+                    balancer.eject(state)
+                    return self._refuse(request, t0, errors.response(
+                        504, f"replica {state.replica_id} of {model!r} sent nothing for "
+                        f"{self.config.upstream_idle_timeout:g} s: {exc or type(exc).__name__}", "upstream_error",
+                        "upstream_timeout"), model, api_key)
                 except _CONNECT_ERRORS as exc:
-                    t0 += perf_counter() - up0      # a failed attempt's wait is not the router's work
+                    skip += perf_counter() - up0
                     balancer.eject(state)
                     failure = f"{state.replica_id}: {exc or type(exc).__name__}"
                     log.warning("endpoint %s failed before answering, trying another: %s", state.replica_id, exc)
                 else:
                     try:
-                        return await self._respond(request, upstream, state, view, t0, up0, api_key)
+                        return await self._respond(request, upstream, state, view, t0, up0 - skip, api_key)
                     finally:
                         # A response read to its end goes back to the pool; one cut
                         # short (client gone, error) closes, so the engine sees the
@@ -416,6 +430,9 @@ class Router:
         up1 = perf_counter()        # the engine's response headers are in
         # Router overhead = time since arrival minus time waiting on the engine,
         # up to the moment the response headers are built (they carry it).
+        # `up0` is when the answering attempt was sent, less any time skipped
+        # before it (a cold wait, failed attempts), so `up0 - t0` is the
+        # router's own work before it.
         ctype = upstream.headers.get("Content-Type", "application/json")
         headers = {"Content-Type": ctype, "x-llmgw-replica": state.replica_id,
                    "x-llmgw-catalog-version": view.version}

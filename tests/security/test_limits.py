@@ -190,3 +190,12 @@ def test_connections_per_client_address_are_bounded(served_router):
     held[0].close()
     page = requests.get(rt.url + "/metrics", timeout=10).text
     assert re.search(r'^llmgw_router_connections_refused_total\{reason="per_client_limit"\} [1-9]', page, re.M)
+
+
+def test_a_silent_engine_ends_the_request_at_the_idle_timeout(engines, routers):
+    silent = engines(MODEL, "lim-silent", "--ttft", "60")
+    rt = routers(make_router(catalog((MODEL, ())), upstream_idle_timeout=1.0))
+    rt.set_endpoints([silent.endpoint()])
+    r = requests.post(rt.url + "/v1/chat/completions", json=BODY, timeout=30)
+    assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
+    assert rt.call(rt.router.usage_snapshot)["lim-silent"][1] == 0      # nothing left in flight
