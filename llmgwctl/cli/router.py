@@ -24,6 +24,8 @@ def _listen(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str
 @click.option("--catalogs", "catalogs_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="The catalog directory the static endpoints' models are in; followed for edits.")
 @click.option("--token", envvar="LLMGW_TOKEN", help="Bearer token for the controller's API. [env: LLMGW_TOKEN]")
+@click.option("--token-file", type=click.File("r"), metavar="FILE",
+              help="Read the controller's bearer token from FILE (keeps it out of the process list).")
 @click.option("--poll-interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
               help="Seconds between reads of each engine's /metrics.")
 @click.option("--cold-timeout", type=click.FloatRange(min=0), default=120.0, show_default=True,
@@ -42,7 +44,7 @@ def _listen(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str
               show_default=True)
 @log_format_option
 def command(listen: tuple[str, int], controller: str | None, endpoints_file: str | None, catalogs_dir: str | None,
-            token: str | None, poll_interval: float, cold_timeout: float, cold_queue: int, max_body_bytes: int,
+            token: str | None, token_file, poll_interval: float, cold_timeout: float, cold_queue: int, max_body_bytes: int,
             api_keys: str | None, max_connections_per_client: int, access_log: bool, log_level: str,
             log_format: str) -> None:
     """Serve the OpenAI-compatible API, routing each request to a ready, lightly loaded replica."""
@@ -50,6 +52,12 @@ def command(listen: tuple[str, int], controller: str | None, endpoints_file: str
         raise click.UsageError("use either --controller or --endpoints with --catalogs, not both")
     if not controller and not (endpoints_file and catalogs_dir):
         raise click.UsageError("give --controller URL, or both --endpoints FILE and --catalogs DIR")
+    if token_file is not None:
+        if token:
+            raise click.UsageError("use either --token (or $LLMGW_TOKEN) or --token-file, not both")
+        token = token_file.read().strip()
+        if not token:
+            raise click.BadParameter(f"{token_file.name} is empty", param_hint="--token-file")
     setup_logging(0, log_format, level=log_level)
 
     from ..catalog import CatalogError

@@ -11,6 +11,8 @@ and reporting usage. Its modules:
     poller     /metrics polling into the balancer
     coldstart  the bounded wait for a cold model, and the Waker protocol
     errors     OpenAI-shaped error responses
+    auth       optional API keys: 401 / 403 / 429, the key file and its watcher
+    limits     input limits: JSON depth, per-address connections, server options
     server     Router (set_endpoints, set_catalog, usage_snapshot) and its aiohttp app
     static     the static endpoint file (`llmgwctl router --endpoints FILE`)
     watch      following a controller's watch stream (`llmgwctl router --controller URL`)

@@ -123,7 +123,7 @@ def test_agents_with_their_token_join_and_with_a_wrong_one_do_not(fleet):
 
 
 def test_a_standalone_router_follows_with_the_agent_token(fleet):
-    url = fleet.start_router("--token", AGENT)
+    url = fleet.start_router("--token-file", str(fleet.root / "agent.token"))
     wait_until(lambda: requests.post(url + "/v1/chat/completions", timeout=30, json={
         "model": "tok-model", "messages": [{"role": "user", "content": "hi"}]}).status_code == 200,
         "a reply through the standalone router")
