@@ -19,6 +19,7 @@ node then shows smollm2 as unplaceable, with the reason and the fix.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -28,7 +29,9 @@ from pathlib import Path
 import openai
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
+from llmgwctl.catalog import load_dir
 from llmgwctl.engines import LaunchError, LoadReading, driver_for, parse_load
 from llmgwctl.engines.llamacpp import resolve_gguf
 
@@ -53,8 +56,6 @@ def need(ok: bool, reason: str) -> None:
 
 def bundled_source() -> str:
     """The smollm2 source exactly as the bundled catalog writes it, so the skip checks what serve will load."""
-    from llmgwctl.catalog import load_dir
-
     model = load_dir(str(REPO / "catalogs")).resolve(MODEL)
     (profile,) = model.profiles
     return profile.source or model.source
@@ -69,6 +70,21 @@ def status_cli(fleet: Fleet, *args: str) -> subprocess.CompletedProcess:
     """`llmgwctl status` as a user types it in another terminal."""
     return subprocess.run([sys.executable, "-m", "llmgwctl", "status", "--controller", fleet.control, *args],
                           capture_output=True, text=True, timeout=60)
+
+
+def router_metrics(fleet: Fleet, endpoint: str) -> dict[str, float]:
+    """The router's own view of one endpoint, from its /metrics: requests in flight, age of its load reading."""
+    found = {"inflight": math.nan, "age": math.inf}
+    text = requests.get(fleet.router + "/metrics", timeout=5).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("endpoint") != endpoint:
+                continue
+            if sample.name == "llmgw_router_inflight_requests":
+                found["inflight"] = sample.value
+            elif sample.name == "llmgw_router_endpoint_metrics_age_seconds":
+                found["age"] = sample.value
+    return found
 
 
 def model_status(fleet: Fleet) -> dict:
@@ -89,7 +105,7 @@ def served(tmp_path_factory):
         fleet.start_serve("--settle", "2")
 
         def smollm2_ready():
-            failed = [r for r in fleet.replicas(MODEL, "failed")]
+            failed = fleet.replicas(MODEL, "failed")
             if failed:
                 pytest.fail(f"smollm2 failed to start: {failed[0]['reason']}\n{fleet.log('serve')[-3000:]}")
             return fleet.ready(MODEL)
@@ -164,7 +180,12 @@ def test_router_load_reading_comes_from_llama_servers_real_metrics(served):
         busy = wait_until(lambda: (r := reading()) is not None and r.running >= 1 and r,
                           "llama-server reporting the routed request as running", every=0.02)
         assert busy.waiting == 0 and busy.kv_cache is None
-        # The router's own count for the same endpoint agrees that it carries the request.
+        # The router's side: it counts the request on that endpoint, and its
+        # poller has stored a load reading for it -- the age gauge is finite only
+        # once the llamacpp adapter returned one from this engine's real page.
+        router = wait_until(lambda: (m := router_metrics(served, replica["id"]))["age"] < math.inf and m,
+                            "the router holding a load reading for the llama-server endpoint")
+        assert router["inflight"] == 1
         assert next(r for r in served.status()["replicas"] if r["id"] == replica["id"])["inflight"] == 1
     finally:
         stream.close()
