@@ -175,6 +175,16 @@ class Fleet:
         return pids
 
     def close(self) -> None:
+        # Whatever launches engines goes first (agents, and serve's local agent):
+        # one still running could start an engine -- restarting one it saw die --
+        # between the sweep's listing of marked processes and its kill.
+        for proc in [*self.agents.values(), self.controller]:
+            if proc is not None and proc.poll() is None:
+                proc.kill()     # SIGKILL ends a SIGSTOPped process too
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
         for sig in (signal.SIGCONT, signal.SIGKILL):
             for pid in self.marked_pids():
                 try:
@@ -187,5 +197,10 @@ class Fleet:
                     proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     pass
+        # Engines are not our children: give the kernel a moment to finish them
+        # (bounded), so a caller checking marked_pids() sees them gone.
+        end = time.monotonic() + 10
+        while self.marked_pids() and time.monotonic() < end:
+            time.sleep(0.05)
         for log in self._logs:
             log.close()
