@@ -43,8 +43,14 @@ would grow without end). No request ids, keys or client addresses.
 Hot-path cost: the router asks for an `EndpointMetrics` once per request (a
 dict lookup) and calls `done()`, which increments a pre-bound counter child and
 observes three pre-bound histogram children; no label dict is built per
-request. Everything that is a level (in flight, queue length, staleness) is
-read from the router's own state when scraped and costs requests nothing.
+request. Those children are `_Count` / `_Hist` below, not prometheus_client's:
+the router updates and scrapes them only on its event loop thread, so they
+need no lock, and an observation is a bisect and two additions (about 0.3 us)
+where prometheus_client's takes a lock per bucket and sum (1-3 us, three of
+them per request). Everything that is a level (in flight, queue length,
+staleness) is read from the router's own state when scraped and costs
+requests nothing. Rare events (cold waits, refused connections, key reloads)
+use prometheus_client directly.
 
 It must not change what it observes, and it knows only the narrow read-only
 views handed to it (`RouterProbe`, a status callable).
@@ -54,12 +60,13 @@ from __future__ import annotations
 import math
 import re
 import time
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client import ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 __all__ = ["CONTENT_TYPE_LATEST", "ControlMetrics", "EndpointMetrics", "RouterMetrics", "RouterProbe",
            "render", "usage_tokens"]
@@ -122,6 +129,83 @@ class RouterProbe:
     clock: Callable[[], float] = time.monotonic
 
 
+class _Count:
+    """A counter child updated only on the event loop thread."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+
+class _Hist:
+    """A histogram child updated only on the event loop thread: counts per bucket (last: +Inf) and the sum."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        # bisect_left: the first bound >= value, Prometheus' "le" bucket.
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+
+class _Family:
+    """Children of one loop-local metric by label values; exported by `_LocalCollector` at scrape time."""
+
+    def __init__(self, name: str, help_: str, labels: tuple[str, ...], buckets: tuple[float, ...] | None = None):
+        self.name, self.help, self.labelnames, self.buckets = name, help_, labels, buckets
+        self.children: dict[tuple[str, ...], Any] = {}
+
+    def labels(self, *values: str) -> Any:
+        child = self.children.get(values)
+        if child is None:
+            child = self.children[values] = _Hist(self.buckets) if self.buckets is not None else _Count()
+        return child
+
+    def remove(self, *values: str) -> None:
+        self.children.pop(values, None)
+
+    def collect(self):
+        if self.buckets is None:
+            fam = CounterMetricFamily(self.name, self.help, labels=self.labelnames)
+            for values, child in list(self.children.items()):
+                fam.add_metric(values, child.value)
+            return fam
+        fam = HistogramMetricFamily(self.name, self.help, labels=self.labelnames)
+        for values, child in list(self.children.items()):
+            cumulative, total = [], 0
+            for bound, n in zip(self.buckets, child.counts):
+                total += n
+                cumulative.append((_le(bound), total))
+            total += child.counts[-1]
+            cumulative.append(("+Inf", total))
+            fam.add_metric(values, cumulative, child.sum)
+        return fam
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+class _LocalCollector:
+    def __init__(self, families: list[_Family]):
+        self.families = families
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        return [f.collect() for f in self.families]
+
+
 class _ModelMetrics:
     __slots__ = ("duration", "ttfb", "tokens_in", "tokens_out")
 
@@ -167,17 +251,18 @@ class RouterMetrics:
 
     def __init__(self, probe: RouterProbe | None = None, *, process: bool = True):
         r = self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("llmgw_router_requests", "Requests answered by the router, by model, endpoint "
-                                "(empty when none was chosen) and HTTP status.", ("model", "endpoint", "code"),
-                                registry=r)
-        self.duration = Histogram("llmgw_router_request_duration_seconds", "Arrival to last byte sent.",
-                                  ("model",), buckets=DURATION_BUCKETS, registry=r)
-        self.ttfb = Histogram("llmgw_router_time_to_first_byte_seconds", "Arrival to the first body byte sent "
-                              "(a stream's first chunk).", ("model",), buckets=DURATION_BUCKETS, registry=r)
-        self.overhead = Histogram("llmgw_router_overhead_seconds", "Time spent in the router itself, upstream "
-                                  "time excluded (up to the response headers).", buckets=OVERHEAD_BUCKETS, registry=r)
-        self.tokens = Counter("llmgw_router_tokens", "Tokens the engines reported in `usage`, in (prompt) and "
-                              "out (completion).", ("model", "direction"), registry=r)
+        self.requests = _Family("llmgw_router_requests", "Requests answered by the router, by model, endpoint "
+                                "(empty when none was chosen) and HTTP status.", ("model", "endpoint", "code"))
+        self.duration = _Family("llmgw_router_request_duration_seconds", "Arrival to last byte sent.",
+                                ("model",), DURATION_BUCKETS)
+        self.ttfb = _Family("llmgw_router_time_to_first_byte_seconds", "Arrival to the first body byte sent "
+                            "(a stream's first chunk).", ("model",), DURATION_BUCKETS)
+        overhead = _Family("llmgw_router_overhead_seconds", "Time spent in the router itself, upstream "
+                           "time excluded (up to the response headers).", (), OVERHEAD_BUCKETS)
+        self.overhead = overhead.labels()
+        self.tokens = _Family("llmgw_router_tokens", "Tokens the engines reported in `usage`, in (prompt) and "
+                              "out (completion).", ("model", "direction"))
+        r.register(_LocalCollector([self.requests, self.duration, self.ttfb, overhead, self.tokens]))
         self.cold_wait = Histogram("llmgw_router_cold_wait_seconds", "Time requests waited for a cold model's "
                                    "first replica.", ("model", "outcome"), buckets=COLD_WAIT_BUCKETS, registry=r)
         self.refused = Counter("llmgw_router_connections_refused", "Connections closed by the router's input "
@@ -218,10 +303,7 @@ class RouterMetrics:
         for key in [k for k in self._endpoints if k[1] not in keep]:
             em = self._endpoints.pop(key)
             for code in em.codes():
-                try:
-                    self.requests.remove(key[0], key[1], code)
-                except KeyError:
-                    pass
+                self.requests.remove(key[0], key[1], code)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
