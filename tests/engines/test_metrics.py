@@ -1,10 +1,9 @@
 """Metrics adapters against real engines' /metrics pages.
 
-The pages are read from the shared fixtures (`../shared/fixtures/metrics/`
-beside the repo, where CI puts a copy of shared/), not copied here: that
-directory's README records where each page came from, and one copy keeps
-the provenance and the bytes together. Expected numbers are the ones its
-README states for each page.
+The pages are byte-for-byte copies of the team's shared fixtures, kept in
+`fixtures/metrics/` beside this file with the README that records where each
+page came from, so a fresh clone runs these tests without anything beside
+it. Expected numbers are the ones that README states for each page.
 """
 from __future__ import annotations
 
@@ -15,13 +14,13 @@ import pytest
 
 from llmgwctl.engines import BUILTIN_DRIVERS, LoadReading, parse_load
 
-FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "metrics"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "metrics"
 
 
 def page(name: str) -> str:
     path = FIXTURES / name
     if not path.is_file():
-        pytest.fail(f"metrics fixture {path} is missing: the tests expect shared/ beside the repo clone")
+        pytest.fail(f"metrics fixture {path} is missing")
     return path.read_text()
 
 
