@@ -381,7 +381,9 @@ class Router:
         clock = self._clock
         tried: tuple[EndpointState, ...] = ()
         failure = "no endpoint left to try"
-        for _ in range(self.config.max_attempts):
+        attempts, held = self.config.max_attempts, False
+        while attempts:
+            attempts -= 1
             state.inflight += 1
             state.last_used = clock()
             try:
@@ -421,6 +423,22 @@ class Router:
                 state.last_used = clock()
             tried += (state,)
             state = balancer.pick(model, tried)
+            if state is None and not held and self.cold.can_wait:
+                # Every endpoint of the model refused the connection: its engines
+                # are down -- the one replica crashed, say, and its agent is
+                # restarting it. That is missing capacity for a few seconds, as in
+                # a cold start, so wait as for one (bounded by the cold timeout)
+                # for an endpoint not tried yet -- the restarted replica joins
+                # anew once healthy -- rather than answer 502 for a gap that heals.
+                held, wait_from = True, perf_counter()
+                try:
+                    state = await self.cold.wait(model, lambda: balancer.pick(model, tried))
+                except QueueFull:
+                    return self._refuse(request, t0, errors.queue_full(model, self.cold.max_waiting), model, api_key)
+                except ColdTimeout:
+                    return self._refuse(request, t0, errors.cold_timeout(model, self.cold.timeout), model, api_key)
+                skip += perf_counter() - wait_from
+                attempts = max(attempts, 1)     # the endpoint that came back gets its try
             if state is None:
                 break
         return self._refuse(request, t0, errors.upstream_failed(model, failure), model, api_key)
