@@ -59,3 +59,32 @@ def test_engine_sigkill_mid_stream_ends_that_stream_with_an_error_and_costs_noth
     assert b'"error"' in tail and not tail.rstrip().endswith(b"data: [DONE]"), tail[-300:]
     assert load.failures(after) == [], load.failures(after)[:5]
     assert back[0]["restarts"] == 1
+
+
+SOLO = """\
+apiVersion: llmgw/v1
+kind: Catalog
+models:
+  - name: solo
+    profiles: [{name: cpu, engine: fake, gpus: 0}]
+"""
+
+
+def test_the_only_engine_of_a_model_killed_costs_its_clients_a_wait_not_an_error(fleet, figure):
+    """With one replica there is nowhere else to go: requests wait for the restart, as for a cold start."""
+    (fleet.catalogs / "models.yaml").write_text(SOLO)
+    fleet.start_controller()
+    fleet.start_agent("n1", "none")
+    (victim,) = wait_until(lambda: fleet.ready("solo"), "solo ready")
+    with SteadyLoad(fleet.router, ["solo"], workers=3) as load:
+        load.wait_for(10)
+        os.kill(victim["pid"], signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_until(lambda: [r for r in fleet.ready("solo") if r["pid"] != victim["pid"]], "solo restarted and ready")
+        recovered = time.monotonic() - killed_at
+        load.wait_for(10)
+    after = load.since(killed_at)
+    slowest = max(o.ended - o.started for o in after)
+    figure(f"the only replica killed: after the kill {summary(after)}, slowest {slowest:.1f} s; "
+           f"back ready in {recovered:.1f} s")
+    assert load.failures(after) == [], load.failures(after)[:5]
