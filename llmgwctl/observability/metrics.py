@@ -6,7 +6,8 @@ API). Both include the process collector (CPU, memory, open fds).
 
 Router (hot path first):
 
-    llmgw_router_requests_total{model,endpoint,code}          counter
+    llmgw_router_requests_total{model,endpoint,code}          counter; code is the status the client got,
+                                                              499 when it left mid-stream (nginx's convention)
     llmgw_router_request_duration_seconds{model}              histogram, arrival to last byte sent
     llmgw_router_time_to_first_byte_seconds{model}            histogram, arrival to first body byte sent
     llmgw_router_overhead_seconds                             histogram, time in the router excluding upstream
@@ -217,30 +218,44 @@ class _ModelMetrics:
 
 
 class EndpointMetrics:
-    """Pre-bound children for one (model, endpoint): what a request served there records."""
+    """Pre-bound children for one (model, endpoint): what a request served there records.
 
-    __slots__ = ("_counter", "_model", "_endpoint", "_codes", "_m", "_overhead")
+    `done` is the whole per-request cost of metrics, so the observations are
+    written out rather than calls to `_Hist.observe`: it runs once per request.
+    """
+
+    __slots__ = ("_counter", "_model", "_endpoint", "_codes", "_duration", "_ttfb", "_in", "_out", "_overhead")
 
     def __init__(self, metrics: "RouterMetrics", model: str, endpoint: str):
         self._counter = metrics.requests
         self._model, self._endpoint = model, endpoint
         self._codes: dict[int, Any] = {}
-        self._m = metrics.model(model)
+        m = metrics.model(model)
+        self._duration, self._ttfb, self._in, self._out = m.duration, m.ttfb, m.tokens_in, m.tokens_out
         self._overhead = metrics.overhead
 
-    def done(self, code: int, duration: float, ttfb: float, overhead: float) -> None:
+    def done(self, code: int, duration: float, ttfb: float, overhead: float,
+             usage: tuple[int, int] | None = None) -> None:
         child = self._codes.get(code)
         if child is None:
             child = self._codes[code] = self._counter.labels(self._model, self._endpoint, str(code))
-        child.inc()
-        m = self._m
-        m.duration.observe(duration)
-        m.ttfb.observe(ttfb)
-        self._overhead.observe(overhead)
+        child.value += 1
+        h = self._duration
+        h.counts[bisect_left(h.bounds, duration)] += 1
+        h.sum += duration
+        h = self._ttfb
+        h.counts[bisect_left(h.bounds, ttfb)] += 1
+        h.sum += ttfb
+        h = self._overhead
+        h.counts[bisect_left(h.bounds, overhead)] += 1
+        h.sum += overhead
+        if usage is not None:
+            self._in.value += usage[0]
+            self._out.value += usage[1]
 
     def tokens(self, usage: tuple[int, int]) -> None:
-        self._m.tokens_in.inc(usage[0])
-        self._m.tokens_out.inc(usage[1])
+        self._in.value += usage[0]
+        self._out.value += usage[1]
 
     def codes(self) -> tuple[str, ...]:
         return tuple(str(c) for c in self._codes)

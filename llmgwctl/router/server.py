@@ -470,8 +470,6 @@ class Router:
             r1 = perf_counter()
             self.balancer.succeeded(state)
             usage = usage_tokens(data)
-            if usage is not None:
-                em.tokens(usage)
             status = upstream.status
             now = perf_counter()
             overhead = (up0 - t0) + (r0 - up1) + (now - r1)
@@ -479,7 +477,7 @@ class Router:
             # A whole reply is handed to aiohttp in one piece: its first byte and
             # its last leave together.
             elapsed = now - t0
-            em.done(status, elapsed, elapsed, overhead)
+            em.done(status, elapsed, elapsed, overhead, usage)
             if self.config.access_log and access_log.isEnabledFor(logging.INFO):
                 self._log_access(request, status, state.endpoint.model, state.replica_id, elapsed, api_key, overhead)
             return web.Response(status=status, body=data, headers=headers)
