@@ -138,9 +138,10 @@ async def report_loop(client: ControllerClient, report: Callable[[], dict[str, A
 async def desired_loop(client: ControllerClient, agent: DesiredSink, stop: asyncio.Event) -> None:
     """Long-poll the node's desired replicas and hand every new list to the agent.
 
-    Any version other than ours counts as new, not only a greater one: a
-    restarted controller counts from 1 again, and waiting for it to pass our
-    old number would freeze this node.
+    Any version other than ours counts as new, not only a greater one:
+    versions come from the controller's clock, and one whose clock stepped
+    back (or an older controller, counting from 1 after every restart) would
+    otherwise freeze this node until it passed our old number.
     """
     version = 0
     retry = Backoff(initial=RETRY_INITIAL, cap=RETRY_CAP)

@@ -2,8 +2,10 @@
 
 The reconciler writes a node's list only when it changed; an agent's
 `GET .../desired?after=V` is answered at once when the node's version differs
-from V (a restarted controller counts from 1 again, and agents take any
-different version as news), otherwise when it changes or after a timeout.
+from V (agents take any different version as news), otherwise when it changes
+or after a timeout. Versions start from the controller's start time in
+milliseconds, so a restarted controller never hands out a version an agent
+still holds from the previous one.
 
 A node's list is not served at all until the reconciler has set it once: an
 agent takes its first answer as the whole truth, so answering before its
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from typing import Iterable
 
 from ..engines.spec import ReplicaSpec
@@ -23,8 +26,13 @@ LONG_POLL = 30.0
 
 
 class DesiredStore:
-    def __init__(self) -> None:
-        self._versions = itertools.count(1)
+    def __init__(self, first_version: int | None = None) -> None:
+        # Not 1 but this process's start time in ms (tests may pin it): an agent
+        # ignores a version equal to the one it holds, and a restarted controller
+        # counting from 1 again handed it exactly that number with a different
+        # list -- without a model removed while the controller was down -- so
+        # the removed model's engine ran on, unwatched by anyone, for good.
+        self._versions = itertools.count(first_version if first_version is not None else int(time.time() * 1000))
         self._lists: dict[str, tuple[int, tuple[ReplicaSpec, ...], str]] = {}
         self._changed: dict[str, asyncio.Event] = {}
 

@@ -306,7 +306,7 @@ def test_unplaceable_model_gets_a_reason():
 def test_desired_long_poll_answers_at_once_when_versions_differ(after):
     import asyncio
 
-    store = DesiredStore()
+    store = DesiredStore(first_version=1)
     store.set("n1", ())
 
     async def go():
