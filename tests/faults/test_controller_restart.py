@@ -15,6 +15,7 @@ import requests
 from tests.e2e.fleet import wait_until
 
 from .load import SteadyLoad, summary
+from .test_agent_stop import alive
 
 CATALOG = """\
 apiVersion: llmgw/v1
@@ -101,3 +102,42 @@ def test_controller_restart_behind_a_standalone_router_costs_clients_nothing(fle
     assert None not in held.seen and min(held.seen) == len(before["replicas"]), held.seen
     assert restarts == 0
     assert after == before
+
+
+def test_catalog_edited_while_the_controller_is_down_is_carried_out_after_its_restart(fleet, figure):
+    """A `git pull` while the controller restarts: one model removed, one added.
+
+    The new controller adopts what still belongs, starts what is new, and has
+    the removed model's engine stopped -- the agent must take the new list even
+    though it still holds a version number from the controller's previous life.
+    """
+    (fleet.catalogs / "models.yaml").write_text(CATALOG)
+    (fleet.catalogs / "gone.yaml").write_text(
+        "apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n  - name: gone\n    profiles: [{name: cpu, engine: fake, gpus: 0}]\n")
+    fleet.start_controller()
+    fleet.start_agent("n1", "2xA100-80GB", "a100")
+    fleet.start_agent("n2", "none")
+    wait_until(lambda: len(fleet.ready("talk")) == 2 and fleet.ready("big") and fleet.ready("gone"), "every replica ready")
+    before = {r["id"]: r["pid"] for r in fleet.replicas() if r["model"] != "gone"}
+    (gone,) = fleet.ready("gone")
+    router = fleet.start_router()
+    with SteadyLoad(router, ["talk", "big"], workers=2) as load:
+        load.wait_for(10)
+        fleet.kill_controller(signal.SIGKILL)
+        (fleet.catalogs / "gone.yaml").unlink()
+        (fleet.catalogs / "more.yaml").write_text(
+            "apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n"
+            "  - name: fresh\n    replicas: 2\n    profiles: [{name: cpu, engine: fake, gpus: 0}]\n")
+        started = time.monotonic()
+        fleet.start_controller()
+        wait_until(lambda: len(fleet.ready("fresh")) == 2, "the model added while the controller was down ready")
+        added = time.monotonic() - started
+        wait_until(lambda: not alive(gone["pid"]), "the engine of the model removed while the controller was down stopped")
+        removed = time.monotonic() - started
+        load.wait_for(10)
+    kept = {r["id"]: r["pid"] for r in fleet.replicas() if r["model"] != "fresh"}
+    figure(f"catalog edited while the controller was down: added model ready {added:.1f} s and removed model's "
+           f"engine stopped {removed:.1f} s after the restart; {len(kept)} of {len(before)} replicas kept with their "
+           f"processes; {summary(load.outcomes)}")
+    assert kept == before
+    assert load.failures() == [], load.failures()[:5]
