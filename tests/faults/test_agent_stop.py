@@ -6,7 +6,6 @@ router, after the replace grace replacements start on another node. When the
 agent is continued (SIGCONT) it gets an empty list and stops what it ran:
 no duplicate survives, in the status or as a process.
 """
-import os
 import signal
 import time
 

@@ -33,13 +33,13 @@ STALL = 25.0
 # The soft limit on open files many Linux systems start processes with.
 USUAL_NOFILE = 1024
 
-CATALOG = f"""\
+CATALOG = """\
 apiVersion: llmgw/v1
 kind: Catalog
 models:
   - name: talk
     replicas: 2
-    profiles: [{{name: cpu, engine: fake, gpus: 0, args: [--max-num-seqs, "1024", --tokens-per-second, "4"]}}]
+    profiles: [{name: cpu, engine: fake, gpus: 0, args: [--max-num-seqs, "1024", --tokens-per-second, "4"]}]
 """
 
 
