@@ -38,6 +38,8 @@ def _listen(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str
               help="Require API keys (YAML: name, sha256, models, rpm); followed for edits. Without it the router is open.")
 @click.option("--max-connections-per-client", type=click.IntRange(min=0), default=256, show_default=True,
               help="Open connections one client address may hold; 0 for no limit (behind a load balancer).")
+@click.option("--upstream-idle-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+              help="Seconds an engine may send nothing before the request ends (504, or an error event); 0: never.")
 @click.option("--access-log/--no-access-log", default=True, show_default=True,
               help="One line per request on the llmgw.access log (at info level).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
@@ -45,7 +47,7 @@ def _listen(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str
 @log_format_option
 def command(listen: tuple[str, int], controller: str | None, endpoints_file: str | None, catalogs_dir: str | None,
             token: str | None, token_file, poll_interval: float, cold_timeout: float, cold_queue: int, max_body_bytes: int,
-            api_keys: str | None, max_connections_per_client: int, access_log: bool, log_level: str,
+            api_keys: str | None, max_connections_per_client: int, upstream_idle_timeout: float, access_log: bool, log_level: str,
             log_format: str) -> None:
     """Serve the OpenAI-compatible API, routing each request to a ready, lightly loaded replica."""
     if controller and (endpoints_file or catalogs_dir):
@@ -68,6 +70,7 @@ def command(listen: tuple[str, int], controller: str | None, endpoints_file: str
 
     config = RouterConfig(poll_interval=poll_interval, cold_timeout=cold_timeout, cold_queue=cold_queue,
                           max_body_bytes=max_body_bytes, max_connections_per_client=max_connections_per_client,
+                          upstream_idle_timeout=upstream_idle_timeout,
                           access_log=access_log)
     _raise_fd_limit()
     host, port = listen

@@ -14,7 +14,14 @@ What bounds what (defaults and their reasons are in `RouterConfig`):
 - JSON nesting: `check_depth` (-> 400) before anything walks the document;
 - connections per client address: `ConnectionGuard`, installed on the aiohttp
   server: the connection past the limit is answered 429 and closed at once,
-  so one address cannot hold every socket the router has.
+  so one address cannot hold every socket the router has;
+- a streaming client that stops reading: `client_write_timeout`, then the
+  connection is aborted and the engine's slot freed (server.py);
+- an engine that goes silent: `upstream_idle_timeout` (aiohttp's sock_read),
+  504 before the reply starts, an error event in a stream.
+
+Not here: the control API's long-polls are capped by the control API itself
+(30 s, `reconciler.LONG_POLL`), and its body size by `MAX_APPLY_BYTES`.
 
 A request to the router costs the strangers nothing they can multiply: every
 wait is bounded in time, every buffer in size, and the number of both per

@@ -108,6 +108,11 @@ class RouterConfig:
     # error event): a non-streamed generation sends nothing until it is done,
     # and 32k tokens at 60 tok/s is about 9 minutes.
     upstream_idle_timeout: float = 600.0
+    # A streaming client that reads nothing for this long is cut off and the
+    # engine's slot freed: a stranger must not hold a GPU slot by not reading.
+    # 60 s is far past any pause a live reader makes (a mobile client changing
+    # networks), and the check costs nothing while the client keeps up.
+    client_write_timeout: float = 60.0
     # One line per request on the `llmgw.access` logger (at INFO).
     access_log: bool = True
 
@@ -132,6 +137,9 @@ _UPSTREAM_HEADERS = {"Content-Type": "application/json"}
 # connection was refused, reset, or never completed.
 _CONNECT_ERRORS = (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, aiohttp.ServerTimeoutError)
 _EVENT_STREAM = "text/event-stream"
+# Well under asyncio's and uvloop's 64 KiB write high-water mark; SSE events are
+# a few hundred bytes, so only bursts take the timed path.
+_SMALL_WRITE = 16384
 
 
 class Router:
@@ -491,12 +499,19 @@ class Router:
         await resp.prepare(request)
         self.balancer.succeeded(state)
         write = resp.write
+        transport = request.transport
         first = 0.0
         try:
             # iter_any yields whatever bytes arrived, as soon as they arrive: no
             # line splitting, no re-encoding, no waiting for a full event.
             async for chunk in upstream.content.iter_any():
-                await write(chunk)
+                # A write can block only when it leaves the client's socket
+                # backlogged past the transport's high-water mark (64 KiB): a
+                # small chunk onto an empty backlog never does.
+                if transport is not None and (transport.get_write_buffer_size() or len(chunk) > _SMALL_WRITE):
+                    await self._write_to_slow_reader(write, chunk, transport)
+                else:
+                    await write(chunk)
                 if not first:
                     first = perf_counter()
                 if b'"usage"' in chunk:     # the last chunk, when the client asked for usage
@@ -528,12 +543,36 @@ class Router:
         self._stream_done(request, em, status, t0, first, overhead, state, api_key)
         return resp
 
+    async def _write_to_slow_reader(self, write, chunk: bytes, transport) -> None:
+        """A write while the client has unread bytes queued: bounded by client_write_timeout.
+
+        Only this path pays for a timer; a client that keeps up has no backlog
+        when the next chunk comes, and events are small. Past the timeout the connection is
+        aborted and ConnectionResetError raised, so the stream ends as a client
+        that left (499) and the caller closes the upstream request.
+        """
+        timeout = self.config.client_write_timeout
+        if not timeout:
+            await write(chunk)
+            return
+        try:
+            await asyncio.wait_for(write(chunk), timeout)
+        except asyncio.TimeoutError:
+            log.warning("a streaming client at %s read nothing for %g s; dropping it", request_peer(transport), timeout)
+            transport.abort()
+            raise ConnectionResetError("client stopped reading") from None
+
     def _stream_done(self, request: web.Request, em, status: int, t0: float, first: float, overhead: float,
                      state: EndpointState, api_key: "keyauth.ApiKey | None") -> None:
         now = perf_counter()
         em.done(status, now - t0, (first or now) - t0, overhead)
         if self.config.access_log and access_log.isEnabledFor(logging.INFO):
             self._log_access(request, status, state.endpoint.model, state.replica_id, now - t0, api_key, overhead)
+
+
+def request_peer(transport) -> str:
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    return str(peer[0]) if peer else "?"
 
 
 async def start(router: Router, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, int]:

@@ -199,3 +199,25 @@ def test_a_silent_engine_ends_the_request_at_the_idle_timeout(engines, routers):
     r = requests.post(rt.url + "/v1/chat/completions", json=BODY, timeout=30)
     assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
     assert rt.call(rt.router.usage_snapshot)["lim-silent"][1] == 0      # nothing left in flight
+
+
+def test_a_streaming_client_that_stops_reading_is_dropped_and_frees_the_engine(engines, routers):
+    engine = engines(MODEL, "lim-stream")
+    rt = routers(make_router(catalog((MODEL, ())), client_write_timeout=1.0))
+    rt.set_endpoints([engine.endpoint()])
+    host, port = rt.url.rsplit("/", 1)[-1].split(":")
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)     # fills at once when nobody reads
+    s.connect((host, int(port)))
+    body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 2_000_000, "ignore_eos": True, "stream": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    try:
+        inflight = lambda: rt.call(rt.router.usage_snapshot)["lim-stream"][1]     # noqa: E731
+        wait_until(lambda: inflight() == 1, 10, what="the stream to start")
+        assert ok(rt.url)                                   # served meanwhile
+        # Never read: the router gives up on this client and lets go of the engine.
+        wait_until(lambda: inflight() == 0, 60, what="the non-reading client to be dropped")
+        assert engine.load().running == 0
+    finally:
+        s.close()
