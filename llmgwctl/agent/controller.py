@@ -114,7 +114,14 @@ async def _sleep_unless(stop: asyncio.Event, seconds: float, wake: asyncio.Event
 async def report_loop(client: ControllerClient, report: Callable[[], dict[str, Any]], changed: asyncio.Event,
                       stop: asyncio.Event, heartbeat: float = HEARTBEAT) -> None:
     """POST the report on every change and at least every `heartbeat` seconds."""
-    retry = Backoff(initial=RETRY_INITIAL, cap=RETRY_CAP)
+    # Retries of a report wait at most one heartbeat, not RETRY_CAP: a restarted
+    # controller adopts for a settling window of about three heartbeats and
+    # then treats a node it has not heard from as running nothing -- a node
+    # still backing off after a longer outage got duplicates of its replicas
+    # started elsewhere. Retrying at the heartbeat rate costs a controller that
+    # is down no more than this agent's heartbeats cost it when it is up.
+    initial, cap = min(RETRY_INITIAL, heartbeat), min(RETRY_CAP, heartbeat)
+    retry = Backoff(initial=initial, cap=cap)
     failing = False
     while not stop.is_set():
         changed.clear()
@@ -123,7 +130,7 @@ async def report_loop(client: ControllerClient, report: Callable[[], dict[str, A
         except ControllerError as exc:
             delay = retry.failure()
             if not failing:
-                log.warning("%s; retrying (every %.0f-%.0fs) -- engines keep running", exc, RETRY_INITIAL, RETRY_CAP)
+                log.warning("%s; retrying (every %.1f-%.1fs) -- engines keep running", exc, initial, cap)
             failing = True
             # A change does not cut a retry delay short: that would hammer a controller that is down.
             await _sleep_unless(stop, delay)
