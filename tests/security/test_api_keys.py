@@ -199,3 +199,31 @@ def test_a_router_with_an_invalid_key_file_does_not_start(tmp_path):
                              "--api-keys", str(tmp_path / "keys.yaml")], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "listening" not in result.stdout
     assert "keys[0].sha256: required" in result.stderr
+
+
+def test_serve_loads_the_keys_before_its_router_answers(tmp_path):
+    from tests.e2e.fleet import Fleet
+
+    fleet = Fleet(tmp_path / "fleet")
+    (fleet.catalogs / "m.yaml").write_text(
+        f"apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n  - name: {MODEL}\n    aliases: [qwen]\n    source: org/m\n"
+        "    profiles: [{name: default, engine: fake, gpus: 0}]\n")
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(keys_yaml(("team-b", KEY_B, ["qwen"], 100)))
+    try:
+        fleet.start_controller("--api-keys", str(keys))
+        wait_until(lambda: _status(fleet.router + "/healthz") == 200, 30, what="the router")
+        assert _status(fleet.router + "/v1/models") == 401
+        listed = requests.get(fleet.router + "/v1/models", headers={"Authorization": f"Bearer {KEY_B}"}, timeout=10)
+        assert {m["id"] for m in listed.json()["data"]} == {MODEL, "qwen"}
+        assert chat(fleet.router, None).status_code == 401
+        assert chat(fleet.router, KEY_B, "other").status_code == 403
+    finally:
+        fleet.close()
+
+
+def _status(url: str) -> int:
+    try:
+        return requests.get(url, timeout=5).status_code
+    except requests.RequestException:
+        return 0
