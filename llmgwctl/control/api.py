@@ -57,6 +57,18 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", **ext
     return web.json_response(body, status=status)
 
 
+@web.middleware
+async def _undecodable_body(request: web.Request, handler):
+    # A body that says Content-Encoding: gzip (or deflate) and does not
+    # decompress fails inside request.json(); it is the client's error, which
+    # aiohttp would answer 500. One place for every handler that reads a body.
+    try:
+        return await handler(request)
+    except web.RequestPayloadError:
+        return _error(400, f"the request body could not be decoded as its Content-Encoding "
+                           f"({request.headers.get('Content-Encoding', 'none')}) says; send it uncompressed")
+
+
 def _after(request: web.Request) -> int | None:
     raw = request.query.get("after")
     if raw in (None, ""):
@@ -87,7 +99,8 @@ class ControlAPI:
     def app(self) -> web.Application:
         requests = self.metrics.requests
         app = web.Application(client_max_size=MAX_APPLY_BYTES,
-                              middlewares=[self.auth.middleware(lambda route, code: requests.labels(route, str(code)).inc())])
+                              middlewares=[self.auth.middleware(lambda route, code: requests.labels(route, str(code)).inc()),
+                                           _undecodable_body])
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/metrics", self.get_metrics)
         app.router.add_get("/readyz", self.readyz)

@@ -325,6 +325,13 @@ class Router:
                 body = await asyncio.wait_for(request.read(), cfg.body_timeout)
         except web.HTTPRequestEntityTooLarge:
             return self._refuse(request, t0, errors.too_large(limit), api_key=api_key)
+        except web.RequestPayloadError:
+            # The body says Content-Encoding: gzip (or deflate) and does not
+            # decompress: the client's error, which aiohttp would answer 500.
+            return self._refuse(request, t0, errors.response(
+                400, f"the request body could not be decoded as its Content-Encoding "
+                f"({request.headers.get('Content-Encoding', 'none')}) says; send it uncompressed",
+                "invalid_request_error", "invalid_body"), api_key=api_key)
         except asyncio.TimeoutError:
             return self._refuse(request, t0, errors.response(
                 408, f"the request body did not arrive within {cfg.body_timeout:g} s", "invalid_request_error",
