@@ -28,7 +28,7 @@ from pathlib import Path
 from aiohttp import web
 
 from ..observability.metrics import ControlMetrics
-from ..router.limits import server_options
+from ..router.limits import ConnectionGuard, server_options
 from .api import ControlAPI
 from .auth import ControlAuth, check_bind
 from .controller import Controller
@@ -39,6 +39,10 @@ log = logging.getLogger("llmgw.serve")
 # completion streams in well under it, and a supervisor's stop timeout (systemd's
 # default is 90 s) leaves room for the engine shutdown that follows.
 SHUTDOWN_DRAIN = 30.0
+# Open control API connections per client address: agents hold two (report and
+# long-poll) and sit behind NAT in some fleets, so the router's 256 leaves room
+# for a rack of them while bounding a stranger.
+CONTROL_CONNECTIONS_PER_CLIENT = 256
 
 
 @dataclass
@@ -108,6 +112,9 @@ class Server:
                                shutdown_timeout=0.5,
                                **server_options(client_idle_timeout=75.0, max_field_size=8190, max_headers=128))
         await runner.setup()
+        # Beyond loopback strangers reach it too (and get 401): the same cap per
+        # address as the router's, so they cannot hold every socket either.
+        ConnectionGuard(CONTROL_CONNECTIONS_PER_CLIENT).install(runner.server)
         site = web.TCPSite(runner, *self.cfg.control)
         await site.start()
         self._runners.append(runner)
