@@ -39,7 +39,7 @@ def _listen(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str
 @click.option("--max-connections-per-client", type=click.IntRange(min=0), default=256, show_default=True,
               help="Open connections one client address may hold; 0 for no limit (behind a load balancer).")
 @click.option("--upstream-idle-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
-              help="Seconds an engine may send nothing before the request ends (504, or an error event); 0: never.")
+              help="Seconds a stream's engine may send nothing before the stream ends (504, or an error event); 0: never.")
 @click.option("--access-log/--no-access-log", default=True, show_default=True,
               help="One line per request on the llmgw.access log (at info level).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",

@@ -17,8 +17,10 @@ What bounds what (defaults and their reasons are in `RouterConfig`):
   so one address cannot hold every socket the router has;
 - a streaming client that stops reading: `client_write_timeout`, then the
   connection is aborted and the engine's slot freed (server.py);
-- an engine that goes silent: `upstream_idle_timeout` (aiohttp's sock_read),
-  504 before the reply starts, an error event in a stream.
+- a stream whose engine goes silent: `upstream_idle_timeout` (aiohttp's
+  sock_read, on streams only), 504 before the first byte, an error event
+  after. A whole reply is bounded by its client, whose disconnect cancels the
+  upstream request.
 
 Not here: the control API's long-polls are capped by the control API itself
 (30 s, `reconciler.LONG_POLL`), and its body size by `MAX_APPLY_BYTES`.

@@ -104,9 +104,10 @@ class RouterConfig:
     # so one address cannot take every socket. Behind a load balancer every
     # client shares its address: raise it or set 0 there.
     max_connections_per_client: int = 256
-    # No byte from an engine for this long ends the request (a stream gets an
-    # error event): a non-streamed generation sends nothing until it is done,
-    # and 32k tokens at 60 tok/s is about 9 minutes.
+    # A stream whose engine sends no byte for this long ends (504 before its
+    # first byte, an error event after): a long prefill sends nothing until the
+    # first token, and 10 minutes is past any real one. Whole (non-stream)
+    # replies are bounded by their clients instead (see _on_startup).
     upstream_idle_timeout: float = 600.0
     # A streaming client that reads nothing for this long is cut off and the
     # engine's slot freed: a stranger must not hold a GPU slot by not reading.
@@ -159,6 +160,7 @@ class Router:
         self._poll_task: asyncio.Task | None = None
         self._models_cache: tuple[object, bytes] = (None, b"")
         self._keys: keyauth.ApiKeys | None = None
+        self._stream_timeout: aiohttp.ClientTimeout | None = None     # set with the session, at startup
         self.limiter = keyauth.Limiter(clock)
         self.metrics = RouterMetrics(RouterProbe(
             states=self.balancer.states,
@@ -215,9 +217,15 @@ class Router:
         # No total or read timeout: a generation may run for minutes, and a long
         # prefill sends no byte for a long time. A client that gives up
         # disconnects, and that cancels the upstream request.
-        # sock_read bounds only silence: a stream that keeps sending runs as long as it likes.
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout,
-                                        sock_read=cfg.upstream_idle_timeout or None)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout)
+        # Streams alone also get a bound on silence (sock_read): a stream that
+        # keeps sending runs as long as it likes, one that goes quiet is an
+        # engine in trouble. Not for whole replies: aiohttp re-arms that timer
+        # on every read (about 10 us a request, bench/README.md), and a client
+        # waiting for a whole reply has its own timeout, whose disconnect
+        # cancels the upstream request.
+        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout,
+                                                     sock_read=cfg.upstream_idle_timeout or None)
         # No Accept-Encoding, so engines answer uncompressed and the router never
         # decompresses; no User-Agent, one header less per request.
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
@@ -363,10 +371,10 @@ class Router:
             # forwarded as the very bytes the client sent.
             doc["model"] = target
             body = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
-        return await self._forward(request, target, body, view, t0, api_key)
+        return await self._forward(request, target, body, view, t0, api_key, doc.get("stream") is True)
 
     async def _forward(self, request: web.Request, model: str, body: bytes, view: _View, t0: float,
-                       api_key: "keyauth.ApiKey | None") -> web.StreamResponse:
+                       api_key: "keyauth.ApiKey | None", stream: bool = False) -> web.StreamResponse:
         balancer = self.balancer
         top = view.top_profile.get(model)
         if top is not None and not balancer.has_profile(model, top):
@@ -404,7 +412,11 @@ class Router:
             try:
                 up0 = perf_counter()
                 try:
-                    upstream = await session.post(state.base_url + path, data=body, headers=_UPSTREAM_HEADERS)
+                    if stream:
+                        upstream = await session.post(state.base_url + path, data=body, headers=_UPSTREAM_HEADERS,
+                                                      timeout=self._stream_timeout)
+                    else:
+                        upstream = await session.post(state.base_url + path, data=body, headers=_UPSTREAM_HEADERS)
                 except aiohttp.SocketTimeoutError as exc:
                     # The engine took the request and then said nothing for
                     # upstream_idle_timeout: wedged, and the request may have
