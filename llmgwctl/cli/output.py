@@ -24,9 +24,14 @@ def dump(data: Any, fmt: str) -> str:
         return json.dumps(data, indent=2, sort_keys=False)
     import yaml
     text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
-    # PyYAML writes some characters raw that its reader then takes for line
-    # breaks (U+0085 in a quoted scalar); fall back to escapes rather than
-    # print a catalog that does not read back as itself.
-    if yaml.safe_load(text) != data:
+    # PyYAML writes some characters raw that a reader then takes for something
+    # else (U+0085 in a quoted scalar reads as a line break; libyaml, which our
+    # loader uses, trims a plain scalar's trailing U+00A0, so '0\xa0' reads
+    # back as 0). Fall back to escapes rather than print a catalog that does not
+    # read back as itself, whichever YAML library reads it.
+    c_loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    if yaml.safe_load(text) != data or yaml.load(text, Loader=c_loader) != data:
         text = yaml.safe_dump(data, sort_keys=False, allow_unicode=False)
-    return text.rstrip()
+    # Only the final newline goes: str.rstrip() would also eat a trailing
+    # U+00A0 that belongs to the last value.
+    return text.rstrip("\n")
