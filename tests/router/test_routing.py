@@ -151,8 +151,9 @@ def test_slowed_engine_gets_fewer_requests(engines, routers):
 
 
 def test_catalog_swap_during_200_concurrent_requests_fails_none(engines, routers):
-    a = engines(MODEL, "a", "--ttft", "0.2")
-    b = engines(MODEL, "b", "--ttft", "0.2")
+    # A 1.5 s first token outlasts the 1 s of arrivals below: all 200 are in flight together.
+    a = engines(MODEL, "a", "--ttft", "1.5")
+    b = engines(MODEL, "b", "--ttft", "1.5")
     plain = catalog((MODEL, ()))
     aliased = catalog((MODEL, ("alias-added",)))
     rt = routers(make_router(plain))
@@ -161,6 +162,9 @@ def test_catalog_swap_during_200_concurrent_requests_fails_none(engines, routers
     versions: set[str] = set()
 
     async def one(session: aiohttp.ClientSession, i: int) -> None:
+        # Arrivals spread over ~1 s while the catalog flips every ~10 ms: sent all
+        # at once, they could all resolve before (or after) the first swap.
+        await asyncio.sleep(i * 0.005)
         body = {"model": MODEL, "prompt": f"p{i}", "max_tokens": 3, "stream": i % 2 == 0}
         async with session.post(rt.url + "/v1/completions", json=body) as r:
             await r.read()
