@@ -1,23 +1,11 @@
 """Agent test fixtures: a recording controller, agent processes, and no engine left behind."""
 from __future__ import annotations
 
-import asyncio
-import inspect
 import socket
 
 import pytest
 
 from .harness import AgentProcess, RecordingController, kill_engines_under
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem):
-    # No pytest-asyncio among our test dependencies: run `async def` tests on a fresh loop each.
-    if inspect.iscoroutinefunction(pyfuncitem.obj):
-        args = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
-        asyncio.run(pyfuncitem.obj(**args))
-        return True
-    return None
 
 
 @pytest.fixture

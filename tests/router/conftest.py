@@ -1,21 +1,7 @@
-"""Router test helpers: async tests without a plugin, and real processes on loopback."""
+"""Router test helpers: real processes on loopback (async tests run through tests/conftest.py)."""
 from __future__ import annotations
 
-import asyncio
-import inspect
-
 import pytest
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem):
-    # No pytest-asyncio among our test dependencies: run `async def` tests on a
-    # fresh event loop each, which is all these tests need.
-    if inspect.iscoroutinefunction(pyfuncitem.obj):
-        args = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
-        asyncio.run(pyfuncitem.obj(**args))
-        return True
-    return None
 
 
 @pytest.fixture
