@@ -89,22 +89,17 @@ def diff(old, new, fmt):
     elif not change:
         click.echo("no changes")
     else:
-        for name in change.added:
-            click.echo(f"+ model {name}")
-        for name in change.removed:
-            click.echo(f"- model {name}")
-        for name, changes in change.changed:
-            click.echo(f"~ model {name}")
-            for c in changes:
-                click.echo(f"    {c}")
-        for name in change.engines_added:
-            click.echo(f"+ engine {name}")
-        for name in change.engines_removed:
-            click.echo(f"- engine {name}")
-        for name, changes in change.engines_changed:
-            click.echo(f"~ engine {name}")
-            for c in changes:
-                click.echo(f"    {c}")
+        for kind, added, removed, changed in (
+                ("model", change.added, change.removed, change.changed),
+                ("engine", change.engines_added, change.engines_removed, change.engines_changed)):
+            for name in added:
+                click.echo(f"+ {kind} {name}")
+            for name in removed:
+                click.echo(f"- {kind} {name}")
+            for name, changes in changed:
+                click.echo(f"~ {kind} {name}")
+                for c in changes:
+                    click.echo(f"    {c}")
     sys.exit(1 if change else 0)
 
 

@@ -71,3 +71,13 @@ def test_python_dash_m_works_like_the_console_script():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("valid: ")
+
+
+def test_diff_shows_engines_too(tmp_path):
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    head = "apiVersion: llmgw/v1\nkind: Catalog\nengines:\n"
+    old.write_text(head + "  a: {command: [x]}\n  gone: {command: [g]}\n")
+    new.write_text(head + "  a: {command: [y]}\n  b: {command: [z]}\n")
+    result = run("catalog", "diff", str(old), str(new))
+    assert result.exit_code == 1
+    assert result.output.splitlines() == ["+ engine b", "- engine gone", "~ engine a", "    command: ['x'] -> ['y']"]
