@@ -15,10 +15,11 @@ controller_option = click.option(
 
 
 def host_port(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, int]:
+    """A HOST:PORT option; the host is required, since which address is opened is the point of asking."""
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not host.strip("[]") or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise click.BadParameter(f"expected HOST:PORT such as 127.0.0.1:8080, got {value!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    return host.strip("[]"), int(port)
 
 
 def setup_logging(verbose: int, log_format: str = "text", level: str | None = None) -> None:

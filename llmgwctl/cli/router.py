@@ -1,22 +1,13 @@
 """`llmgwctl router`: the OpenAI-compatible router as its own process."""
 from __future__ import annotations
 
-import os
-
 import click
 
-from .common import log_format_option, setup_logging
-
-
-def _listen(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise click.BadParameter(f"expected HOST:PORT like 127.0.0.1:8080, got {value!r}")
-    return host.strip("[]"), int(port)
+from .common import host_port, log_format_option, setup_logging
 
 
 @click.command("router")
-@click.option("--listen", default="127.0.0.1:8080", show_default=True, callback=_listen,
+@click.option("--listen", default="127.0.0.1:8080", show_default=True, callback=host_port,
               help="Address for the OpenAI-compatible API; port 0 picks a free one (printed on stdout).")
 @click.option("--controller", metavar="URL", help="Follow this controller's endpoint and catalog watch stream.")
 @click.option("--endpoints", "endpoints_file", type=click.Path(dir_okay=False), metavar="FILE",

@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 from types import MappingProxyType
 

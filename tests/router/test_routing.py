@@ -14,7 +14,7 @@ import requests
 from llmgwctl.catalog import Model, Profile
 from llmgwctl.router import Endpoint
 
-from .harness import catalog, make_router, spawn_engine, wait_until
+from .harness import catalog, make_router, wait_until
 
 MODEL = "m"
 
