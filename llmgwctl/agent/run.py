@@ -85,7 +85,12 @@ async def run_agent(cfg: AgentConfig, stop: asyncio.Event | None = None) -> None
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await agent.close()
-        log.info("agent %s stopped; its engines keep running and the next agent adopts them", cfg.node)
+        # Say what is actually left: `serve` stops its local engines before its agent.
+        running = sum(r.running for r in agent.replicas.values())
+        if running:
+            log.info("agent %s stopped; its %d engine(s) keep running and the next agent adopts them", cfg.node, running)
+        else:
+            log.info("agent %s stopped; no engine left running", cfg.node)
 
 
 def main(cfg: AgentConfig) -> None:
