@@ -21,7 +21,7 @@ import collections
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Protocol
 
 from ..catalog import Catalog, Live, Model, Profile
@@ -82,6 +82,11 @@ class Replica:
     drain_since: float | None = None
     drain_reason: str = ""
     seen: bool = False              # its agent has reported it at least once
+    spec_hash: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Hashed once: the spec never changes for a record, and every pass compares it.
+        self.spec_hash = self.spec.spec_hash
 
     @property
     def url(self) -> str | None:
@@ -130,6 +135,7 @@ class Reconciler:
         self.endpoints_version = 0
         self._on_change = on_change
         self._cordoned: set[str] = set()
+        self._expected: tuple[str | None, Mapping[tuple[str, str], str]] = (None, {})
         self.passes = 0
         # Told how long each pass took (seconds); the control API's metrics set it.
         self.on_pass: Callable[[float], None] = lambda seconds: None
@@ -319,6 +325,7 @@ class Reconciler:
         self.unplaceable = unplaceable
 
     def _placement_input(self, catalog: Catalog) -> tuple[list[Running], list[NodeView]]:
+        expected = self._expected_hashes(catalog)
         running, held = [], collections.defaultdict(set)
         for rec in self.replicas.values():
             if rec.state in ("draining", "stopping"):
@@ -326,10 +333,7 @@ class Reconciler:
                 # counted toward what the model wants.
                 held[rec.node].update(rec.spec.gpu_indices)
                 continue
-            model = catalog.resolve(rec.spec.model)
-            profile = _profile(model, rec.spec.profile) if model is not None and model.name == rec.spec.model else None
-            current = profile is not None and rec.spec.spec_hash == ReplicaSpec.for_profile(
-                rec.spec.id, model, profile, catalog.engines[profile.engine]).spec_hash
+            current = rec.spec_hash == expected.get((rec.spec.model, rec.spec.profile))
             running.append(Running(replica_id=rec.spec.id, model=rec.spec.model, profile=rec.spec.profile,
                                    node=rec.node, gpu_indices=rec.spec.gpu_indices, current=current,
                                    ready=rec.state == "ready", failed=rec.state == "failed"))
@@ -343,6 +347,14 @@ class Reconciler:
                 unavailable={name: why for name, (ok, why) in node.engines.items() if not ok},
             ))
         return running, views
+
+    def _expected_hashes(self, catalog: Catalog) -> Mapping[tuple[str, str], str]:
+        """(model, profile) -> the spec hash a current replica of it has; computed once per catalog."""
+        if self._expected[0] != catalog.version:
+            hashes = {(m.name, p.name): ReplicaSpec.for_profile("", m, p, catalog.engines[p.engine]).spec_hash
+                      for m in catalog.models for p in m.profiles}
+            self._expected = (catalog.version, hashes)
+        return self._expected[1]
 
     def _drain(self, now: float, usage: Mapping[str, tuple[float | None, int]]) -> None:
         for rec in self.replicas.values():
@@ -438,7 +450,7 @@ class Reconciler:
                 "last_exit": rep.last_exit if rep else None, "adopted": rec.adopted,
                 "inflight": inflight, "idle_seconds": round(now - last, 1) if last is not None else None,
                 "reason": rec.drain_reason if rec.state in ("draining", "stopping") else (rep.reason if rep else ""),
-                "spec_hash": rec.spec.spec_hash,
+                "spec_hash": rec.spec_hash,
             })
         nodes = []
         for node in sorted(self.inventory.nodes(), key=lambda n: n.name):
