@@ -39,6 +39,7 @@ from .coldstart import ColdStart, ColdTimeout, QueueFull, Waker
 from .endpoint import Endpoint
 from .limits import ConnectionGuard, DepthError, check_depth, server_options
 from .poller import LoadPoller, ParseLoad, _default_parse
+from .upstream import ConnectFailed, Pool, Response, UpstreamError, UpstreamTimeout
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("llmgw.access")
@@ -131,12 +132,6 @@ class _View:
         self.top_profile = {m.name: m.ranked()[0].name for m in catalog.models if m.profiles}
 
 
-# What the router sends engines: the body is always JSON. The client's
-# Authorization is the gateway's credential and is not passed on.
-_UPSTREAM_HEADERS = {"Content-Type": "application/json"}
-# Before any byte has reached the client these are safe to retry elsewhere: the
-# connection was refused, reset, or never completed.
-_CONNECT_ERRORS = (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, aiohttp.ServerTimeoutError)
 _EVENT_STREAM = "text/event-stream"
 # Well under asyncio's and uvloop's 64 KiB write high-water mark; SSE events are
 # a few hundred bytes, so only bursts take the timed path.
@@ -155,12 +150,12 @@ class Router:
         self.balancer = Balancer(clock=clock, stale_after=3 * config.poll_interval)
         self.cold = ColdStart(waker, max_waiting=config.cold_queue, timeout=config.cold_timeout, clock=clock)
         self._view = _View(catalog if catalog is not None else Catalog())
-        self._session: aiohttp.ClientSession | None = None
+        self._session: aiohttp.ClientSession | None = None     # the poller's
+        self._pool: Pool | None = None                          # requests' (see upstream.py)
         self.poller: LoadPoller | None = None
         self._poll_task: asyncio.Task | None = None
         self._models_cache: tuple[object, bytes] = (None, b"")
         self._keys: keyauth.ApiKeys | None = None
-        self._stream_timeout: aiohttp.ClientTimeout | None = None     # set with the session, at startup
         self.limiter = keyauth.Limiter(clock)
         self.metrics = RouterMetrics(RouterProbe(
             states=self.balancer.states,
@@ -212,22 +207,17 @@ class Router:
 
     async def _on_startup(self, app: web.Application) -> None:
         cfg = self.config
-        connector = aiohttp.TCPConnector(limit=cfg.connections_total, limit_per_host=cfg.connections_per_endpoint,
-                                         keepalive_timeout=cfg.keepalive_timeout)
-        # No total or read timeout: a generation may run for minutes, and a long
-        # prefill sends no byte for a long time. A client that gives up
-        # disconnects, and that cancels the upstream request.
+        # Requests: no total or read timeout, as a generation may run for
+        # minutes and a long prefill sends no byte for a long time; a client
+        # that gives up disconnects, and that closes the upstream request.
+        # Streams alone get a bound on silence (upstream_idle_timeout, passed
+        # per request). The pool sends no Accept-Encoding, so engines answer
+        # uncompressed and the router never decompresses.
+        self._pool = Pool(connect_timeout=cfg.connect_timeout, keepalive_timeout=cfg.keepalive_timeout,
+                          limit_per_endpoint=cfg.connections_per_endpoint, limit_total=cfg.connections_total)
+        # The poller's scrapes, one a second per engine, stay on aiohttp.
+        connector = aiohttp.TCPConnector(limit=cfg.connections_total, keepalive_timeout=cfg.keepalive_timeout)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout)
-        # Streams alone also get a bound on silence (sock_read): a stream that
-        # keeps sending runs as long as it likes, one that goes quiet is an
-        # engine in trouble. Not for whole replies: aiohttp re-arms that timer
-        # on every read (about 10 us a request, bench/README.md), and a client
-        # waiting for a whole reply has its own timeout, whose disconnect
-        # cancels the upstream request.
-        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout,
-                                                     sock_read=cfg.upstream_idle_timeout or None)
-        # No Accept-Encoding, so engines answer uncompressed and the router never
-        # decompresses; no User-Agent, one header less per request.
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
                                               skip_auto_headers=("Accept-Encoding", "User-Agent"))
         self.poller = LoadPoller(self.balancer, self._session, interval=cfg.poll_interval, parse=self._parse_load)
@@ -242,6 +232,8 @@ class Router:
                 pass
         if self._session is not None:
             await self._session.close()
+        if self._pool is not None:
+            await self._pool.close()
 
     # -- handlers ---------------------------------------------------------------------
 
@@ -399,7 +391,8 @@ class Router:
         # Time neither the router's work nor the answering engine's (a cold wait,
         # failed attempts): left out of the overhead, kept in the duration.
         skip = waited
-        session = self._session
+        pool = self._pool
+        idle_timeout = (self.config.upstream_idle_timeout or None) if stream else None
         path = request.raw_path
         clock = self._clock
         tried: tuple[EndpointState, ...] = ()
@@ -412,21 +405,16 @@ class Router:
             try:
                 up0 = perf_counter()
                 try:
-                    if stream:
-                        upstream = await session.post(state.base_url + path, data=body, headers=_UPSTREAM_HEADERS,
-                                                      timeout=self._stream_timeout)
-                    else:
-                        upstream = await session.post(state.base_url + path, data=body, headers=_UPSTREAM_HEADERS)
-                except aiohttp.SocketTimeoutError as exc:
+                    upstream = await pool.post(state.base_url, path, body, idle_timeout=idle_timeout)
+                except UpstreamTimeout as exc:
                     # The engine took the request and then said nothing for
                     # upstream_idle_timeout: wedged, and the request may have
                     # run there, so not retried elsewhere.
                     balancer.eject(state)
                     return self._refuse(request, t0, errors.response(
-                        504, f"replica {state.replica_id} of {model!r} sent nothing for "
-                        f"{self.config.upstream_idle_timeout:g} s: {exc or type(exc).__name__}", "upstream_error",
+                        504, f"replica {state.replica_id} of {model!r} {exc}", "upstream_error",
                         "upstream_timeout"), model, api_key)
-                except _CONNECT_ERRORS as exc:
+                except ConnectFailed as exc:
                     skip += perf_counter() - up0
                     balancer.eject(state)
                     failure = f"{state.replica_id}: {exc or type(exc).__name__}"
@@ -438,11 +426,8 @@ class Router:
                         # A response read to its end goes back to the pool; one cut
                         # short (client gone, error) closes, so the engine sees the
                         # disconnect and frees the slot.
-                        if upstream.content.is_eof():
-                            upstream.release()
-                        else:
-                            upstream.close()
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                        upstream.release()
+            except UpstreamError as exc:
                 return self._refuse(request, t0, errors.upstream_failed(
                     model, f"{state.replica_id}: {exc or type(exc).__name__}"), model, api_key)
             finally:
@@ -470,7 +455,7 @@ class Router:
                 break
         return self._refuse(request, t0, errors.upstream_failed(model, failure), model, api_key)
 
-    async def _respond(self, request: web.Request, upstream: aiohttp.ClientResponse, state: EndpointState,
+    async def _respond(self, request: web.Request, upstream: Response, state: EndpointState,
                        view: _View, t0: float, up0: float, api_key: "keyauth.ApiKey | None") -> web.StreamResponse:
         up1 = perf_counter()        # the engine's response headers are in
         # Router overhead = time since arrival minus time waiting on the engine,
@@ -478,10 +463,10 @@ class Router:
         # `up0` is when the answering attempt was sent, less any time skipped
         # before it (a cold wait, failed attempts), so `up0 - t0` is the
         # router's own work before it.
-        ctype = upstream.headers.get("Content-Type", "application/json")
+        ctype = upstream.headers.get("content-type", "application/json")
         headers = {"Content-Type": ctype, "x-llmgw-replica": state.replica_id,
                    "x-llmgw-catalog-version": view.version}
-        encoding = upstream.headers.get("Content-Encoding")
+        encoding = upstream.headers.get("content-encoding")
         if encoding is not None:
             headers["Content-Encoding"] = encoding
         em = self.metrics.endpoint(state.endpoint.model, state.replica_id)
@@ -489,7 +474,7 @@ class Router:
             r0 = perf_counter()
             try:
                 data = await upstream.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except UpstreamError as exc:
                 self.balancer.eject(state)
                 return self._refuse(request, t0, errors.upstream_failed(
                     state.endpoint.model, f"{state.replica_id} stopped mid-response: {exc or type(exc).__name__}"),
@@ -521,9 +506,9 @@ class Router:
         transport = request.transport
         first = 0.0
         try:
-            # iter_any yields whatever bytes arrived, as soon as they arrive: no
+            # chunks() yields whatever bytes arrived, as soon as they arrive: no
             # line splitting, no re-encoding, no waiting for a full event.
-            async for chunk in upstream.content.iter_any():
+            async for chunk in upstream.chunks():
                 # A write can block only when it leaves the client's socket
                 # backlogged past the transport's high-water mark (64 KiB): a
                 # small chunk onto an empty backlog never does.
@@ -537,7 +522,7 @@ class Router:
                     usage = usage_tokens(chunk)
                     if usage is not None:
                         em.tokens(usage)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except UpstreamError as exc:
             # The engine died (or went silent past upstream_idle_timeout)
             # mid-stream. Headers are sent, so no retry: end the stream with an
             # error event, which OpenAI SDKs raise, instead of a hang.

@@ -14,6 +14,7 @@ import threading
 import pytest
 import requests
 
+from llmgwctl.router.endpoint import Endpoint
 from tests.router.harness import catalog, make_router, wait_until
 
 MODEL = "lim-model"
@@ -199,8 +200,29 @@ def test_a_silent_engine_ends_the_stream_at_the_idle_timeout(engines, routers):
     r = requests.post(rt.url + "/v1/chat/completions", json={**BODY, "stream": True}, timeout=30)
     # The fake sends its SSE headers at once, then nothing: the stream ends with an error event.
     assert r.status_code == 200
-    assert '"code": "upstream_disconnected"' in r.text and "Timeout on reading" in r.text
+    assert '"code": "upstream_disconnected"' in r.text and "lim-silent: sent nothing for 1 s" in r.text
     assert rt.call(rt.router.usage_snapshot)["lim-silent"][1] == 0      # nothing left in flight
+
+
+def test_an_engine_that_never_answers_a_stream_gets_504_and_is_not_retried(routers):
+    # A listening socket nobody accepts on: the kernel completes the connection
+    # and takes the request, and no byte ever comes back -- a wedged engine.
+    wedged = socket.socket()
+    wedged.bind(("127.0.0.1", 0))
+    wedged.listen(8)
+    try:
+        url = "http://127.0.0.1:%d" % wedged.getsockname()[1]
+        rt = routers(make_router(catalog((MODEL, ())), upstream_idle_timeout=1.0))
+        rt.set_endpoints([Endpoint(replica_id="lim-wedged", model=MODEL, profile="default", engine="fake",
+                                   url=url, metrics_path=None)])
+        r = requests.post(rt.url + "/v1/chat/completions", json={**BODY, "stream": True}, timeout=30)
+        assert r.status_code == 504
+        err = r.json()["error"]
+        assert err["code"] == "upstream_timeout"
+        assert err["message"] == f"replica lim-wedged of {MODEL!r} sent nothing for 1 s"
+        assert rt.call(rt.router.usage_snapshot)["lim-wedged"][1] == 0
+    finally:
+        wedged.close()
 
 
 def test_a_streaming_client_that_stops_reading_is_dropped_and_frees_the_engine(engines, routers):

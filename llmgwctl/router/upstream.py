@@ -1,0 +1,540 @@
+"""The router's client to engines: one POST of a JSON body, the answer passed back.
+
+Why not aiohttp's ClientSession, which the router used first: profiled under
+load, its client side (request and response objects, header multidicts,
+StreamReader, timers, trace hooks) cost about as much CPU per request as the
+whole rest of the router, and the router needs almost none of what it offers.
+What it needs is narrow: keep-alive connections per engine, one write per
+request, the status, a few headers, the body as the bytes that arrived (a
+stream chunk by chunk), back-pressure when a client reads slowly, and errors
+that say whether the request may be retried elsewhere. Parsing is httptools
+(llhttp, the parser Node.js uses; uvicorn's too), so what engines send is read
+by a complete, strict HTTP/1.1 parser rather than code of ours.
+
+Errors:
+- `ConnectFailed`: refused, reset or closed before any byte of the answer.
+  The engine did not answer, so the request may go to another endpoint.
+- `UpstreamTimeout`: no byte for `idle_timeout` (only when one is given).
+- `UpstreamBroken`: the answer started and then the connection failed or the
+  engine sent something that is not HTTP.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl
+import time
+from typing import AsyncIterator, Callable
+from urllib.parse import urlsplit
+
+import httptools
+
+
+class UpstreamError(Exception):
+    pass
+
+
+class ConnectFailed(UpstreamError):
+    """No byte of the answer arrived: safe to try another endpoint."""
+
+
+class UpstreamTimeout(UpstreamError):
+    """The engine sent nothing for the idle timeout."""
+
+
+class UpstreamBroken(UpstreamError):
+    """The answer started and did not finish."""
+
+
+# A slow client makes chunks pile up here; past this the engine's socket is no
+# longer read, so TCP pushes back on the engine instead of the router's memory
+# growing. 256 KiB is a few thousand SSE events.
+_HIGH_WATER = 256 * 1024
+_LOW_WATER = 64 * 1024
+
+
+class Response:
+    """One answer being read. `status` and `headers` (lower-case names) are set when it is returned."""
+
+    __slots__ = ("status", "headers", "_conn", "_chunks", "_buffered", "_done", "_error", "_waiter",
+                 "_paused", "_eof_body")
+
+    def __init__(self, conn: "_Connection"):
+        self._conn = conn
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._done = False
+        self._error: UpstreamError | None = None
+        self._waiter: asyncio.Future | None = None
+        self._paused = False
+        self._eof_body = False          # no length, not chunked: the body ends when the connection does
+
+    @property
+    def complete(self) -> bool:
+        """The whole answer has been received (not necessarily read)."""
+        return self._done
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        parts = []
+        while True:
+            if self._chunks:
+                parts.extend(self._chunks)
+                self._chunks.clear()
+                self._buffered = 0
+                self._resume()
+            if self._done:
+                return b"".join(parts)
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives: whatever bytes each read of the socket brought, unchanged."""
+        while True:
+            if self._chunks:
+                if len(self._chunks) == 1:
+                    data = self._chunks.popleft()
+                else:
+                    data = b"".join(self._chunks)
+                    self._chunks.clear()
+                self._buffered = 0
+                self._resume()
+                yield data
+            elif self._done:
+                return
+            elif self._error is not None:
+                raise self._error
+            else:
+                await self._wait()
+
+    def release(self) -> None:
+        """Done with this answer: its connection goes back to the pool if it can carry another request.
+
+        Called before the answer is complete (a client that left, an error),
+        it closes the connection, which is how the engine learns to stop.
+        """
+        self._conn.finish(self)
+
+    # -- fed by the connection ---------------------------------------------------
+
+    async def _wait(self) -> None:
+        self._waiter = waiter = self._conn.loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _feed(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._buffered += len(data)
+        if self._buffered > _HIGH_WATER and not self._paused:
+            self._paused = True
+            self._conn.transport.pause_reading()
+        self._wake()
+
+    def _resume(self) -> None:
+        if self._paused and self._buffered < _LOW_WATER:
+            self._paused = False
+            self._conn.transport.resume_reading()
+
+    def _finish(self) -> None:
+        self._done = True
+        self._wake()
+
+    def _fail(self, error: UpstreamError) -> None:
+        if not self._done and self._error is None:
+            self._error = error
+            self._wake()
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection to one engine; carries one request at a time."""
+
+    __slots__ = ("pool", "key", "loop", "transport", "parser", "response", "headers_in", "closed",
+                 "idle_since", "reused", "got_bytes", "last_read", "timer", "idle_timeout", "counted",
+                 "keep_alive")
+
+    def __init__(self, pool: "Pool", key: str, loop: asyncio.AbstractEventLoop):
+        self.pool = pool
+        self.key = key
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.response: Response | None = None
+        self.headers_in: asyncio.Future | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self.reused = False
+        self.got_bytes = False
+        self.last_read = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.idle_timeout = 0.0
+        self.counted = True         # in the pool's count of open connections to its engine
+        self.keep_alive = False     # the last answer allows another request on this connection
+
+    # -- asyncio.Protocol ------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.response is None:
+            # Bytes nobody asked for (an engine answering twice, or talking on
+            # an idle connection): the connection cannot be trusted again.
+            self.close()
+            return
+        self.got_bytes = True
+        if self.timer is not None:
+            self.last_read = self.loop.time()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(UpstreamBroken("the engine switched protocols"))
+        except httptools.HttpParserError as exc:
+            self._fail(UpstreamBroken(f"the engine's answer is not valid HTTP: {exc}"))
+
+    def eof_received(self) -> bool:
+        return False        # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._stop_timer()
+        self.pool._forget(self)
+        response = self.response
+        if response is None:
+            return
+        if response._eof_body and self.headers_in is None and exc is None and response._error is None:
+            # A body delimited by the connection's end -- a clean one: a reset
+            # cut it short, and a close of ours (an idle timeout) already failed it.
+            response._finish()
+            return
+        reason = f"{type(exc).__name__}: {exc}" if exc else "the engine closed the connection"
+        if self.headers_in is not None:
+            error: UpstreamError = ConnectFailed(reason) if not self.got_bytes else \
+                UpstreamBroken(f"{reason} before the answer's headers were complete")
+            if not self.headers_in.done():
+                self.headers_in.set_exception(error)
+        else:
+            response._fail(UpstreamBroken(f"{reason} mid-answer"))
+
+    # -- httptools callbacks -----------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.response._done:
+            # A second answer before this one was released (an engine answering
+            # twice, in the same read or before the release): it would overwrite
+            # this answer's status and headers and extend its body. The error
+            # stops the parser, and data_received closes the connection.
+            raise UpstreamBroken("the engine answered twice")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.response.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        response = self.response
+        response.status = self.parser.get_status_code()
+        headers = response.headers
+        if "content-length" not in headers and "chunked" not in headers.get("transfer-encoding", "") \
+                and response.status not in (204, 304) and response.status >= 200:
+            response._eof_body = True
+        if response.status < 200:
+            # 1xx (a 100 Continue we did not ask for): the real answer follows.
+            headers.clear()
+            return
+        waiter, self.headers_in = self.headers_in, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self.response._feed(body)
+
+    def on_message_complete(self) -> None:
+        response = self.response
+        if response is not None and response.status >= 200:
+            # Asked here: llhttp answers it only inside the callback, and the
+            # answer covers Connection: close and HTTP/1.0 alike.
+            self.keep_alive = self.parser.should_keep_alive()
+            self._stop_timer()      # nothing more to wait for, however long the release takes
+            response._finish()
+
+    # -- the pool's side -------------------------------------------------------------
+
+    def send(self, head: bytes, body: bytes, idle_timeout: float | None) -> Response:
+        self.response = response = Response(self)
+        self.headers_in = self.loop.create_future()
+        self.got_bytes = False
+        self.keep_alive = False
+        if idle_timeout:
+            self.idle_timeout = idle_timeout
+            self.last_read = self.loop.time()
+            self.timer = self.loop.call_later(idle_timeout, self._check_idle)
+        self.transport.write(head + body)
+        return response
+
+    def _check_idle(self) -> None:
+        # One timer per request, moved on only when it fires: a stream pays a
+        # float store per read, not a timer per chunk.
+        self.timer = None
+        due = self.last_read + self.idle_timeout
+        now = self.loop.time()
+        if self.response is not None and self.response._paused:
+            # Nothing is read because the router's client is slow, not because
+            # the engine is silent; the client has a write timeout of its own.
+            due = now + self.idle_timeout
+        if now < due:
+            self.timer = self.loop.call_at(due, self._check_idle)
+            return
+        error = UpstreamTimeout(f"sent nothing for {self.idle_timeout:g} s")
+        if self.headers_in is not None and not self.headers_in.done():
+            self.headers_in.set_exception(error)
+        elif self.response is not None:
+            self.response._fail(error)
+        self.close()
+
+    def _stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _fail(self, error: UpstreamError) -> None:
+        if self.headers_in is not None and not self.headers_in.done():
+            self.headers_in.set_exception(error)
+        elif self.response is not None:
+            self.response._fail(error)
+        self.close()
+
+    def finish(self, response: Response) -> None:
+        if response is not self.response:
+            return
+        self._stop_timer()
+        self.response = None
+        if response._done and not self.closed and self.keep_alive and not response._paused:
+            self.pool._idle_put(self)
+        else:
+            self.close()
+            self.pool._forget(self)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.close()
+
+
+class Pool:
+    """Keep-alive connections to every engine, opened on demand.
+
+    `limit_per_endpoint` bounds the connections to one engine and `limit_total`
+    those to all of them; a request past either waits for one to come free (it
+    counts as load in the router meanwhile), and one that finds the total taken
+    by idle connections to other engines closes the longest idle.
+    Idle connections are closed after `keepalive_timeout`, which must be
+    shorter than the engines' own (uvicorn's is 5 s) so the router never sends
+    on a connection the engine is closing.
+    """
+
+    def __init__(self, *, connect_timeout: float = 3.0, keepalive_timeout: float = 4.0,
+                 limit_per_endpoint: int = 512, limit_total: int = 8192,
+                 clock: Callable[[], float] = time.monotonic):
+        self.connect_timeout = connect_timeout
+        self.keepalive_timeout = keepalive_timeout
+        self.limit_per_endpoint = limit_per_endpoint
+        self.limit_total = limit_total
+        self._total = 0
+        self._any_waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._clock = clock
+        self._idle: dict[str, list[_Connection]] = {}
+        self._open: dict[str, int] = {}
+        self._waiters: dict[str, collections.deque[asyncio.Future]] = {}
+        self._targets: dict[str, tuple[str, int, bytes, ssl.SSLContext | None, bytes]] = {}
+        self._sweep: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    async def post(self, base_url: str, path: str, body: bytes, *,
+                   idle_timeout: float | None = None) -> Response:
+        """POST `body` (JSON) to base_url + path; return once the answer's headers are in.
+
+        With `idle_timeout`, the engine may not go silent for longer than that
+        (before the headers or between chunks). Call `release()` on the answer.
+        """
+        target = self._targets.get(base_url)
+        if target is None:
+            target = self._targets[base_url] = _parse_target(base_url)
+        # What engines get: the body is always JSON. The client's Authorization
+        # is the gateway's credential and is not passed on; no Accept-Encoding,
+        # so engines answer uncompressed and the router never decompresses.
+        head = b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (
+            target[4], path.encode("utf-8", "surrogateescape"), target[2], len(body))
+        while True:
+            conn = await self._acquire(base_url, target)
+            response = conn.send(head, body, idle_timeout)
+            try:
+                await conn.headers_in
+            except ConnectFailed:
+                conn.finish(response)
+                if conn.reused:
+                    # A kept-alive connection the engine closed just as the
+                    # request went out: nothing was answered, and a fresh
+                    # connection tells whether the engine is really gone.
+                    continue
+                raise
+            except BaseException:
+                conn.finish(response)
+                raise
+            return response
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._sweep is not None:
+            self._sweep.cancel()
+        for conns in self._idle.values():
+            for conn in conns:
+                conn.close()
+        self._idle.clear()
+
+    def connections(self, base_url: str) -> int:
+        """Open connections to one engine, idle or busy (for tests and metrics)."""
+        return self._open.get(base_url, 0)
+
+    # -- connections ------------------------------------------------------------------
+
+    async def _acquire(self, key: str, target) -> _Connection:
+        while True:
+            idle = self._idle.get(key)
+            if idle:
+                expired_before = self._clock() - self.keepalive_timeout
+                while idle:
+                    conn = idle.pop()       # the most recently used: least likely to be closing
+                    if not conn.closed and conn.idle_since > expired_before:
+                        conn.reused = True
+                        return conn
+                    conn.close()
+                    self._forget(conn)
+            if self._open.get(key, 0) >= self.limit_per_endpoint:
+                await self._wait(self._waiters.setdefault(key, collections.deque()))
+            elif self._total >= self.limit_total:
+                # Room for this engine is taken by idle connections to others:
+                # close the longest idle one; with none idle, wait for any.
+                if not self._evict_idle():
+                    await self._wait(self._any_waiters)
+            else:
+                return await self._connect(key, target)
+
+    async def _wait(self, waiters: collections.deque) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                _wake_one(waiters)      # the wake-up this request will not use goes to the next
+            raise
+        finally:
+            if waiter in waiters:
+                waiters.remove(waiter)
+
+    def _evict_idle(self) -> bool:
+        oldest = None
+        for conns in self._idle.values():
+            if conns and (oldest is None or conns[0].idle_since < oldest.idle_since):
+                oldest = conns[0]
+        if oldest is None:
+            return False
+        oldest.close()
+        self._forget(oldest)
+        return True
+
+    async def _connect(self, key: str, target) -> _Connection:
+        host, port, _, context, _ = target
+        loop = asyncio.get_running_loop()
+        self._open[key] = self._open.get(key, 0) + 1
+        self._total += 1
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(lambda: _Connection(self, key, loop), host, port, ssl=context),
+                self.connect_timeout)
+        except asyncio.TimeoutError:
+            self._dec(key)
+            raise ConnectFailed(f"no connection within {self.connect_timeout:g} s") from None
+        except OSError as exc:
+            self._dec(key)
+            raise ConnectFailed(f"{type(exc).__name__}: {exc.strerror or exc}") from None
+        except BaseException:
+            self._dec(key)
+            raise
+        return conn
+
+    def _idle_put(self, conn: _Connection) -> None:
+        waiters = self._waiters.get(conn.key)
+        conn.idle_since = self._clock()
+        self._idle.setdefault(conn.key, []).append(conn)
+        if waiters:
+            _wake_one(waiters)
+        if self._any_waiters:
+            _wake_one(self._any_waiters)    # it may close this one to reach its own engine
+        if self._sweep is None and not self._closed:
+            self._sweep = asyncio.get_running_loop().call_later(self.keepalive_timeout, self._expire)
+
+    def _forget(self, conn: _Connection) -> None:
+        """`conn` is closed: it no longer counts against its engine's limit."""
+        if not conn.counted:
+            return
+        conn.counted = False
+        idle = self._idle.get(conn.key)
+        if idle and conn in idle:
+            idle.remove(conn)
+        self._dec(conn.key)
+
+    def _dec(self, key: str) -> None:
+        n = self._open.get(key, 0) - 1
+        if n > 0:
+            self._open[key] = n
+        else:
+            self._open.pop(key, None)
+        self._total -= 1
+        waiters = self._waiters.get(key)
+        if waiters:
+            _wake_one(waiters)
+        if self._any_waiters:
+            _wake_one(self._any_waiters)
+
+    def _expire(self) -> None:
+        # Closes what nobody used for keepalive_timeout; engines without an
+        # idle timeout of their own would otherwise keep every socket ever opened.
+        self._sweep = None
+        expired_before = self._clock() - self.keepalive_timeout
+        left = False
+        for conns in list(self._idle.values()):
+            for conn in [c for c in conns if c.closed or c.idle_since <= expired_before]:
+                conn.close()
+                self._forget(conn)
+            left = left or bool(conns)
+        if left and not self._closed:
+            self._sweep = asyncio.get_running_loop().call_later(self.keepalive_timeout, self._expire)
+
+
+def _wake_one(waiters: collections.deque) -> None:
+    while waiters:
+        waiter = waiters.popleft()
+        if not waiter.done():
+            waiter.set_result(None)
+            return
+
+
+def _parse_target(base_url: str) -> tuple[str, int, bytes, ssl.SSLContext | None, bytes]:
+    """(host, port, Host header, TLS context or None, path prefix) of an endpoint's URL."""
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConnectFailed(f"not an http(s) URL: {base_url!r}")
+    https = parts.scheme == "https"
+    port = parts.port or (443 if https else 80)
+    context = ssl.create_default_context() if https else None
+    return parts.hostname, port, parts.netloc.encode("idna"), context, parts.path.rstrip("/").encode()
