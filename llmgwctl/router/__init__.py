@@ -14,6 +14,7 @@ and reporting usage. Its modules:
     auth       optional API keys: 401 / 403 / 429, the key file and its watcher
     limits     input limits: JSON depth, per-address connections, server options
     server     Router (set_endpoints, set_catalog, usage_snapshot) and its aiohttp app
+    upstream   the keep-alive HTTP/1.1 client that carries requests to engines
     static     the static endpoint file (`llmgwctl router --endpoints FILE`)
     watch      following a controller's watch stream (`llmgwctl router --controller URL`)
     standalone running a router as its own process

@@ -17,8 +17,8 @@ What bounds what (defaults and their reasons are in `RouterConfig`):
   so one address cannot hold every socket the router has;
 - a streaming client that stops reading: `client_write_timeout`, then the
   connection is aborted and the engine's slot freed (server.py);
-- a stream whose engine goes silent: `upstream_idle_timeout` (aiohttp's
-  sock_read, on streams only), 504 before the first byte, an error event
+- a stream whose engine goes silent: `upstream_idle_timeout` (the upstream
+  pool's idle timer, on streams only), 504 before the first byte, an error event
   after. A whole reply is bounded by its client, whose disconnect cancels the
   upstream request.
 
