@@ -1,6 +1,7 @@
-"""Bits several commands share: HOST:PORT options, the controller URL, logging setup."""
+"""Bits several commands share: HOST:PORT options, the controller URL, logging setup, the router's knobs."""
 from __future__ import annotations
 
+import functools
 import os
 
 import click
@@ -44,3 +45,62 @@ def controller_headers() -> dict[str, str]:
         except OSError as exc:
             raise click.ClickException(f"LLMGW_TOKEN_FILE={path}: cannot read: {exc.strerror or exc}") from None
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+# The data plane's knobs, the same on `llmgwctl router` and on the router inside
+# `llmgwctl serve`: an operator tuning one expects the other to take the same flags.
+_ROUTER_OPTIONS = (
+    click.option("--poll-interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+                 help="Seconds between reads of each engine's /metrics."),
+    click.option("--cold-timeout", type=click.FloatRange(min=0), default=120.0, show_default=True,
+                 help="Seconds a request waits for a cold model's first replica before 503."),
+    click.option("--cold-queue", type=click.IntRange(min=0), default=256, show_default=True,
+                 help="Requests that may wait per cold model; more get 429."),
+    click.option("--max-body-bytes", type=click.IntRange(min=1), default=32 * 1024 * 1024, show_default=True,
+                 help="Larger request bodies get 413."),
+    click.option("--max-connections-per-client", type=click.IntRange(min=0), default=256, show_default=True,
+                 help="Open connections one client address may hold; 0 for no limit (behind a load balancer)."),
+    click.option("--upstream-idle-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+                 help="Seconds a stream's engine may send nothing before the stream ends (504, or an error event); "
+                      "0: never."),
+)
+_ROUTER_FIELDS = ("poll_interval", "cold_timeout", "cold_queue", "max_body_bytes", "max_connections_per_client",
+                  "upstream_idle_timeout")
+
+
+def router_options(command):
+    """Add the router's options to `command`, which receives them as one `router_config` (a RouterConfig)."""
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        from ..router import RouterConfig
+        values = {name: kwargs.pop(name) for name in _ROUTER_FIELDS}
+        return command(*args, router_config=RouterConfig(**values), **kwargs)
+    for option in reversed(_ROUTER_OPTIONS):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+def run_loop(coro) -> None:
+    """Run `coro` on uvloop when it is installed, else on asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:     # the `fast` extra is optional; asyncio's loop works, slower
+        import asyncio
+        asyncio.run(coro)
+        return
+    uvloop.run(coro)
+
+
+def raise_fd_limit() -> None:
+    """Lift the soft open-file limit to the hard one, for processes that proxy.
+
+    Every proxied request holds two sockets (client and engine); the usual soft
+    limit of 1024 would cap a router near 500 concurrent streams.
+    """
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass

@@ -22,8 +22,9 @@ import logging
 import os
 import signal
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -32,6 +33,9 @@ from ..router.limits import ConnectionGuard, server_options
 from .api import ControlAPI
 from .auth import ControlAuth, check_bind
 from .controller import Controller
+
+if TYPE_CHECKING:
+    from ..router import RouterConfig
 
 log = logging.getLogger("llmgw.serve")
 
@@ -66,6 +70,7 @@ class ServeConfig:
     agent_token: str | None = None          # a token that may only report, follow and wake
     api_keys: str | None = None             # the router's API key file; None: the router is open
     access_log: bool = True                 # one line per router request on `llmgw.access`
+    router: "RouterConfig | None" = None    # the data plane's knobs; None: RouterConfig's defaults
 
 
 class Server:
@@ -77,7 +82,7 @@ class Server:
         self.cfg = cfg
         options = {k: v for k, v in (("settle", cfg.settle), ("drain_grace", cfg.drain_grace),
                                      ("node_timeout", cfg.node_timeout), ("replace_after", cfg.replace_after)) if v is not None}
-        self.router = Router(waker=self, config=RouterConfig(access_log=cfg.access_log))
+        self.router = Router(waker=self, config=replace(cfg.router or RouterConfig(), access_log=cfg.access_log))
         self.controller = Controller(cfg.catalogs, router=self.router, **options)
         self.stop_event = asyncio.Event()       # stops the controller's loops: set last
         self.shutdown = asyncio.Event()         # SIGINT/SIGTERM: begin the ordered stop

@@ -1,8 +1,13 @@
 """`llmgwctl serve` as a user runs it: one process with its local agent answers at once, and Ctrl-C leaves nothing behind."""
 import random
+import resource
 import signal
+import socket
 import subprocess
 import sys
+
+import requests
+
 from .fleet import Fleet, free_port, wait_until
 
 CATALOG = """\
@@ -50,3 +55,37 @@ def test_serve_refuses_an_invalid_catalog_with_its_errors(tmp_path):
     assert out.returncode == 1
     assert f"{catalogs}/bad.yaml:5:25: models[0].profiles[0].engine: 'vlm' is not one of" in out.stderr
     assert "is not a valid catalog" in out.stderr
+
+
+def test_serve_takes_the_router_options_and_lifts_its_open_file_limit(tmp_path):
+    # The router inside serve is tuned with the same flags as `llmgwctl router`:
+    # behind a load balancer every client shares one address, and 500 streams
+    # need more than the usual 1024 open files.
+    fleet = Fleet(tmp_path)
+    (fleet.catalogs / "models.yaml").write_text(CATALOG)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # Started with a soft limit below the hard one, as on most distributions.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard - 1), hard))
+    try:
+        try:
+            fleet.start_controller("--max-body-bytes", "2000", "--max-connections-per-client", "2")
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        big = {"model": "default", "messages": [{"role": "user", "content": "x" * 3000}]}
+        r = requests.post(fleet.router + "/v1/chat/completions", json=big, timeout=30)
+        assert r.status_code == 413, r.text
+        assert "2000" in r.json()["error"]["message"]
+        held = [socket.create_connection(("127.0.0.1", fleet.router_port), timeout=10) for _ in range(2)]
+        try:
+            third = socket.create_connection(("127.0.0.1", fleet.router_port), timeout=10)
+            third.settimeout(10)
+            assert third.recv(64).startswith(b"HTTP/1.1 429")
+            third.close()
+        finally:
+            for s in held:
+                s.close()
+        with open(f"/proc/{fleet.controller.pid}/limits") as f:
+            (line,) = [ln for ln in f if ln.startswith("Max open files")]
+        assert line.split()[3:5] == [str(hard), str(hard)], line
+    finally:
+        fleet.close()
