@@ -109,6 +109,37 @@ def usage_tokens(data: bytes) -> tuple[int, int] | None:
     return int(p.group(1)), int(c.group(1)) if c else 0
 
 
+class StreamUsage:
+    """The token counts of a stream, read from its bytes as they pass.
+
+    The last usage block seen wins: engines that put usage on every chunk
+    (vLLM's continuous_usage_stats) send running totals, so adding them up
+    would count a stream many times over. A line cut between two reads of the
+    socket is carried over (its last `_CARRY` bytes), so a usage block split
+    across reads is still read once its end arrives.
+    """
+
+    __slots__ = ("usage", "_carry")
+
+    # A usage line (an SSE chunk with empty choices) is a few hundred bytes.
+    _CARRY = 2048
+
+    def __init__(self) -> None:
+        self.usage: tuple[int, int] | None = None
+        self._carry = b""
+
+    def feed(self, chunk: bytes) -> None:
+        seen = self._carry + chunk if self._carry else chunk
+        if b'"usage"' in seen:
+            found = usage_tokens(seen)
+            if found is not None:
+                self.usage = found
+        if chunk.endswith(b"\n"):
+            self._carry = b""
+        else:
+            self._carry = seen[seen.rfind(b"\n") + 1:][-self._CARRY:]
+
+
 def render(registry: CollectorRegistry) -> bytes:
     """The registry in Prometheus' text format (serve with CONTENT_TYPE_LATEST)."""
     return generate_latest(registry)

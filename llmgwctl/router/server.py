@@ -31,7 +31,7 @@ import aiohttp
 from aiohttp import web
 
 from ..catalog import Catalog
-from ..observability.metrics import CONTENT_TYPE_LATEST, RouterMetrics, RouterProbe, usage_tokens
+from ..observability.metrics import CONTENT_TYPE_LATEST, RouterMetrics, RouterProbe, StreamUsage, usage_tokens
 from . import auth as keyauth
 from . import errors
 from .balancer import Balancer, EndpointState
@@ -505,6 +505,7 @@ class Router:
         write = resp.write
         transport = request.transport
         first = 0.0
+        usage = StreamUsage()
         try:
             # chunks() yields whatever bytes arrived, as soon as they arrive: no
             # line splitting, no re-encoding, no waiting for a full event.
@@ -518,10 +519,7 @@ class Router:
                     await write(chunk)
                 if not first:
                     first = perf_counter()
-                if b'"usage"' in chunk:     # the last chunk, when the client asked for usage
-                    usage = usage_tokens(chunk)
-                    if usage is not None:
-                        em.tokens(usage)
+                usage.feed(chunk)
         except UpstreamError as exc:
             # The engine died (or went silent past upstream_idle_timeout)
             # mid-stream. Headers are sent, so no retry: end the stream with an
@@ -536,15 +534,15 @@ class Router:
         except ConnectionError:
             # The client left: counted as nginx's 499; the caller closes the
             # upstream connection.
-            self._stream_done(request, em, 499, t0, first, overhead, state, api_key)
+            self._stream_done(request, em, 499, t0, first, overhead, state, api_key, usage.usage)
             return resp
         except asyncio.CancelledError:
             # The same, as a handler cancelled by aiohttp when the client disconnects.
-            self._stream_done(request, em, 499, t0, first, overhead, state, api_key)
+            self._stream_done(request, em, 499, t0, first, overhead, state, api_key, usage.usage)
             raise
         else:
             await resp.write_eof()
-        self._stream_done(request, em, status, t0, first, overhead, state, api_key)
+        self._stream_done(request, em, status, t0, first, overhead, state, api_key, usage.usage)
         return resp
 
     async def _write_to_slow_reader(self, write, chunk: bytes, transport) -> None:
@@ -567,9 +565,10 @@ class Router:
             raise ConnectionResetError("client stopped reading") from None
 
     def _stream_done(self, request: web.Request, em, status: int, t0: float, first: float, overhead: float,
-                     state: EndpointState, api_key: "keyauth.ApiKey | None") -> None:
+                     state: EndpointState, api_key: "keyauth.ApiKey | None",
+                     usage: tuple[int, int] | None = None) -> None:
         now = perf_counter()
-        em.done(status, now - t0, (first or now) - t0, overhead)
+        em.done(status, now - t0, (first or now) - t0, overhead, usage)
         if self.config.access_log and access_log.isEnabledFor(logging.INFO):
             self._log_access(request, status, state.endpoint.model, state.replica_id, now - t0, api_key, overhead)
 

@@ -9,7 +9,7 @@ import threading
 import requests
 
 from llmgwctl.catalog import Catalog, Model, Profile
-from llmgwctl.observability.metrics import usage_tokens
+from llmgwctl.observability.metrics import StreamUsage, usage_tokens
 from tests.router.harness import catalog, make_router, wait_until
 
 from .scrape import delta, finite, key, scrape
@@ -168,3 +168,34 @@ def test_usage_tokens_reads_replies_and_chunks_without_parsing_them():
     assert usage_tokens(details) == (3, 9)
     assert usage_tokens(b'data: {"choices":[{"delta":{"content":"hi"}}],"usage":null}\n\n') is None
     assert usage_tokens(b'{"choices":[]}') is None
+
+
+USAGE_LINE = (b'data: {"id":"c","object":"chat.completion.chunk","choices":[],'
+              b'"usage":{"prompt_tokens":11,"total_tokens":31,"completion_tokens":20}}\n\n')
+CONTENT_LINE = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"tok"}}],"usage":null}\n\n'
+
+
+def test_stream_usage_is_read_wherever_the_socket_cut_the_stream():
+    stream = CONTENT_LINE * 3 + USAGE_LINE + b"data: [DONE]\n\n"
+    # Every place a read of the socket could end, "usage" itself included.
+    for cut in range(1, len(stream)):
+        scan = StreamUsage()
+        scan.feed(stream[:cut])
+        scan.feed(stream[cut:])
+        assert scan.usage == (11, 20), cut
+    scan = StreamUsage()
+    for i in range(len(stream)):        # one byte per read
+        scan.feed(stream[i:i + 1])
+    assert scan.usage == (11, 20)
+
+
+def test_stream_usage_on_every_chunk_counts_the_last_running_total_once():
+    # vLLM's continuous_usage_stats: every chunk carries the totals so far.
+    scan = StreamUsage()
+    for n in range(1, 6):
+        scan.feed(b'data: {"choices":[{"delta":{"content":"t"}}],"usage":{"prompt_tokens":4,'
+                  b'"completion_tokens":%d,"total_tokens":%d}}\n\n' % (n, 4 + n))
+    assert scan.usage == (4, 5)
+    scan = StreamUsage()
+    scan.feed(CONTENT_LINE * 4 + b"data: [DONE]\n\n")
+    assert scan.usage is None
