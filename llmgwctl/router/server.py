@@ -197,6 +197,7 @@ class Router:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/models/{name:.+}", self._model)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/{tail:.+}", self._proxy)
@@ -265,19 +266,44 @@ class Router:
             self._models_cache = (cache_key, self._models_body(view))
         return web.Response(body=self._models_cache[1], content_type="application/json", headers=headers)
 
+    async def _model(self, request: web.Request) -> web.Response:
+        """One entry of the list by its id (a name or an alias): OpenAI's "retrieve model"."""
+        view = self._view
+        name = request.match_info["name"]
+        api_key = None
+        if self._keys is not None:
+            api_key = self._keys.lookup(request.headers.get("Authorization"))
+            if api_key is None:
+                return keyauth.unauthorized()
+        model = view.catalog.resolve(name)
+        # As for requests: a name outside the key's patterns is 403 whether or
+        # not it exists, so nothing tells the two apart.
+        if api_key is not None and not keyauth.allows(api_key, name, model):
+            return keyauth.forbidden(name)
+        if model is None:
+            return errors.unknown_model(name, view.catalog.names())
+        entry = self._model_entry(model, name)
+        return web.Response(body=json.dumps(entry).encode(), content_type="application/json",
+                            headers={"x-llmgw-catalog-version": view.version})
+
     def _models_body(self, view: _View, api_key: "keyauth.ApiKey | None" = None) -> bytes:
         data = []
         for m in view.catalog.models:
             if api_key is not None and not keyauth.allows(api_key, m.name, m):
                 continue
-            ready = self.balancer.ready_count(m.name)
-            data.append({"id": m.name, "object": "model", "created": 0, "owned_by": "llmgw",
-                         "llmgw": {"ready_replicas": ready, "aliases": list(m.aliases),
-                                   "profiles": [p.name for p in m.ranked()]}})
-            for alias in m.aliases:
-                data.append({"id": alias, "object": "model", "created": 0, "owned_by": "llmgw",
-                             "llmgw": {"ready_replicas": ready, "alias_of": m.name}})
+            data.append(self._model_entry(m, m.name))
+            data.extend(self._model_entry(m, alias) for alias in m.aliases)
         return json.dumps({"object": "list", "data": data}).encode()
+
+    def _model_entry(self, model, listed_as: str) -> dict:
+        """A model (or one of its aliases) in OpenAI's model shape, with llmgw's extension field."""
+        ready = self.balancer.ready_count(model.name)
+        if listed_as == model.name:
+            extra = {"ready_replicas": ready, "aliases": list(model.aliases),
+                     "profiles": [p.name for p in model.ranked()]}
+        else:
+            extra = {"ready_replicas": ready, "alias_of": model.name}
+        return {"id": listed_as, "object": "model", "created": 0, "owned_by": "llmgw", "llmgw": extra}
 
     def _refuse(self, request: web.Request, t0: float, resp: web.Response, model: str = "",
                 api_key: "keyauth.ApiKey | None" = None) -> web.Response:

@@ -96,6 +96,14 @@ def test_models_lists_names_aliases_and_ready_counts(setup):
     assert by_id["other-model"]["llmgw"]["ready_replicas"] == 0
     rt.set_endpoints([])
     assert requests.get(rt.url + "/v1/models", timeout=10).json()["data"][0]["llmgw"]["ready_replicas"] == 0
+    # Retrieve one, by name or alias, as the openai client does.
+    one = client.models.retrieve("qwen")
+    assert one.id == "qwen" and one.object == "model"
+    assert requests.get(rt.url + f"/v1/models/{MODEL}", timeout=10).json() == {**by_id[MODEL], "llmgw": {
+        **by_id[MODEL]["llmgw"], "ready_replicas": 0}}
+    missing = requests.get(rt.url + "/v1/models/qwen2.5-7b-instrukt", timeout=10)
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "model_not_found" and MODEL in missing.json()["error"]["message"]
     health = requests.get(rt.url + "/healthz", timeout=10).json()
     assert health["status"] == "ok" and health["catalog_version"] == rt.router.catalog.version
 
