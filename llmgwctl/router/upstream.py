@@ -46,6 +46,8 @@ class UpstreamBroken(UpstreamError):
     """The answer started and did not finish."""
 
 
+# Parsed endpoint URLs kept; past this they are parsed anew (a few µs each).
+_TARGETS_KEPT = 1024
 # A slow client makes chunks pile up here; past this the engine's socket is no
 # longer read, so TCP pushes back on the engine instead of the router's memory
 # growing. 256 KiB is a few thousand SSE events.
@@ -367,6 +369,8 @@ class Pool:
         """
         target = self._targets.get(base_url)
         if target is None:
+            if len(self._targets) >= _TARGETS_KEPT:
+                self._targets.clear()       # replicas come and go, each at a new URL
             target = self._targets[base_url] = _parse_target(base_url)
         # What engines get: the body is always JSON. The client's Authorization
         # is the gateway's credential and is not passed on; no Accept-Encoding,
@@ -419,7 +423,12 @@ class Pool:
                     conn.close()
                     self._forget(conn)
             if self._open.get(key, 0) >= self.limit_per_endpoint:
-                await self._wait(self._waiters.setdefault(key, collections.deque()))
+                waiters = self._waiters.setdefault(key, collections.deque())
+                try:
+                    await self._wait(waiters)
+                finally:
+                    if not waiters and self._waiters.get(key) is waiters:
+                        del self._waiters[key]
             elif self._total >= self.limit_total:
                 # Room for this engine is taken by idle connections to others:
                 # close the longest idle one; with none idle, wait for any.
@@ -512,11 +521,14 @@ class Pool:
         self._sweep = None
         expired_before = self._clock() - self.keepalive_timeout
         left = False
-        for conns in list(self._idle.values()):
+        for key, conns in list(self._idle.items()):
             for conn in [c for c in conns if c.closed or c.idle_since <= expired_before]:
                 conn.close()
                 self._forget(conn)
-            left = left or bool(conns)
+            if conns:
+                left = True
+            else:
+                del self._idle[key]     # an engine gone for good leaves nothing behind
         if left and not self._closed:
             self._sweep = asyncio.get_running_loop().call_later(self.keepalive_timeout, self._expire)
 

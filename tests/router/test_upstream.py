@@ -719,6 +719,7 @@ async def test_limit_per_endpoint_holds_the_third_request_until_a_connection_com
             for task in tasks:
                 task.cancel()
         assert pool.connections(engine.url) == 2
+        assert pool._waiters == {}      # the queue of the wait is gone with it
 
 
 async def test_limit_total_closes_an_idle_connection_to_another_engine():
@@ -850,3 +851,20 @@ async def test_100_continue_before_the_answer_is_skipped(apart):
             finally:
                 r.release()
         assert server.accepted == 1
+
+
+async def test_engines_that_come_and_go_leave_nothing_behind_in_the_pool():
+    # Every replica is a new URL; a router running for months sees thousands.
+    async def keeps_answering(reader, writer):
+        while await read_request(reader):
+            writer.write(reply(b"ok"))
+
+    async with pooled(keepalive_timeout=0.2) as pool:
+        urls = []
+        for _ in range(5):
+            async with Raw(keeps_answering) as server:
+                assert await fetch(pool, server.url) == (200, b"ok")
+                urls.append(server.url)
+        await until(lambda: all(pool.connections(u) == 0 for u in urls), "the sweep to close every connection")
+        await until(lambda: not pool._idle and not pool._waiters and pool._total == 0,
+                    "the pool's tables to be empty")
