@@ -12,9 +12,11 @@ import asyncio
 import contextlib
 import re
 import socket
+import ssl
 import struct
 
 import pytest
+import trustme
 from aiohttp import web
 
 from llmgwctl.router.upstream import ConnectFailed, Pool, UpstreamBroken, UpstreamTimeout
@@ -63,8 +65,9 @@ class Engine:
     from the server's side that the client closed it.
     """
 
-    def __init__(self, **routes):
+    def __init__(self, tls=None, **routes):
         self.routes = routes        # path without the leading slash -> handler
+        self.tls = tls              # an ssl.SSLContext: serve https
         self.accepted = 0
         self.transports: list = []
 
@@ -79,8 +82,9 @@ class Engine:
         def accept():
             self.accepted += 1
             return self.runner.server()
-        self.server = await asyncio.get_running_loop().create_server(accept, "127.0.0.1", 0)
-        self.url = "http://127.0.0.1:%d" % self.server.sockets[0].getsockname()[1]
+        self.server = await asyncio.get_running_loop().create_server(accept, "127.0.0.1", 0, ssl=self.tls)
+        scheme = "https" if self.tls else "http"
+        self.url = "%s://127.0.0.1:%d" % (scheme, self.server.sockets[0].getsockname()[1])
         return self
 
     def _track(self, handler):
@@ -868,3 +872,26 @@ async def test_engines_that_come_and_go_leave_nothing_behind_in_the_pool():
         await until(lambda: all(pool.connections(u) == 0 for u in urls), "the sweep to close every connection")
         await until(lambda: not pool._idle and not pool._waiters and pool._total == 0,
                     "the pool's tables to be empty")
+
+
+async def test_an_engine_behind_tls_with_a_private_ca_trusted_through_ssl_cert_file(tmp_path, monkeypatch):
+    # Fleets that put engines behind TLS use their own CA; the pool verifies
+    # against the system's trust store, which SSL_CERT_FILE points elsewhere.
+    ca = trustme.CA()
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(tls)
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+
+    async def hello(request):
+        return web.Response(body=await request.read() + b" over tls")
+
+    async with Engine(tls=tls, v1=hello) as engine:
+        async with pooled() as pool:
+            # Not trusted: refused before any request is sent, so safe to retry elsewhere.
+            with pytest.raises(ConnectFailed, match="CERTIFICATE_VERIFY_FAILED"):
+                await within(pool.post(engine.url, "/v1", b"{}"))
+        monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+        async with pooled() as pool:
+            assert await fetch(pool, engine.url, "/v1", b"{}") == (200, b"{} over tls")
+            assert await fetch(pool, engine.url, "/v1", b"[]") == (200, b"[] over tls")
+            assert engine.accepted == 2     # the failed handshake, then one kept-alive connection
