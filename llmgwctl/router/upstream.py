@@ -11,12 +11,15 @@ that say whether the request may be retried elsewhere. Parsing is httptools
 (llhttp, the parser Node.js uses; uvicorn's too), so what engines send is read
 by a complete, strict HTTP/1.1 parser rather than code of ours.
 
-Errors:
-- `ConnectFailed`: refused, reset or closed before any byte of the answer.
-  The engine did not answer, so the request may go to another endpoint.
-- `UpstreamTimeout`: no byte for `idle_timeout` (only when one is given).
-- `UpstreamBroken`: the answer started and then the connection failed or the
-  engine sent something that is not HTTP.
+Errors say whether sending the request elsewhere is safe:
+
+    UpstreamError
+     ├── ConnectFailed    refused, reset or closed before any byte of the answer:
+     │                    the engine did not answer, another endpoint may
+     ├── UpstreamTimeout  no byte for `idle_timeout` (only when one is given): the
+     │                    engine took the request and may be running it, no retry
+     └── UpstreamBroken   the answer started, then the connection failed or the
+                          engine sent something that is not HTTP: no retry
 """
 from __future__ import annotations
 
@@ -343,6 +346,7 @@ class Pool:
     on a connection the engine is closing.
     """
 
+    # The defaults are RouterConfig's, where each one's reason is given.
     def __init__(self, *, connect_timeout: float = 3.0, keepalive_timeout: float = 4.0,
                  limit_per_endpoint: int = 512, limit_total: int = 8192,
                  clock: Callable[[], float] = time.monotonic):
