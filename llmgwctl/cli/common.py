@@ -63,9 +63,11 @@ _ROUTER_OPTIONS = (
     click.option("--upstream-idle-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
                  help="Seconds a stream's engine may send nothing before the stream ends (504, or an error event); "
                       "0: never."),
+    click.option("--access-log/--no-access-log", default=True, show_default=True,
+                 help="One line per router request on the llmgw.access log (at info level)."),
 )
 _ROUTER_FIELDS = ("poll_interval", "cold_timeout", "cold_queue", "max_body_bytes", "max_connections_per_client",
-                  "upstream_idle_timeout")
+                  "upstream_idle_timeout", "access_log")
 
 
 def router_options(command):

@@ -1,8 +1,6 @@
 """`llmgwctl router`: the OpenAI-compatible router as its own process."""
 from __future__ import annotations
 
-import dataclasses
-
 import click
 
 from .common import host_port, log_format_option, raise_fd_limit, router_options, run_loop, setup_logging
@@ -21,14 +19,12 @@ from .common import host_port, log_format_option, raise_fd_limit, router_options
               help="Read the controller's bearer token from FILE (keeps it out of the process list).")
 @click.option("--api-keys", type=click.Path(dir_okay=False), metavar="FILE",
               help="Require API keys (YAML: name, sha256, models, rpm); followed for edits. Without it the router is open.")
-@click.option("--access-log/--no-access-log", default=True, show_default=True,
-              help="One line per request on the llmgw.access log (at info level).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @log_format_option
 @router_options
 def command(listen: tuple[str, int], controller: str | None, endpoints_file: str | None, catalogs_dir: str | None,
-            token: str | None, token_file, api_keys: str | None, access_log: bool, log_level: str, log_format: str,
+            token: str | None, token_file, api_keys: str | None, log_level: str, log_format: str,
             router_config) -> None:
     """Serve the OpenAI-compatible API, routing each request to a ready, lightly loaded replica."""
     if controller and (endpoints_file or catalogs_dir):
@@ -48,7 +44,6 @@ def command(listen: tuple[str, int], controller: str | None, endpoints_file: str
     from ..router.standalone import run
     from ..router.static import EndpointFileError
 
-    config = dataclasses.replace(router_config, access_log=access_log)
     raise_fd_limit()
     host, port = listen
 
@@ -57,7 +52,7 @@ def command(listen: tuple[str, int], controller: str | None, endpoints_file: str
         click.echo(f"router listening on http://{host}:{bound}")
 
     coro = run(host, port, endpoints_file=endpoints_file, catalogs_dir=catalogs_dir, controller=controller,
-               token=token, config=config, on_listening=announce, api_keys=api_keys)
+               token=token, config=router_config, on_listening=announce, api_keys=api_keys)
     try:
         run_loop(coro)
     except (CatalogError, EndpointFileError, KeyFileError) as exc:

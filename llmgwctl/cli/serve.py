@@ -40,14 +40,11 @@ from .common import host_port, log_format_option, raise_fd_limit, router_options
               help="A second token that may only report, follow desired replicas, watch and wake (for agents and routers).")
 @click.option("--api-keys", type=click.Path(dir_okay=False), metavar="FILE",
               help="Router API keys (YAML: name, sha256, models, rpm); followed for edits. Without it the router is open.")
-@click.option("--access-log/--no-access-log", default=True, show_default=True,
-              help="One line per router request on the llmgw.access log.")
 @router_options
 @log_format_option
 @click.option("-v", "--verbose", count=True, help="More logging (-vv for debug).")
 def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node, ports, settle, drain_grace,
-            node_timeout, replace_after, token_file, agent_token_file, api_keys, access_log, log_format, verbose,
-            router_config):
+            node_timeout, replace_after, token_file, agent_token_file, api_keys, log_format, verbose, router_config):
     """Serve the catalogs in DIR: place replicas, route OpenAI requests, follow every edit."""
     from ..catalog import CatalogError
     from ..control.auth import TokenError, check_bind, read_token_file
@@ -66,7 +63,7 @@ def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node
     cfg = ServeConfig(catalogs=catalogs, listen=listen, control=control, local_agent=local_agent, gpus=gpus,
                       pools=tuple(pools), ports=ports, settle=settle, drain_grace=drain_grace,
                       node_timeout=node_timeout, replace_after=replace_after, token=token, agent_token=agent_token,
-                      api_keys=api_keys, access_log=access_log, router=router_config)
+                      api_keys=api_keys, router=router_config)
     if state_dir is not None:
         cfg.state_dir = state_dir
     if node:

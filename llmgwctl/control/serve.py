@@ -22,7 +22,7 @@ import logging
 import os
 import signal
 import socket
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -69,8 +69,7 @@ class ServeConfig:
     token: str | None = None                # the control API's admin token; None: open, loopback only
     agent_token: str | None = None          # a token that may only report, follow and wake
     api_keys: str | None = None             # the router's API key file; None: the router is open
-    access_log: bool = True                 # one line per router request on `llmgw.access`
-    router: "RouterConfig | None" = None    # the data plane's knobs; None: RouterConfig's defaults
+    router: "RouterConfig | None" = None    # the data plane's knobs (access log included); None: the defaults
 
 
 class Server:
@@ -82,7 +81,7 @@ class Server:
         self.cfg = cfg
         options = {k: v for k, v in (("settle", cfg.settle), ("drain_grace", cfg.drain_grace),
                                      ("node_timeout", cfg.node_timeout), ("replace_after", cfg.replace_after)) if v is not None}
-        self.router = Router(waker=self, config=replace(cfg.router or RouterConfig(), access_log=cfg.access_log))
+        self.router = Router(waker=self, config=cfg.router or RouterConfig())
         self.controller = Controller(cfg.catalogs, router=self.router, **options)
         self.stop_event = asyncio.Event()       # stops the controller's loops: set last
         self.shutdown = asyncio.Event()         # SIGINT/SIGTERM: begin the ordered stop
