@@ -284,10 +284,6 @@ class EndpointMetrics:
             self._in.value += usage[0]
             self._out.value += usage[1]
 
-    def tokens(self, usage: tuple[int, int]) -> None:
-        self._in.value += usage[0]
-        self._out.value += usage[1]
-
     def codes(self) -> tuple[str, ...]:
         return tuple(str(c) for c in self._codes)
 

@@ -40,12 +40,11 @@ KV_FULL = 0.95
 class EndpointState:
     """What the router knows about one endpoint right now. Mutated only on the event loop."""
 
-    __slots__ = ("endpoint", "base_url", "replica_id", "weight", "inflight", "last_used",
+    __slots__ = ("endpoint", "replica_id", "weight", "inflight", "last_used",
                  "load", "load_at", "ejected_until", "failures")
 
     def __init__(self, endpoint: Endpoint, last_used: float | None = None):
         self.endpoint = endpoint
-        self.base_url = endpoint.url          # prebuilt so the hot path only concatenates the path
         self.replica_id = endpoint.replica_id
         self.weight = endpoint.weight
         self.inflight = 0

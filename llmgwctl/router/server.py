@@ -431,7 +431,7 @@ class Router:
             try:
                 up0 = perf_counter()
                 try:
-                    upstream = await pool.post(state.base_url, path, body, idle_timeout=idle_timeout)
+                    upstream = await pool.post(state.endpoint.url, path, body, idle_timeout=idle_timeout)
                 except UpstreamTimeout as exc:
                     # The engine took the request and then said nothing for
                     # upstream_idle_timeout: wedged, and the request may have
