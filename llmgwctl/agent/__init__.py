@@ -23,12 +23,12 @@ arrives as `ReplicaSpec`s, and engines are known only through their drivers.
 """
 from .core import FAILED, READY, STARTING, STOPPING, Agent, Replica
 from .errors import AgentError, DesiredError, GpuSpecError, PortRangeError
-from .gpus import Gpu, discover, parse_nvidia_smi, parse_spec
+from .gpus import discover, parse_nvidia_smi, parse_spec
 from .ports import PortRange
 from .run import AgentConfig, main, run_agent
 
 __all__ = [
-    "Agent", "AgentConfig", "AgentError", "DesiredError", "FAILED", "Gpu", "GpuSpecError", "PortRange",
+    "Agent", "AgentConfig", "AgentError", "DesiredError", "FAILED", "GpuSpecError", "PortRange",
     "PortRangeError", "READY", "Replica", "STARTING", "STOPPING", "discover", "main", "parse_nvidia_smi",
     "parse_spec", "run_agent",
 ]

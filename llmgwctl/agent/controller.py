@@ -4,7 +4,8 @@ Owns the two HTTP calls an agent makes -- POST its report, long-poll its
 node's desired replicas -- and the loops that keep them going through a
 controller that is down, restarting or answering garbage. The agent always
 dials out; nothing dials in. It must not know how replicas are run: it hands
-desired specs to the agent core and sends whatever `report()` returns.
+desired specs to the agent core and sends whatever `report()` returns (an
+`AgentReport`, turned into the protocol's JSON by its own `to_dict`).
 
 What a failing controller does to this node: nothing. The last desired list
 holds, engines keep running, and the loops retry with a growing delay.
@@ -17,12 +18,12 @@ from typing import Any, Callable, Protocol
 
 import aiohttp
 
-from ..engines.spec import ReplicaSpec
+from ..contracts import AgentReport, ReplicaSpec
 from .backoff import Backoff
 from .desired import DesiredFile, parse_replicas
-from .errors import DesiredError
+from .errors import ControllerError, DesiredError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("llmgw.agent.controller")
 
 # A report every 5 s: the controller marks a node unreachable after 3 missed
 # reports, so a dead node leaves the router within ~15 s, while one small POST
@@ -41,10 +42,6 @@ RETRY_INITIAL, RETRY_CAP = 1.0, 30.0
 # A desired file is stat'ed every second: edits show up at once for a person
 # watching, for the cost of one stat call.
 FILE_POLL = 1.0
-
-
-class ControllerError(Exception):
-    """The controller could not be reached or did not answer as the protocol says; retrying may help."""
 
 
 class DesiredSink(Protocol):
@@ -111,7 +108,7 @@ async def _sleep_unless(stop: asyncio.Event, seconds: float, wake: asyncio.Event
             w.cancel()
 
 
-async def report_loop(client: ControllerClient, report: Callable[[], dict[str, Any]], changed: asyncio.Event,
+async def report_loop(client: ControllerClient, report: Callable[[], AgentReport], changed: asyncio.Event,
                       stop: asyncio.Event, heartbeat: float = HEARTBEAT) -> None:
     """POST the report on every change and at least every `heartbeat` seconds."""
     # Retries of a report wait at most one heartbeat, not RETRY_CAP: a restarted
@@ -126,7 +123,7 @@ async def report_loop(client: ControllerClient, report: Callable[[], dict[str, A
     while not stop.is_set():
         changed.clear()
         try:
-            await client.post_report(report())
+            await client.post_report(report().to_dict())
         except ControllerError as exc:
             delay = retry.failure()
             if not failing:

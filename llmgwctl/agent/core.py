@@ -30,20 +30,24 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from types import MappingProxyType
+from typing import Callable, Iterable, Mapping
 
 import aiohttp
 
 from .. import __version__
-from ..engines.spec import Driver, ReplicaSpec
+from ..contracts import AgentReport, EngineAvailability, Gpu, ReplicaSpec, ReplicaState, ReportedReplica
+from ..engines.errors import EngineError, LaunchError
+from ..engines.spec import Driver
 from . import procs, state
 from .backoff import Backoff
-from .gpus import Gpu
 from .ports import PortRange, pick_port
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("llmgw.agent")
 
-STARTING, READY, FAILED, STOPPING = "starting", "ready", "failed", "stopping"
+# The four states a replica has on its node (contracts.AGENT_STATES).
+STARTING, READY, FAILED, STOPPING = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.FAILED,
+                                     ReplicaState.STOPPING)
 
 # 10 min to pass health after launch: vLLM loading a 70B model from local disk
 # and capturing CUDA graphs takes several minutes; longer than this is a hang
@@ -74,7 +78,7 @@ class Replica:
 
     spec: ReplicaSpec
     backoff: Backoff
-    state: str = STARTING
+    state: ReplicaState = STARTING
     gpu_indices: tuple[int, ...] = ()
     port: int | None = None
     pid: int | None = None
@@ -115,7 +119,7 @@ class Agent:
         self.ports = ports
         self.host = host
         self.pools = tuple(pools)
-        self.engines = dict(engines or {})
+        self.engines = {name: EngineAvailability(*pair) for name, pair in (engines or {}).items()}
         self.driver_for = driver_for
         self.session = session
         self.start_timeout = start_timeout
@@ -129,7 +133,7 @@ class Agent:
         self.replicas: dict[str, Replica] = {}
         self.desired: tuple[ReplicaSpec, ...] | None = None
         self._wake = asyncio.Event()
-        self._availability: dict[tuple, tuple[bool, str]] = {}
+        self._availability: dict[tuple, EngineAvailability] = {}
         self._saved: list[dict] | None = None
 
     # -- inputs -------------------------------------------------------------
@@ -316,9 +320,14 @@ class Agent:
         r.next_start, r.reason = None, ""
         try:
             driver = self.driver_for(spec)
-        except Exception as exc:   # an unknown engine: nothing a retry changes
+        except EngineError as exc:   # an unknown engine: nothing a retry changes
             return self._fail(r, f"no driver for engine {spec.engine!r}: {exc}", retry=False)
-        ok, why = await self._available(spec, driver)
+        except Exception as exc:     # noqa: BLE001 - a bug in our lookup, not in the spec: see _driver_bug
+            return self._driver_bug(r, "finding its driver", exc)
+        try:
+            ok, why = await self._available(spec, driver)
+        except Exception as exc:     # noqa: BLE001 - available() is meant to answer, not raise
+            return self._driver_bug(r, "asking whether its engine is available", exc)
         if not ok:
             return self._fail(r, f"engine {spec.engine!r} is not available on this node: {why}", retry=False)
         indices, problem = self._assign_gpus(r)
@@ -332,8 +341,10 @@ class Agent:
         launch_spec = dataclasses.replace(spec, gpu_indices=indices)
         try:
             launch = driver.launch(launch_spec, host=self.host, port=port)
-        except Exception as exc:   # the driver's message names what to fix in the profile
+        except LaunchError as exc:   # the driver's message names what to fix in the profile
             return self._fail(r, f"cannot launch: {exc}", retry=False)
+        except Exception as exc:     # noqa: BLE001 - a driver bug is not the spec's fault: see _driver_bug
+            return self._driver_bug(r, "building its launch", exc)
         env = {**os.environ, **launch.env}
         # nvidia-smi numbers GPUs by PCI bus; CUDA by default numbers the fastest
         # first. Without this, index 0 in our inventory may be another CUDA device 0.
@@ -350,16 +361,27 @@ class Agent:
                  spawned.pid, port, list(indices) or "none")
         self._changed()
 
-    def _fail(self, r: Replica, reason: str, *, retry: bool) -> None:
+    def _fail(self, r: Replica, reason: str, *, retry: bool, exc_info: BaseException | None = None) -> None:
         r.state, r.reason = FAILED, reason
         r.next_start = self.clock() + r.backoff.failure() if retry else None
-        log.error("replica %s: %s", r.spec.id, reason)
+        log.error("replica %s: %s%s", r.spec.id, reason, "; retrying with backoff" if retry else "", exc_info=exc_info)
         self._changed()
 
-    async def _available(self, spec: ReplicaSpec, driver: Driver) -> tuple[bool, str]:
+    def _driver_bug(self, r: Replica, doing: str, exc: Exception) -> None:
+        """A driver (or lookup) raised something other than an EngineError: a bug, not a verdict on the spec.
+
+        Only a LaunchError or UnknownEngine says "this spec cannot run here";
+        anything else (a TypeError from a driver) may be fixed by an upgrade or
+        be transient, so it is logged with its traceback and retried with
+        backoff, never recorded as a permanent "cannot launch".
+        """
+        self._fail(r, f"the {r.spec.engine} driver failed while {doing}: {type(exc).__name__}: {exc}", retry=True,
+                   exc_info=exc)
+
+    async def _available(self, spec: ReplicaSpec, driver: Driver) -> EngineAvailability:
         key = (spec.engine, spec.command)
         if key not in self._availability:
-            self._availability[key] = await asyncio.to_thread(driver.available)
+            self._availability[key] = EngineAvailability(*await asyncio.to_thread(driver.available))
             # A catalog-defined engine first seen in a spec joins the report, so
             # placement learns whether this node can run it.
             if spec.engine not in self.engines:
@@ -455,29 +477,26 @@ class Agent:
         await asyncio.to_thread(state.save, self.state_dir, self.machine_boot, records)
         self._saved = docs
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> AgentReport:
         """The report the controller receives: who this node is and everything it runs."""
-        return {
-            "node": self.node, "boot_id": self.boot_id, "agent_version": __version__,
-            "pools": list(self.pools),
-            "engines": {name: {"available": ok, "reason": why} for name, (ok, why) in sorted(self.engines.items())},
-            "gpus": [g.to_dict() for g in self.gpus],
-            "replicas": [self._replica_report(r) for r in sorted(self.replicas.values(), key=lambda r: r.spec.id)],
-            "advertise_host": self.host,
-        }
+        return AgentReport(
+            node=self.node, boot_id=self.boot_id, agent_version=__version__, advertise_host=self.host,
+            pools=self.pools, engines=MappingProxyType(dict(sorted(self.engines.items()))), gpus=self.gpus,
+            replicas=tuple(self._replica_report(r) for r in sorted(self.replicas.values(), key=lambda r: r.spec.id)),
+        )
 
-    def _replica_report(self, r: Replica) -> dict[str, Any]:
-        return {
-            "id": r.spec.id, "spec_hash": r.spec.spec_hash, "model": r.spec.model, "profile": r.spec.profile,
-            "engine": r.spec.engine, "gpu_indices": list(r.gpu_indices or r.spec.gpu_indices), "port": r.port,
-            "pid": r.pid, "state": r.state, "restarts": r.restarts, "last_exit": r.last_exit,
-            "last_log": list(r.last_log), "url": self.url(r.port) if r.port is not None else None,
-            "reason": r.reason,
+    def _replica_report(self, r: Replica) -> ReportedReplica:
+        return ReportedReplica(
+            id=r.spec.id, spec_hash=r.spec.spec_hash, model=r.spec.model, profile=r.spec.profile,
+            engine=r.spec.engine, gpu_indices=r.gpu_indices or r.spec.gpu_indices, port=r.port,
+            pid=r.pid, state=r.state, restarts=r.restarts, last_exit=r.last_exit,
+            last_log=tuple(r.last_log), url=self.url(r.port) if r.port is not None else None,
+            reason=r.reason,
             # The whole spec, so a restarted controller can adopt this replica
             # and keep desiring exactly it (same hash) until it decides to
             # replace it, instead of the agent restarting it on a guessed spec.
-            "spec": r.spec.to_dict(),
-        }
+            spec=r.spec,
+        )
 
 
 def _describe_exit(code: int | None) -> str:

@@ -13,10 +13,10 @@ from typing import Any, Mapping
 
 import yaml
 
-from ..engines.spec import ReplicaSpec
+from ..contracts import ReplicaSpec
 from .errors import DesiredError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("llmgw.agent.desired")
 
 REQUIRED = ("id", "model", "engine")
 

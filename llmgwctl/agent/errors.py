@@ -1,20 +1,22 @@
 """The agent's errors, in one place.
 
-    AgentError                   something the operator must fix before or while the agent runs
+    AgentError                   the root: something went wrong in the agent's own work
      ├ GpuSpecError              --gpus SPEC that is not COUNTxNAME-MEMGB[,...]
      ├ PortRangeError            --ports that is not LOW-HIGH inside 1-65535
-     └ DesiredError              a desired-replicas document that cannot be used (file or controller);
-                                 the agent keeps the last good desired list and says why
+     ├ DesiredError              a desired-replicas document that cannot be used (file or controller);
+     │                           the agent keeps the last good desired list and says why
+     └ ControllerError           the controller could not be reached or did not answer as the protocol says
 
-None of these is retried by waiting: each names what to change. Failures that
-waiting can fix (an unreachable controller, an engine still loading) are not
-exceptions here; the loops back off and retry them.
+The first three name what to change; waiting does not fix them. A
+ControllerError is the one waiting can fix: the loops back off and retry it,
+and the engines keep running meanwhile. An engine that cannot be launched is
+the engines' `LaunchError`, reported as the replica's failure, not raised here.
 """
 from __future__ import annotations
 
 
 class AgentError(Exception):
-    """Base of the agent's errors; the message says what to change."""
+    """Base of the agent's errors; the message says what went wrong and, where it can, what to change."""
 
 
 class GpuSpecError(AgentError, ValueError):
@@ -27,3 +29,7 @@ class PortRangeError(AgentError, ValueError):
 
 class DesiredError(AgentError, ValueError):
     pass
+
+
+class ControllerError(AgentError):
+    """The controller could not be reached or did not answer as the protocol says; retrying may help."""

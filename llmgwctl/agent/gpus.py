@@ -1,6 +1,7 @@
 """Which GPUs this node has: from nvidia-smi, from a simulated SPEC, or none.
 
-Owns the `Gpu` record and the three ways of getting a node's inventory. It
+Owns the three ways of getting a node's inventory (the `Gpu` record is a
+contract: the inventory reads the same type from reports). It
 must not know about replicas or placement: it only says what is there.
 """
 from __future__ import annotations
@@ -10,12 +11,11 @@ import re
 import shutil
 import subprocess
 import uuid
-from dataclasses import dataclass
-from typing import Any
 
+from ..contracts import Gpu
 from .errors import GpuSpecError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("llmgw.agent.gpus")
 
 NVIDIA_SMI_QUERY = ("--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader,nounits")
 
@@ -25,17 +25,6 @@ _SPEC_PART = re.compile(r"^\s*(\d+)\s*[xX]\s*([A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*
 # A fixed namespace so a simulated inventory gets the same uuids on every run
 # (and a different set per node name): reports and state files stay comparable.
 _SIM_NAMESPACE = uuid.UUID("6c6c6d67-772d-7369-6d2d-677075000000")
-
-
-@dataclass(frozen=True, slots=True)
-class Gpu:
-    index: int
-    uuid: str
-    name: str
-    memory_mib: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "uuid": self.uuid, "name": self.name, "memory_mib": self.memory_mib}
 
 
 def parse_spec(spec: str, node: str = "") -> tuple[Gpu, ...]:

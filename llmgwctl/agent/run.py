@@ -15,14 +15,15 @@ from typing import Callable, Mapping
 
 import aiohttp
 
-from ..engines.spec import Driver, ReplicaSpec
+from ..contracts import ReplicaSpec
+from ..engines.spec import Driver
 from .controller import HEARTBEAT, ControllerClient, desired_loop, file_loop, report_loop
 from .core import START_TIMEOUT, STOP_GRACE, TICK, Agent
 from .desired import DesiredFile
 from .gpus import discover
 from .ports import PortRange
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("llmgw.agent")
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..engines.spec import ReplicaSpec
+from ..contracts import ReplicaSpec
 from ..fsutil import write_atomically
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("llmgw.agent.state")
 
 FORMAT = 1
 FILENAME = "replicas.json"

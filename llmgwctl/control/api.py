@@ -30,8 +30,8 @@ import os
 from aiohttp import web
 
 from ..catalog import CatalogError
+from ..contracts import ReportError
 from ..observability.metrics import CONTENT_TYPE_LATEST, ControlMetrics
-from ..inventory import ReportError
 from ..reconciler import LONG_POLL
 from . import schemas
 from .apply import ApplyError, plan, validate_with, write_atomically
@@ -94,7 +94,7 @@ class ControlAPI:
                  metrics: ControlMetrics | None = None):
         self.c = controller
         self.auth = auth or ControlAuth()
-        self.metrics = metrics or ControlMetrics(controller.status)
+        self.metrics = metrics or ControlMetrics(controller.state)
 
     def app(self) -> web.Application:
         requests = self.metrics.requests

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from ..catalog import Catalog, Live
 from ..catalog.watcher import CatalogWatcher
+from ..contracts import CatalogStatus, ControlStatus
 from ..inventory import Inventory
 from ..reconciler import DesiredStore, Reconciler
 from ..reconciler import run as run_reconciler
@@ -90,8 +91,17 @@ class Controller:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    def state(self) -> ControlStatus:
+        """Everything `status` shows, typed: the control metrics read this, the status JSON is its `to_dict`."""
+        w = self.watcher
+        current = self.live.current
+        catalog = CatalogStatus(
+            directory=w.directory, version=current.version, models=len(current), swapped_at=w.swapped_at,
+            swaps=w.swaps, rejections=w.rejections, directory_valid=w.directory_valid,
+            last_rejection=w.last_rejection.to_dict() if w.last_rejection else None)
+        return ControlStatus(catalog=catalog, routers=self.usage.routers(),
+                             fleet=self.reconciler.fleet_status(self.usage.usage_snapshot()))
+
     def status(self) -> dict:
-        usage = self.usage.usage_snapshot()
-        out = {"catalog": self.watcher.status(), "routers": self.usage.routers()}
-        out.update(self.reconciler.status(usage))
-        return out
+        """`GET /api/v1/status`."""
+        return self.state().to_dict()

@@ -100,7 +100,7 @@ class Server:
 
         check_bind(self.cfg.control[0], self.cfg.token)      # TokenError before anything binds
         auth = ControlAuth(self.cfg.token, self.cfg.agent_token)
-        metrics = ControlMetrics(self.controller.status)
+        metrics = ControlMetrics(self.controller.state)
         self.controller.reconciler.on_pass = metrics.observe_pass
         catalog = await asyncio.to_thread(self.controller.load)
         self.router.set_catalog(catalog)

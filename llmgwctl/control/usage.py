@@ -15,47 +15,32 @@ its stale "nothing in flight".
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable
+
+from ..contracts import Usage, UsageReport, UsageSnapshot, UsageSource
 
 # A router's report is trusted for three of its 2 s intervals: one late report
 # is noise; a router silent for longer is gone, and so are its requests.
 STALE_AFTER = 6.0
 
 
-class UsageSource(Protocol):
-    def usage_snapshot(self) -> Mapping[str, tuple[float | None, int]]: ...
-
-
-class UsageError(ValueError):
-    pass
-
-
 class UsageBoard:
+    """A UsageSource itself: the reconciler reads the merged snapshot as if it were one router's."""
+
     def __init__(self, local: UsageSource | None = None, *, version: Callable[[], int] = lambda: 0,
                  clock: Callable[[], float] = time.monotonic, stale_after: float = STALE_AFTER):
         self.local = local
         self._version = version
         self._clock = clock
         self.stale_after = stale_after
-        self._remote: dict[str, tuple[float, int, dict[str, tuple[float | None, int]]]] = {}
+        # router id -> (received at, the watch version it had applied, its usage on our clock)
+        self._remote: dict[str, tuple[float, int, dict[str, Usage]]] = {}
 
     def report(self, body: Any) -> None:
-        """Take one standalone router's report (see llmgwctl.router.watch)."""
-        if not isinstance(body, dict) or not isinstance(body.get("router"), str) or not isinstance(body.get("replicas"), dict):
-            raise UsageError('expected {"router": ID, "version": N, "replicas": {REPLICA: {"idle_seconds", "inflight"}}}')
+        """Take one standalone router's report (see llmgwctl.contracts.usage); UsageError if malformed."""
+        report = body if isinstance(body, UsageReport) else UsageReport.from_dict(body)
         now = self._clock()
-        replicas = {}
-        try:
-            for rid, entry in body["replicas"].items():
-                idle = entry.get("idle_seconds")
-                inflight = int(entry.get("inflight") or 0)
-                if inflight < 0 or (idle is not None and float(idle) < 0):
-                    raise ValueError("negative")
-                replicas[str(rid)] = (None if idle is None else now - float(idle), inflight)
-            version = int(body.get("version") or 0)
-        except (AttributeError, TypeError, ValueError) as exc:
-            raise UsageError(f"bad usage entry: {exc}") from None
-        self._remote[body["router"]] = (now, version, replicas)
+        self._remote[report.router] = (now, report.version, report.snapshot(now))
 
     def routers(self) -> int:
         return len(self._fresh())
@@ -66,8 +51,9 @@ class UsageBoard:
             del self._remote[router]
         return self._remote.values()
 
-    def usage_snapshot(self) -> dict[str, tuple[float | None, int]]:
-        merged: dict[str, tuple[float | None, int]] = dict(self.local.usage_snapshot()) if self.local else {}
+    def usage_snapshot(self) -> UsageSnapshot:
+        merged: dict[str, Usage] = ({rid: Usage(*u) for rid, u in self.local.usage_snapshot().items()}
+                                    if self.local else {})
         current = self._version()
         for _, version, replicas in self._fresh():
             lagging = version < current
@@ -76,5 +62,5 @@ class UsageBoard:
                     inflight = max(inflight, 1)
                 old_last, old_inflight = merged.get(rid, (None, 0))
                 newest = last if old_last is None else (old_last if last is None else max(old_last, last))
-                merged[rid] = (newest, old_inflight + inflight)
+                merged[rid] = Usage(newest, old_inflight + inflight)
         return merged

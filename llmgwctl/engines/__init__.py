@@ -3,8 +3,9 @@
 Owns one driver per built-in engine (vLLM, SGLang, llama.cpp's llama-server,
 and the built-in fake), the template driver for engines a catalog defines,
 and the metrics adapters that turn an engine's /metrics page into a
-`LoadReading`. `spec.py` holds the contract (`ReplicaSpec`, `Launch`,
-`LoadReading`, `Driver`) between controller, agent, router and drivers.
+`LoadReading`. `spec.py` holds what a driver is (`Driver`, `Launch`); what it
+is given and hands back to other pieces (`ReplicaSpec`, `LoadReading`) is in
+`llmgwctl.contracts`.
 
 Drivers only *describe* processes (argv, env, probe paths) and read pages;
 they never start, stop or poll anything, so the agent owns process life and
@@ -27,7 +28,8 @@ from .errors import EngineError, LaunchError, UnknownEngine
 from .fake import FakeDriver
 from .llamacpp import LlamacppDriver
 from .sglang import SglangDriver
-from .spec import Driver, Launch, LoadReading, ReplicaSpec
+from ..contracts import LoadReading, ReplicaSpec
+from .spec import Driver, Launch
 from .vllm import VllmDriver
 
 BUILTIN_DRIVERS: Mapping[str, Driver] = MappingProxyType({
@@ -35,8 +37,7 @@ BUILTIN_DRIVERS: Mapping[str, Driver] = MappingProxyType({
 })
 
 __all__ = [
-    "BUILTIN_DRIVERS", "Driver", "EngineError", "Launch", "LaunchError", "LoadReading", "ReplicaSpec",
-    "TemplateDriver", "UnknownEngine", "available_engines", "driver_for", "parse_load",
+    "BUILTIN_DRIVERS", "Driver", "EngineError", "Launch", "LaunchError", "TemplateDriver", "UnknownEngine", "available_engines", "driver_for", "parse_load",
 ]
 
 

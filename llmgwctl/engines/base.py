@@ -17,8 +17,8 @@ from typing import Iterable, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from ..contracts import ReplicaSpec
 from .errors import LaunchError
-from .spec import ReplicaSpec
 
 
 def replica_env(spec: ReplicaSpec, *, check_gpus: bool = True) -> Mapping[str, str]:

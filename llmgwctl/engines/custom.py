@@ -19,7 +19,8 @@ from .base import replica_env
 from .errors import LaunchError
 from .llamacpp import parse_llamacpp
 from .sglang import parse_sglang
-from .spec import Launch, LoadReading, ReplicaSpec
+from ..contracts import LoadReading, ReplicaSpec
+from .spec import Launch
 from .vllm import parse_vllm
 
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .base import replica_env
-from .spec import Launch, LoadReading, ReplicaSpec
+from ..contracts import LoadReading, ReplicaSpec
+from .spec import Launch
 from .vllm import parse_vllm
 
 

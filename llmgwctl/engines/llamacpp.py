@@ -33,7 +33,8 @@ from pathlib import Path
 
 from .base import combine, replica_env, samples
 from .errors import LaunchError
-from .spec import Launch, LoadReading, ReplicaSpec
+from ..contracts import LoadReading, ReplicaSpec
+from .spec import Launch
 
 _RUNNING = "llamacpp:requests_processing"
 _WAITING = "llamacpp:requests_deferred"

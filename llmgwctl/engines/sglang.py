@@ -17,7 +17,8 @@ import importlib.util
 import sys
 
 from .base import combine, replica_env, samples
-from .spec import Launch, LoadReading, ReplicaSpec
+from ..contracts import LoadReading, ReplicaSpec
+from .spec import Launch
 
 _RUNNING = "sglang:num_running_reqs"
 _WAITING = "sglang:num_queue_reqs"

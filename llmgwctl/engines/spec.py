@@ -1,78 +1,14 @@
-"""What the agent needs to run one replica, and what a driver hands back.
+"""What a driver is (`Driver`) and what it hands back (`Launch`).
 
-`ReplicaSpec` is self-contained (it carries a catalog-defined engine's command
-template with it) because it travels from the controller to an agent that has
-no catalog of its own. Its `spec_hash` covers everything that shapes the
-process -- engine and its template, source, args, env, GPU count -- and nothing
-that does not (replica id, which GPU indices, port), so a controller that
-restarts can adopt a running replica whose hash still matches and replace one
-whose profile changed.
+A driver is given a `ReplicaSpec` and reads pages into `LoadReading`s; both
+cross pieces, so they live in `llmgwctl.contracts`.
 """
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any, Mapping, Protocol, Sequence
+from dataclasses import dataclass
+from typing import Mapping, Protocol
 
-from ..catalog import EngineSpec, Model, Profile
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaSpec:
-    id: str
-    model: str              # the model's canonical name: what the engine serves it as
-    profile: str
-    engine: str
-    source: str
-    gpus: int
-    args: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    gpu_indices: tuple[int, ...] = ()
-    # Only for catalog-defined engines; built-in drivers know their own.
-    command: tuple[str, ...] = ()
-    health: str = "/health"
-    metrics: str | None = "/metrics"
-
-    @classmethod
-    def for_profile(cls, replica_id: str, model: Model, profile: Profile, engine: EngineSpec,
-                    gpu_indices: Sequence[int] = ()) -> "ReplicaSpec":
-        return cls(
-            id=replica_id, model=model.name, profile=profile.name, engine=profile.engine,
-            source=profile.source or model.source or model.name, gpus=profile.gpus, args=tuple(profile.args),
-            env=MappingProxyType(dict(profile.env)), gpu_indices=tuple(gpu_indices),
-            command=tuple(engine.command), health=engine.health, metrics=engine.metrics,
-        )
-
-    @property
-    def spec_hash(self) -> str:
-        shape = {
-            "model": self.model, "engine": self.engine, "source": self.source, "gpus": self.gpus,
-            "args": list(self.args), "env": dict(sorted(self.env.items())),
-            "command": list(self.command), "health": self.health, "metrics": self.metrics,
-        }
-        return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id, "model": self.model, "profile": self.profile, "engine": self.engine,
-            "source": self.source, "gpus": self.gpus, "args": list(self.args), "env": dict(self.env),
-            "gpu_indices": list(self.gpu_indices), "command": list(self.command),
-            "health": self.health, "metrics": self.metrics, "spec_hash": self.spec_hash,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ReplicaSpec":
-        return cls(
-            id=str(data["id"]), model=str(data["model"]), profile=str(data.get("profile", "")),
-            engine=str(data["engine"]), source=str(data.get("source") or data["model"]),
-            gpus=int(data.get("gpus", 0)), args=tuple(str(a) for a in data.get("args", ())),
-            env=MappingProxyType({str(k): str(v) for k, v in (data.get("env") or {}).items()}),
-            gpu_indices=tuple(int(i) for i in data.get("gpu_indices", ())),
-            command=tuple(str(c) for c in data.get("command", ())),
-            health=str(data.get("health", "/health")), metrics=data.get("metrics", "/metrics"),
-        )
+from ..contracts import LoadReading, ReplicaSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,18 +19,6 @@ class Launch:
     env: Mapping[str, str]
     health_path: str
     metrics_path: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class LoadReading:
-    """One engine's load from its /metrics: what the router weighs endpoints by.
-
-    `kv_cache` is 0-1, or None when the engine does not report it (llama.cpp).
-    """
-
-    running: float
-    waiting: float
-    kv_cache: float | None = None
 
 
 class Driver(Protocol):

@@ -18,7 +18,8 @@ import importlib.util
 import shutil
 
 from .base import combine, replica_env, samples
-from .spec import Launch, LoadReading, ReplicaSpec
+from ..contracts import LoadReading, ReplicaSpec
+from .spec import Launch
 
 _RUNNING = "vllm:num_requests_running"
 _WAITING = "vllm:num_requests_waiting"

@@ -22,8 +22,8 @@ Router (hot path first):
     llmgw_router_connections_refused_total{reason}            counter, connections closed by the input limits
     llmgw_router_api_keys_reloads_total{result}               counter, applied | rejected
 
-Control plane (all read at scrape from `Controller.status()`, except the pass
-duration and the API's request counter):
+Control plane (all read at scrape from `Controller.state()`, a typed
+`contracts.ControlStatus`, except the pass duration and the API's request counter):
 
     llmgw_catalog_swaps_total, llmgw_catalog_rejections_total counters
     llmgw_catalog_info{version}, llmgw_catalog_directory_valid, llmgw_catalog_models
@@ -54,7 +54,7 @@ requests nothing. Rare events (cold waits, refused connections, key reloads)
 use prometheus_client directly.
 
 It must not change what it observes, and it knows only the narrow read-only
-views handed to it (`RouterProbe`, a status callable).
+views handed to it (`RouterProbe`, a callable returning a `ControlStatus`).
 """
 from __future__ import annotations
 
@@ -68,6 +68,8 @@ from typing import Any, Callable, Iterable, Mapping
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from ..contracts import ControlStatus, ReplicaState
 
 __all__ = ["CONTENT_TYPE_LATEST", "ControlMetrics", "EndpointMetrics", "RouterMetrics", "RouterProbe",
            "render", "usage_tokens"]
@@ -85,8 +87,6 @@ COLD_WAIT_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 # Reconcile passes: well under a millisecond for a small fleet, tens of ms at
 # thousands of nodes (bench/placement.py); a second means something is wrong.
 PASS_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
-
-REPLICA_STATES = ("pending", "starting", "ready", "failed", "draining", "stopping", "lost")
 
 # The usage block is at the end of a reply (and in the last chunk of a stream
 # that asked for it); these read the two counts without parsing the reply.
@@ -389,7 +389,7 @@ class _RouterCollector:
 class ControlMetrics:
     """The control API's registry: `observe_pass(seconds)` from the reconciler, the rest read from `status()`."""
 
-    def __init__(self, status: Callable[[], Mapping[str, Any]] | None = None, *, process: bool = True):
+    def __init__(self, status: Callable[[], ControlStatus] | None = None, *, process: bool = True):
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.passes = Histogram("llmgw_reconcile_pass_duration_seconds", "Wall time of one reconcile pass.",
                                 buckets=PASS_BUCKETS, registry=r)
@@ -408,7 +408,7 @@ class ControlMetrics:
 
 
 class _ControlCollector:
-    def __init__(self, status: Callable[[], Mapping[str, Any]]):
+    def __init__(self, status: Callable[[], ControlStatus]):
         self.status = status
 
     def describe(self):
@@ -416,20 +416,22 @@ class _ControlCollector:
 
     def collect(self):
         s = self.status()
-        cat = s.get("catalog", {})
-        yield CounterMetricFamily("llmgw_catalog_swaps", "Catalogs swapped in since start.", value=cat.get("swaps", 0))
+        cat, fleet = s.catalog, s.fleet
+        yield CounterMetricFamily("llmgw_catalog_swaps", "Catalogs swapped in since start.", value=cat.swaps)
         yield CounterMetricFamily("llmgw_catalog_rejections", "Catalog directory states rejected since start.",
-                                  value=cat.get("rejections", 0))
+                                  value=cat.rejections)
         info = GaugeMetricFamily("llmgw_catalog_info", "The catalog in force.", labels=("version",))
-        info.add_metric((str(cat.get("version", "")),), 1)
+        info.add_metric((cat.version,), 1)
         yield info
         yield GaugeMetricFamily("llmgw_catalog_directory_valid", "0 while the directory holds a rejected edit.",
-                                value=1 if cat.get("directory_valid", True) else 0)
-        yield GaugeMetricFamily("llmgw_catalog_models", "Models in the catalog in force.", value=cat.get("models", 0))
-        yield CounterMetricFamily("llmgw_reconcile_passes", "Reconcile passes since start.", value=s.get("passes", 0))
-        counts: dict[tuple[str, str], int] = {(m["name"], st): 0 for m in s.get("models", ()) for st in REPLICA_STATES}
-        for rep in s.get("replicas", ()):
-            key = (rep["model"], rep["state"])
+                                value=1 if cat.directory_valid else 0)
+        yield GaugeMetricFamily("llmgw_catalog_models", "Models in the catalog in force.", value=cat.models)
+        yield CounterMetricFamily("llmgw_reconcile_passes", "Reconcile passes since start.", value=fleet.passes)
+        # Every state of every catalog model, 0 included: a dashboard's "failed"
+        # panel must show 0, not "no data", while nothing has failed.
+        counts: dict[tuple[str, str], int] = {(m.name, st.value): 0 for m in fleet.models for st in ReplicaState}
+        for rep in fleet.replicas:
+            key = (rep.model, rep.state.value)
             counts[key] = counts.get(key, 0) + 1
         replicas = GaugeMetricFamily("llmgw_replicas", "Replicas by model and state.", labels=("model", "state"))
         for (model, state), n in sorted(counts.items()):
@@ -440,15 +442,15 @@ class _ControlCollector:
         gpus: dict[tuple[str, str], int] = {}
         age = GaugeMetricFamily("llmgw_node_last_report_age_seconds", "Seconds since the node's agent last "
                                 "reported.", labels=("node",))
-        for node in s.get("nodes", ()):
-            by_state[node["state"]] = by_state.get(node["state"], 0) + 1
-            used, total = node.get("gpus_used", 0), node.get("gpus", 0)
+        for node in fleet.nodes:
+            by_state[node.state] = by_state.get(node.state, 0) + 1
             # An unreachable node's GPUs are neither usable nor known to be busy.
-            split = (("used", used), ("free", total - used)) if node["state"] == "ready" else (("unreachable", total),)
-            for pool in node.get("pools") or ("none",):
+            split = ((("used", node.gpus_used), ("free", node.gpus - node.gpus_used)) if node.reachable
+                     else (("unreachable", node.gpus),))
+            for pool in node.pools or ("none",):
                 for state, n in split:
                     gpus[(pool, state)] = gpus.get((pool, state), 0) + n
-            age.add_metric((node["name"],), node.get("last_seen_seconds", 0))
+            age.add_metric((node.name,), node.last_seen_seconds)
         for state, n in sorted(by_state.items()):
             nodes.add_metric((state,), n)
         yield nodes

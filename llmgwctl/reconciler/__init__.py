@@ -3,14 +3,15 @@
 Owns replica records (ids it chose, adoption, drain, idle scale-down, wake),
 the per-node desired lists agents long-poll, and publishing ready replicas as
 the router's endpoints. It must not know HTTP, processes or the router's
-internals: see the protocols in `core`.
+internals: see the protocols in `core` and the records in `llmgwctl.contracts`.
+Importing it loads neither the router nor aiohttp (tests/reconciler holds that).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 
-from .core import DRAIN_GRACE, REPLACE_AFTER, SETTLE, EndpointSink, Event, Reconciler, Replica, UsageSource
+from .core import DRAIN_GRACE, REPLACE_AFTER, SETTLE, EndpointSink, Reconciler, Replica
 from .desired import LONG_POLL, DesiredStore
 
 log = logging.getLogger("llmgw.reconciler")
@@ -20,8 +21,8 @@ log = logging.getLogger("llmgw.reconciler")
 # fleet's worth of records is milliseconds.
 TICK = 1.0
 
-__all__ = ["DRAIN_GRACE", "LONG_POLL", "REPLACE_AFTER", "SETTLE", "TICK", "DesiredStore", "EndpointSink", "Event",
-           "Reconciler", "Replica", "UsageSource", "run"]
+__all__ = ["DRAIN_GRACE", "LONG_POLL", "REPLACE_AFTER", "SETTLE", "TICK", "DesiredStore", "EndpointSink",
+           "Reconciler", "Replica", "run"]
 
 
 async def run(reconciler: Reconciler, wake: asyncio.Event, stop: asyncio.Event, tick: float = TICK) -> None:

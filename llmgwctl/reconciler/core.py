@@ -12,8 +12,11 @@ grace ran out). A new replica joins the list only once its agent reports it
 ready, i.e. its health check passed.
 
 It must not know HTTP or processes: it talks to agents through the
-DesiredStore, to the router through the EndpointSink and UsageSource
-protocols below, and reads time from an injected clock.
+DesiredStore, to the router through the EndpointSink protocol below and the
+contracts' UsageSource, and reads time from an injected clock. What crosses
+to other pieces (Endpoint, ReplicaSpec, ReplicaState, the usage snapshot, the
+status records) is in `llmgwctl.contracts`, so importing this never loads
+the router (or aiohttp).
 """
 from __future__ import annotations
 
@@ -25,10 +28,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Protocol
 
 from ..catalog import Catalog, Live, Model, Profile
-from ..engines.spec import ReplicaSpec
-from ..inventory import Inventory, Node, ReportedReplica
+from ..contracts import (Endpoint, Event, FleetStatus, ModelStatus, NodeStatus, ReplicaSpec, ReplicaState,
+                         ReplicaStatus, ReportedReplica, UsageSnapshot, UsageSource)
+from ..contracts.usage import UNUSED
+from ..inventory import Inventory, Node
 from ..placement import NodeView, Running, place
-from ..router.endpoint import Endpoint
 from .desired import DesiredStore
 
 log = logging.getLogger("llmgw.reconciler")
@@ -63,12 +67,6 @@ class EndpointSink(Protocol):
     def set_endpoints(self, endpoints: Iterable[Endpoint]) -> None: ...
 
 
-class UsageSource(Protocol):
-    """The router's last-used time and in-flight count per replica, read once a pass (idle stop, drain)."""
-
-    def usage_snapshot(self) -> Mapping[str, tuple[float | None, int]]: ...
-
-
 @dataclass
 class Replica:
     """The controller's record of one replica it desires (or adopted)."""
@@ -76,7 +74,7 @@ class Replica:
     spec: ReplicaSpec
     node: str
     created: float
-    state: str = "pending"          # pending starting ready failed draining stopping lost
+    state: ReplicaState = ReplicaState.PENDING
     reported: ReportedReplica | None = None
     adopted: bool = False
     drain_since: float | None = None
@@ -91,16 +89,6 @@ class Replica:
     @property
     def url(self) -> str | None:
         return self.reported.url if self.reported else None
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    at: float                       # wall clock, for people
-    kind: str
-    message: str
-
-    def to_dict(self) -> dict:
-        return {"at": self.at, "kind": self.kind, "message": self.message}
 
 
 @dataclass
@@ -163,8 +151,8 @@ class Reconciler:
         """Stop everything on `node` now and place nothing new there (serve's shutdown of its local agent)."""
         self._cordoned.add(node)
         for rec in self.replicas.values():
-            if rec.node == node and rec.state != "stopping":
-                rec.state, rec.drain_reason = "stopping", "controller shutting down"
+            if rec.node == node and rec.state != ReplicaState.STOPPING:
+                rec.state, rec.drain_reason = ReplicaState.STOPPING, "controller shutting down"
         self.desired.set(node, ())
         self.event("node-stopping", f"stopping every replica on {node}")
 
@@ -207,18 +195,18 @@ class Reconciler:
                     if rec is None:
                         continue
                 rec.reported, rec.seen = rep, True
-                if rec.state not in ("draining", "stopping"):
-                    if rec.state != rep.state and rep.state in ("ready", "failed"):
-                        detail = f": {rep.reason}" if rep.state == "failed" and rep.reason else ""
+                if rec.state not in (ReplicaState.DRAINING, ReplicaState.STOPPING):
+                    if rec.state != rep.state and rep.state in (ReplicaState.READY, ReplicaState.FAILED):
+                        detail = f": {rep.reason}" if rep.state == ReplicaState.FAILED and rep.reason else ""
                         self.event(f"replica-{rep.state}", f"{rec.spec.id} ({rec.spec.model}/{rec.spec.profile} on {node.name}){detail}")
-                    rec.state = rep.state if rep.state in ("starting", "ready", "failed") else rec.state
+                    rec.state = rep.state if rep.state in (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.FAILED) else rec.state
             # A replica the agent no longer lists: once it had listed it, or once
             # we told it to stop, absence means the engine is gone.
             for rid, rec in list(self.replicas.items()):
                 if rec.node != node.name or rid in node.replicas:
                     continue
-                if rec.state == "stopping" or (rec.seen and rec.state != "pending"):
-                    if rec.state != "stopping":
+                if rec.state == ReplicaState.STOPPING or (rec.seen and rec.state != ReplicaState.PENDING):
+                    if rec.state != ReplicaState.STOPPING:
                         self.event("replica-gone", f"{rid} ({rec.spec.model}) is no longer reported by {node.name}")
                     else:
                         self.event("replica-stopped", f"{rid} ({rec.spec.model}) stopped on {node.name}")
@@ -233,7 +221,7 @@ class Reconciler:
         model = catalog.resolve(rep.model)
         if model is None or model.name != rep.model or _profile(model, rep.profile) is None:
             return None  # not desired: absent from the node's list, so its agent stops it
-        spec = _spec_from_report(rep)
+        spec = rep.spec
         if spec is None:
             return None
         rec = Replica(spec=spec, node=node.name, created=now, state=rep.state, reported=rep, adopted=True, seen=True)
@@ -252,8 +240,8 @@ class Reconciler:
             for rid, rec in list(self.replicas.items()):
                 if rec.node != node.name:
                     continue
-                if rec.state != "lost":
-                    rec.state = "lost"
+                if rec.state != ReplicaState.LOST:
+                    rec.state = ReplicaState.LOST
                 if node.unreachable_since is not None and now - node.unreachable_since >= self.replace_after:
                     del self.replicas[rid]
                     self._forgotten.add(rid)
@@ -262,17 +250,17 @@ class Reconciler:
                 # If it comes back, it gets an empty list and stops what it still runs.
                 self.desired.set(node.name, ())
 
-    def _wanted(self, catalog: Catalog, now: float, usage: Mapping[str, tuple[float | None, int]]) -> dict[str, int]:
+    def _wanted(self, catalog: Catalog, now: float, usage: UsageSnapshot) -> dict[str, int]:
         by_model: dict[str, list[Replica]] = collections.defaultdict(list)
         for rec in self.replicas.values():
             by_model[rec.spec.model].append(rec)
         wanted = {}
         for model in catalog.models:
             scale = self._scale.setdefault(model.name, _ModelScale(wanted=model.replicas.min))
-            recs = [r for r in by_model.get(model.name, ()) if r.state not in ("draining", "stopping")]
+            recs = [r for r in by_model.get(model.name, ()) if r.state not in (ReplicaState.DRAINING, ReplicaState.STOPPING)]
             inflight = 0
             for rec in recs:
-                last, n = usage.get(rec.spec.id, (None, 0))
+                last, n = usage.get(rec.spec.id, UNUSED)
                 inflight += n
                 if last is not None:
                     scale.last_used = max(scale.last_used or last, last)
@@ -281,7 +269,7 @@ class Reconciler:
             used = max((t for t in (scale.last_used, scale.woken) if t is not None), default=None)
             idle = model.idle_timeout is not None and (used is None or now - used >= model.idle_timeout)
             target = max(scale.wanted, model.replicas.min)
-            ready = [r for r in recs if r.state == "ready"]
+            ready = [r for r in recs if r.state == ReplicaState.READY]
             if idle:
                 target = model.replicas.min
             elif ready and len(ready) == len(recs) and inflight / len(ready) >= SCALE_UP_INFLIGHT:
@@ -302,14 +290,14 @@ class Reconciler:
             del self._scale[name]
         return wanted
 
-    def _plan(self, catalog: Catalog, now: float, usage: Mapping[str, tuple[float | None, int]]) -> None:
+    def _plan(self, catalog: Catalog, now: float, usage: UsageSnapshot) -> None:
         wanted = self._wanted(catalog, now, usage)
         running, views = self._placement_input(catalog)
         plan = place(catalog, views, running, wanted)
         for stop in plan.stop:
             rec = self.replicas.get(stop.replica_id)
-            if rec is not None and rec.state not in ("draining", "stopping"):
-                rec.state, rec.drain_since, rec.drain_reason = "draining", now, stop.reason
+            if rec is not None and rec.state not in (ReplicaState.DRAINING, ReplicaState.STOPPING):
+                rec.state, rec.drain_since, rec.drain_reason = ReplicaState.DRAINING, now, stop.reason
                 self.event("replica-draining", f"{rec.spec.id} ({rec.spec.model} on {rec.node}): {stop.reason}")
         for a in plan.start:
             model = catalog.resolve(a.model)
@@ -328,7 +316,7 @@ class Reconciler:
         expected = self._expected_hashes(catalog)
         running, held = [], collections.defaultdict(set)
         for rec in self.replicas.values():
-            if rec.state in ("draining", "stopping"):
+            if rec.state in (ReplicaState.DRAINING, ReplicaState.STOPPING):
                 # Still holding its GPUs until its engine is gone, but no longer
                 # counted toward what the model wants.
                 held[rec.node].update(rec.spec.gpu_indices)
@@ -336,7 +324,7 @@ class Reconciler:
             current = rec.spec_hash == expected.get((rec.spec.model, rec.spec.profile))
             running.append(Running(replica_id=rec.spec.id, model=rec.spec.model, profile=rec.spec.profile,
                                    node=rec.node, gpu_indices=rec.spec.gpu_indices, current=current,
-                                   ready=rec.state == "ready", failed=rec.state == "failed"))
+                                   ready=rec.state == ReplicaState.READY, failed=rec.state == ReplicaState.FAILED))
         views = []
         for node in self.inventory.nodes():
             views.append(NodeView(
@@ -356,13 +344,13 @@ class Reconciler:
             self._expected = (catalog.version, hashes)
         return self._expected[1]
 
-    def _drain(self, now: float, usage: Mapping[str, tuple[float | None, int]]) -> None:
+    def _drain(self, now: float, usage: UsageSnapshot) -> None:
         for rec in self.replicas.values():
-            if rec.state != "draining":
+            if rec.state != ReplicaState.DRAINING:
                 continue
-            inflight = usage.get(rec.spec.id, (None, 0))[1]
+            _, inflight = usage.get(rec.spec.id, UNUSED)
             if inflight == 0 or now - rec.drain_since >= self.drain_grace:
-                rec.state = "stopping"
+                rec.state = ReplicaState.STOPPING
                 why = "drained" if inflight == 0 else f"drain grace over with {inflight} in flight"
                 self.event("replica-stopping", f"{rec.spec.id} ({rec.spec.model} on {rec.node}): {why}")
 
@@ -371,7 +359,7 @@ class Reconciler:
     def _publish(self, catalog: Catalog) -> None:
         per_node: dict[str, list[ReplicaSpec]] = collections.defaultdict(list)
         for rec in self.replicas.values():
-            if rec.state != "stopping":
+            if rec.state != ReplicaState.STOPPING:
                 per_node[rec.node].append(rec.spec)
         for node in self.inventory.nodes():
             # Until settled, only nodes whose replicas were adopted get a list:
@@ -381,7 +369,7 @@ class Reconciler:
                     self._on_change()
         endpoints = []
         for rec in sorted(self.replicas.values(), key=lambda r: r.spec.id):
-            if rec.state != "ready" or not rec.url:
+            if rec.state != ReplicaState.READY or not rec.url:
                 continue
             node = self.inventory.get(rec.node)
             if node is None or not node.reachable:
@@ -424,7 +412,8 @@ class Reconciler:
 
     # --- for status -----------------------------------------------------------
 
-    def status(self, usage: Mapping[str, tuple[float | None, int]] | None = None) -> dict:
+    def fleet_status(self, usage: UsageSnapshot | None = None) -> FleetStatus:
+        """What the reconciler wants and what runs, typed: the control API's JSON and its metrics read this."""
         catalog = self.live.current
         usage = usage or {}
         now = self._clock()
@@ -432,57 +421,49 @@ class Reconciler:
         for model in catalog.models:
             recs = [r for r in self.replicas.values() if r.spec.model == model.name]
             scale = self._scale.get(model.name)
-            models.append({
-                "name": model.name, "aliases": list(model.aliases),
-                "min": model.replicas.min, "max": model.replicas.max,
-                "desired": scale.wanted if scale else model.replicas.min,
-                "ready": sum(r.state == "ready" for r in recs), "replicas": len(recs),
-                "unplaceable": self.unplaceable.get(model.name),
-            })
+            models.append(ModelStatus(
+                name=model.name, aliases=tuple(model.aliases), min=model.replicas.min, max=model.replicas.max,
+                desired=scale.wanted if scale else model.replicas.min,
+                ready=sum(r.state == ReplicaState.READY for r in recs), replicas=len(recs),
+                unplaceable=self.unplaceable.get(model.name),
+            ))
         replicas = []
         for rec in sorted(self.replicas.values(), key=lambda r: (r.spec.model, r.spec.id)):
-            last, inflight = usage.get(rec.spec.id, (None, 0))
+            last, inflight = usage.get(rec.spec.id, UNUSED)
             rep = rec.reported
-            replicas.append({
-                "id": rec.spec.id, "model": rec.spec.model, "profile": rec.spec.profile, "engine": rec.spec.engine,
-                "node": rec.node, "gpus": list(rec.spec.gpu_indices), "state": rec.state, "url": rec.url,
-                "pid": rep.pid if rep else None, "restarts": rep.restarts if rep else 0,
-                "last_exit": rep.last_exit if rep else None, "adopted": rec.adopted,
-                "inflight": inflight, "idle_seconds": round(now - last, 1) if last is not None else None,
-                "reason": rec.drain_reason if rec.state in ("draining", "stopping") else (rep.reason if rep else ""),
-                "spec_hash": rec.spec_hash,
-            })
+            stopping = rec.state in (ReplicaState.DRAINING, ReplicaState.STOPPING)
+            replicas.append(ReplicaStatus(
+                id=rec.spec.id, model=rec.spec.model, profile=rec.spec.profile, engine=rec.spec.engine,
+                node=rec.node, gpus=rec.spec.gpu_indices, state=rec.state, url=rec.url,
+                pid=rep.pid if rep else None, restarts=rep.restarts if rep else 0,
+                last_exit=rep.last_exit if rep else None, adopted=rec.adopted,
+                inflight=inflight, idle_seconds=round(now - last, 1) if last is not None else None,
+                reason=rec.drain_reason if stopping else (rep.reason if rep else ""),
+                spec_hash=rec.spec_hash,
+            ))
         nodes = []
         for node in sorted(self.inventory.nodes(), key=lambda n: n.name):
             used = {i for r in self.replicas.values() if r.node == node.name for i in r.spec.gpu_indices}
-            nodes.append({
-                "name": node.name, "state": "ready" if node.reachable else "unreachable", "pools": sorted(node.pools),
-                "gpus": len(node.gpus), "gpus_used": len(used & {g.index for g in node.gpus}),
-                "gpu_models": sorted({g.name for g in node.gpus if g.name}),
-                "engines": sorted(node.available_engines),
-                "engines_missing": {n: why for n, (ok, why) in sorted(node.engines.items()) if not ok},
-                "last_seen_seconds": round(now - node.last_seen, 1), "reports": node.reports,
-            })
-        return {
-            "settled": self.settled, "passes": self.passes, "models": models, "replicas": replicas, "nodes": nodes,
-            "events": [e.to_dict() for e in self.events],
-        }
+            nodes.append(NodeStatus(
+                name=node.name, reachable=node.reachable, pools=tuple(sorted(node.pools)),
+                gpus=len(node.gpus), gpus_used=len(used & {g.index for g in node.gpus}),
+                gpu_models=tuple(sorted({g.name for g in node.gpus if g.name})),
+                engines=tuple(sorted(node.available_engines)),
+                engines_missing={n: why for n, (ok, why) in sorted(node.engines.items()) if not ok},
+                last_seen_seconds=round(now - node.last_seen, 1), reports=node.reports,
+            ))
+        return FleetStatus(settled=self.settled, passes=self.passes, models=tuple(models),
+                           replicas=tuple(replicas), nodes=tuple(nodes), events=tuple(self.events))
+
+    def status(self, usage: UsageSnapshot | None = None) -> dict:
+        """`fleet_status` as the status JSON."""
+        return self.fleet_status(usage).to_dict()
 
 
 def _profile(model: Model | None, name: str) -> Profile | None:
     if model is None:
         return None
     return next((p for p in model.profiles if p.name == name), None)
-
-
-def _spec_from_report(rep: ReportedReplica) -> ReplicaSpec | None:
-    raw = rep.spec
-    if not raw:
-        return None
-    try:
-        return ReplicaSpec.from_dict(raw)
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 def _catalog_engines_known(node: Node, catalog: Catalog) -> frozenset[str]:

@@ -18,7 +18,7 @@ import itertools
 import time
 from typing import Iterable
 
-from ..engines.spec import ReplicaSpec
+from ..contracts import ReplicaSpec
 
 # Held long-polls answer after 30 s with no change: well inside the agent's 45 s
 # client timeout, and short enough that proxies and NAT don't drop idle requests.

@@ -6,7 +6,6 @@ ejection after connection failures), proxying with streams passed through as
 bytes, polling engines' /metrics for load, holding requests for a cold model,
 and reporting usage. Its modules:
 
-    endpoint   Endpoint: one ready replica as the router sees it
     balancer   per-endpoint state and the pick
     poller     /metrics polling into the balancer
     coldstart  the bounded wait for a cold model, and the Waker protocol
@@ -22,9 +21,10 @@ and reporting usage. Its modules:
 It must not know about placement, agents or the reconciler: it is told the
 endpoints and the catalog, and reports usage, through the narrow surfaces in
 `server.Router`; the control plane imports it, never the other way round.
+What it is told (`Endpoint`, `LoadReading`) and reports (the usage snapshot)
+are contracts, in `llmgwctl.contracts`.
 """
 from .coldstart import Waker
-from .endpoint import Endpoint
 from .server import Router, RouterConfig, start
 
-__all__ = ["Endpoint", "Router", "RouterConfig", "Waker", "start"]
+__all__ = ["Router", "RouterConfig", "Waker", "start"]

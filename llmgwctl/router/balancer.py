@@ -28,8 +28,7 @@ import random
 import time
 from typing import Callable, Iterable
 
-from ..engines.spec import LoadReading
-from .endpoint import Endpoint
+from ..contracts import Endpoint, LoadReading
 
 # An engine is treated as full when this much of its KV cache is in use: past
 # it, vLLM and SGLang start preempting or queueing, so a lower tier with room

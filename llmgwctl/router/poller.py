@@ -15,10 +15,10 @@ from typing import Callable
 
 import aiohttp
 
-from ..engines.spec import LoadReading
+from ..contracts import LoadReading
 from .balancer import Balancer, EndpointState
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("llmgw.router.poller")
 
 ParseLoad = Callable[[str, str], "LoadReading | None"]
 

@@ -36,12 +36,12 @@ from . import auth as keyauth
 from . import errors
 from .balancer import Balancer, EndpointState
 from .coldstart import ColdStart, ColdTimeout, QueueFull, Waker
-from .endpoint import Endpoint
+from ..contracts import Endpoint
 from .limits import ConnectionGuard, DepthError, check_depth, server_options
 from .poller import LoadPoller, ParseLoad, _default_parse
 from .upstream import ConnectFailed, Pool, Response, UpstreamError, UpstreamTimeout
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("llmgw.router")
 access_log = logging.getLogger("llmgw.access")
 
 

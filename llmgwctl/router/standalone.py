@@ -28,7 +28,7 @@ from .server import Router, RouterConfig, start
 from .static import EndpointFileError, load_endpoints
 from .watch import ControllerWaker, ControllerWatch, UsageReporter, WatchError, backoff
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("llmgw.router")
 
 
 async def run(host: str, port: int, *, endpoints_file: str | None = None, catalogs_dir: str | None = None,

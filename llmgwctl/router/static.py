@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from ..catalog import Catalog
-from .endpoint import Endpoint
+from ..contracts import Endpoint
 
 _FIELDS = {"model", "url", "profile", "id", "priority", "weight", "engine", "metrics_path"}
 

@@ -43,7 +43,7 @@ Wake::
 
 sent at most once per model per cold period (see `coldstart.ColdStart.demand`).
 
-Usage (every USAGE_INTERVAL seconds)::
+Usage (every USAGE_INTERVAL seconds), a `llmgwctl.contracts.UsageReport`::
 
     POST {controller}/api/v1/usage
     {"router": "<id, new per process>", "version": 42,          # the watch version this router has applied
@@ -69,9 +69,9 @@ from typing import Any, Awaitable, Callable, Iterable, Protocol
 import aiohttp
 
 from ..catalog import Catalog, CatalogError
-from .endpoint import Endpoint
+from ..contracts import Endpoint, UsageReport, UsageSource
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("llmgw.router.watch")
 
 # The controller holds a watch for about 30 s; no answer in 45 s means the
 # connection is dead, not that nothing changed.
@@ -206,10 +206,6 @@ class ControllerWaker:
 USAGE_INTERVAL = 2.0
 
 
-class UsageSource(Protocol):
-    def usage_snapshot(self) -> dict[str, tuple[float | None, int]]: ...
-
-
 class UsageReporter:
     """Sends this router's usage to the controller: last use and in-flight count per replica."""
 
@@ -225,10 +221,8 @@ class UsageReporter:
         self.router_id = uuid.uuid4().hex[:12]
 
     def payload(self) -> dict[str, Any]:
-        now = self._clock()
-        return {"router": self.router_id, "version": self._watch.version,
-                "replicas": {rid: {"idle_seconds": None if last is None else round(now - last, 3), "inflight": n}
-                             for rid, (last, n) in self._source.usage_snapshot().items()}}
+        report = UsageReport.of(self.router_id, self._watch.version, self._source.usage_snapshot(), self._clock())
+        return report.to_dict()
 
     async def report_once(self) -> bool:
         try:

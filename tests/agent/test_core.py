@@ -14,8 +14,8 @@ import pytest
 
 from llmgwctl.agent import FAILED, READY, STARTING, Agent, PortRange, parse_spec
 from llmgwctl.agent import procs, state
-from llmgwctl.engines import driver_for
-from llmgwctl.engines.spec import ReplicaSpec
+from llmgwctl.contracts import AgentReport, ReplicaSpec, ReplicaState
+from llmgwctl.engines import LaunchError, driver_for
 
 from .harness import group_alive, wait_for
 
@@ -77,7 +77,7 @@ async def test_start_timeout_then_restart_after_backoff(tmp_path, port_range, gr
         await agent.reconcile_once()
         groups.append(r.pgid)
         assert r.state == STARTING and r.restarts == 1 and r.pid != first_pid
-        assert agent.report()["replicas"][0]["restarts"] == 1
+        assert agent.report().replicas[0].restarts == 1
         await agent.close()
 
 
@@ -87,12 +87,95 @@ async def test_unknown_and_unavailable_engines_are_failed_with_a_reason(tmp_path
         agent.set_desired([fake_spec("x", engine="nope"), fake_spec("y", engine="vllm"),
                            fake_spec("z", gpus=2)])
         await agent.reconcile_once()
-        reps = {r["id"]: r for r in agent.report()["replicas"]}
-        assert {r["state"] for r in reps.values()} == {FAILED}
-        assert "no driver for engine 'nope'" in reps["x"]["reason"]
-        assert "not available on this node" in reps["y"]["reason"]
-        assert "needs 2 GPU(s), 1 free of 1" in reps["z"]["reason"]
-        assert all(r["pid"] is None for r in reps.values())
+        reps = {r.id: r for r in agent.report().replicas}
+        assert {r.state for r in reps.values()} == {FAILED}
+        assert "no driver for engine 'nope'" in reps["x"].reason
+        assert "not available on this node" in reps["y"].reason
+        assert "needs 2 GPU(s), 1 free of 1" in reps["z"].reason
+        assert all(r.pid is None for r in reps.values())
+        # None of these is worth retrying, except the GPUs another replica may free.
+        assert agent.replicas["x"].next_start is None and agent.replicas["y"].next_start is None
+        assert agent.replicas["z"].next_start is not None
+
+
+class BrokenDriver:
+    """The fake engine's driver with a bug in `launch`, or one that refuses the spec as a driver should."""
+
+    def __init__(self, exc: Exception):
+        self.real = driver_for("fake")
+        self.name = self.real.name
+        self.exc = exc
+        self.fixed = False
+
+    def available(self):
+        return self.real.available()
+
+    def parse_metrics(self, text):
+        return self.real.parse_metrics(text)
+
+    def launch(self, spec, *, host, port):
+        if self.fixed:
+            return self.real.launch(spec, host=host, port=port)
+        raise self.exc
+
+
+async def test_a_driver_bug_is_retried_with_backoff_not_taken_as_cannot_launch(tmp_path, port_range, groups,
+                                                                                 caplog):
+    clock = FakeClock()
+    driver = BrokenDriver(TypeError("launch() got an unexpected keyword argument 'hots'"))
+    async with aiohttp.ClientSession() as session:
+        agent = Agent(node="n", gpus=(), state_dir=tmp_path, ports=PortRange.parse(port_range),
+                      driver_for=lambda spec: driver, session=session, clock=clock)
+        agent.set_desired([fake_spec("buggy", gpus=0)])
+        with caplog.at_level("ERROR", logger="llmgw.agent"):
+            await agent.reconcile_once()
+        r = agent.replicas["buggy"]
+        assert r.state == FAILED and r.pid is None
+        assert "TypeError" in r.reason and "cannot launch" not in r.reason
+        assert r.next_start is not None, "a driver bug must be retried, not marked as never launchable"
+        # Logged with its traceback, for whoever fixes the driver.
+        assert any(rec.exc_info and rec.exc_info[0] is TypeError for rec in caplog.records)
+
+        driver.fixed = True        # the bug went away (say, a transient in the driver's own lookups)
+        await agent.reconcile_once()
+        assert r.state == FAILED, "still within its backoff"
+        clock.t = r.next_start
+        await agent.reconcile_once()
+        groups.append(r.pgid)
+        assert r.state == STARTING and r.pid is not None and r.restarts == 1
+        await agent.close()
+
+
+async def test_a_launch_error_is_final_for_the_spec(tmp_path, port_range):
+    clock = FakeClock()
+    driver = BrokenDriver(LaunchError("source /models/x.gguf does not exist on this node"))
+    async with aiohttp.ClientSession() as session:
+        agent = Agent(node="n", gpus=(), state_dir=tmp_path, ports=PortRange.parse(port_range),
+                      driver_for=lambda spec: driver, session=session, clock=clock)
+        agent.set_desired([fake_spec("nosource", gpus=0)])
+        await agent.reconcile_once()
+        r = agent.replicas["nosource"]
+        assert r.state == FAILED and r.reason == "cannot launch: source /models/x.gguf does not exist on this node"
+        assert r.next_start is None
+        clock.t += 3600
+        driver.fixed = True        # whatever the driver says now, the same spec is not tried again
+        await agent.reconcile_once()
+        assert r.state == FAILED and r.pid is None and r.restarts == 0
+
+
+async def test_the_report_is_the_protocol_json_and_parses_back(tmp_path, port_range):
+    async with aiohttp.ClientSession() as session:
+        agent = make_agent(tmp_path, port_range, session, FakeClock(), pools=("l4",),
+                           engines={"fake": (True, "")})
+        agent.set_desired([fake_spec("x", engine="nope")])
+        await agent.reconcile_once()
+        wire = agent.report().to_dict()
+        assert wire["replicas"][0]["state"] == "failed" and wire["pools"] == ["l4"]
+        assert wire["engines"] == {"fake": {"available": True, "reason": ""}}
+        assert wire["gpus"] == [g.to_dict() for g in agent.gpus]
+        back = AgentReport.from_dict(wire, node="n")
+        assert back == agent.report() and back.replicas[0].state is ReplicaState.FAILED
+        assert back.replicas[0].spec == agent.replicas["x"].spec
 
 
 def sleeper(tmp_path) -> subprocess.Popen:

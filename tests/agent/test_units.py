@@ -16,7 +16,7 @@ from llmgwctl.agent.desired import DesiredFile, parse_document
 from llmgwctl.agent.errors import DesiredError, GpuSpecError, PortRangeError
 from llmgwctl.agent.gpus import parse_nvidia_smi, parse_spec
 from llmgwctl.agent.ports import PortRange, bindable, pick_port
-from llmgwctl.engines.spec import ReplicaSpec
+from llmgwctl.contracts import ReplicaSpec
 
 
 # -- GPU specs -----------------------------------------------------------------

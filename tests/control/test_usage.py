@@ -1,4 +1,5 @@
-from llmgwctl.control.usage import UsageBoard, UsageError
+from llmgwctl.contracts import UsageError
+from llmgwctl.control.usage import UsageBoard
 
 import pytest
 

@@ -32,7 +32,8 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmgwctl.catalog import load_dir
-from llmgwctl.engines import LaunchError, LoadReading, driver_for, parse_load
+from llmgwctl.contracts import LoadReading
+from llmgwctl.engines import LaunchError, driver_for, parse_load
 from llmgwctl.engines.llamacpp import resolve_gguf
 
 from .fleet import Fleet, wait_until

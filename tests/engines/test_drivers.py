@@ -10,8 +10,9 @@ from types import MappingProxyType
 import pytest
 
 from llmgwctl.catalog import EngineSpec
-from llmgwctl.engines import (BUILTIN_DRIVERS, LaunchError, ReplicaSpec, TemplateDriver, UnknownEngine,
-                              available_engines, driver_for)
+from llmgwctl.contracts import ReplicaSpec
+from llmgwctl.engines import (BUILTIN_DRIVERS, LaunchError, TemplateDriver, UnknownEngine, available_engines,
+                              driver_for)
 from llmgwctl.engines.llamacpp import LlamacppDriver, resolve_gguf
 
 

@@ -17,7 +17,8 @@ import openai
 import pytest
 import requests
 
-from llmgwctl.engines import LaunchError, LoadReading, ReplicaSpec, driver_for, parse_load
+from llmgwctl.contracts import LoadReading, ReplicaSpec
+from llmgwctl.engines import LaunchError, driver_for, parse_load
 
 from .conftest import wait_for
 

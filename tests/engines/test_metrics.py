@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgwctl.engines import BUILTIN_DRIVERS, LoadReading, parse_load
+from llmgwctl.contracts import LoadReading
+from llmgwctl.engines import BUILTIN_DRIVERS, parse_load
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "metrics"
 

@@ -7,7 +7,7 @@ drain, idle, wake, lost nodes -- where a fake clock makes them exact.
 import pytest
 
 from llmgwctl.catalog import Live, load_text
-from llmgwctl.engines.spec import ReplicaSpec
+from llmgwctl.contracts import ReplicaSpec
 from llmgwctl.inventory import Inventory
 from llmgwctl.reconciler import DesiredStore, Reconciler
 

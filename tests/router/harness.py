@@ -22,8 +22,8 @@ import requests
 
 from llmgwctl.catalog import Catalog, Model, Profile
 from llmgwctl.engines import parse_load
-from llmgwctl.engines.spec import LoadReading
-from llmgwctl.router import Endpoint, Router, RouterConfig, start
+from llmgwctl.contracts import Endpoint, LoadReading
+from llmgwctl.router import Router, RouterConfig, start
 
 # Starting a Python process and binding takes well under a second here; ten
 # covers a loaded 2-core machine.

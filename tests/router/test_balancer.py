@@ -6,9 +6,8 @@ import random
 
 import pytest
 
-from llmgwctl.engines.spec import LoadReading
+from llmgwctl.contracts import Endpoint, LoadReading
 from llmgwctl.router.balancer import Balancer
-from llmgwctl.router.endpoint import Endpoint
 
 
 class Clock:

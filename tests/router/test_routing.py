@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from llmgwctl.catalog import Model, Profile
-from llmgwctl.router import Endpoint
+from llmgwctl.contracts import Endpoint
 
 from .harness import catalog, make_router, wait_until
 

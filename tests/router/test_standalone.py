@@ -14,7 +14,8 @@ import pytest
 from aiohttp import web
 
 from llmgwctl.catalog import Catalog, Model, Profile
-from llmgwctl.router import Endpoint, Router
+from llmgwctl.contracts import Endpoint
+from llmgwctl.router import Router
 from llmgwctl.router.static import EndpointFileError, parse_endpoints
 from llmgwctl.router.watch import ControllerWatch, WatchError, backoff
 

@@ -14,7 +14,7 @@ import threading
 import pytest
 import requests
 
-from llmgwctl.router.endpoint import Endpoint
+from llmgwctl.contracts import Endpoint
 from tests.router.harness import catalog, make_router, wait_until
 
 MODEL = "lim-model"

@@ -1,13 +1,17 @@
 """`Endpoint`: one ready replica as the router sees it -- where it listens and how much traffic it should get.
 
-This is the whole of what the router is told about a replica. It must not know
-how the replica was placed or started: the controller (or a static file, or the
-watch stream) builds these and pushes the complete list.
+This is the whole of what the router is told about a replica, and it lives
+with the contracts, not in the router, so the reconciler that builds these
+never loads the router's package (aiohttp and the server come with it). The
+router must not know how the replica was placed or started: the controller (or
+a static file, or the watch stream) builds these and pushes the complete list.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+from .errors import EndpointError
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +38,7 @@ class Endpoint:
         if self.metrics_path is not None and not self.metrics_path.startswith("/"):
             problems.append(f"metrics_path must start with '/', got {self.metrics_path!r}")
         if problems:
-            raise ValueError(f"endpoint {self.replica_id or '?'}: " + "; ".join(problems))
+            raise EndpointError(f"endpoint {self.replica_id or '?'}: " + "; ".join(problems))
 
     def to_dict(self) -> dict[str, Any]:
         return {"replica_id": self.replica_id, "model": self.model, "profile": self.profile,
@@ -43,7 +47,7 @@ class Endpoint:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Endpoint":
-        """The inverse of `to_dict`; ValueError naming the field when one is missing or mistyped."""
+        """The inverse of `to_dict`; EndpointError naming the field when one is missing or mistyped."""
         try:
             return cls(
                 replica_id=str(data["replica_id"]), model=str(data["model"]),
@@ -53,6 +57,8 @@ class Endpoint:
                 metrics_path=data.get("metrics_path", "/metrics"),
             )
         except KeyError as exc:
-            raise ValueError(f"endpoint {dict(data)!r}: missing field {exc.args[0]!r}") from None
+            raise EndpointError(f"endpoint {dict(data)!r}: missing field {exc.args[0]!r}") from None
+        except EndpointError:
+            raise
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"endpoint {dict(data)!r}: {exc}") from None
+            raise EndpointError(f"endpoint {dict(data)!r}: {exc}") from None

@@ -1,0 +1,36 @@
+"""Contracts: the values that cross pieces, each with one type in one module.
+
+Owns what more than one piece reads or writes -- a replica's state, the spec
+an agent runs, the report an agent sends, the usage a router reports, an
+endpoint the router is told about, an engine's load, the status the control
+API answers -- so two spellings of one contract cannot drift. Each record is
+built and parsed here (`to_dict` / `from_dict`), and the wire forms stay what
+the agent protocol and the control API have always sent.
+
+    states     ReplicaState, the one enum of a replica's life
+    spec       ReplicaSpec (controller -> agent), LoadReading (engine -> router)
+    endpoint   Endpoint (reconciler / static file / watch -> router)
+    report     AgentReport, ReportedReplica, Gpu, EngineAvailability (agent -> inventory)
+    usage      Usage, UsageSource, UsageReport (router -> reconciler)
+    status     ControlStatus and its parts (controller -> control API, metrics, `llmgwctl status`)
+    errors     ContractError and its children: a payload that breaks a contract
+
+It imports nothing of ours but `llmgwctl.catalog`, and nothing that is slow to
+import (no aiohttp): the reconciler, the agent and the router all load it.
+"""
+from __future__ import annotations
+
+from .endpoint import Endpoint
+from .errors import ContractError, EndpointError, ReportError, UsageError
+from .report import AgentReport, EngineAvailability, Gpu, ReportedReplica
+from .spec import LoadReading, ReplicaSpec
+from .states import AGENT_STATES, ReplicaState
+from .status import CatalogStatus, ControlStatus, Event, FleetStatus, ModelStatus, NodeStatus, ReplicaStatus
+from .usage import Usage, UsageReport, UsageSnapshot, UsageSource
+
+__all__ = [
+    "AGENT_STATES", "AgentReport", "CatalogStatus", "ContractError", "ControlStatus", "Endpoint", "EndpointError",
+    "EngineAvailability", "Event", "FleetStatus", "Gpu", "LoadReading", "ModelStatus", "NodeStatus",
+    "ReplicaSpec", "ReplicaState", "ReplicaStatus", "ReportError", "ReportedReplica", "Usage", "UsageError",
+    "UsageReport", "UsageSnapshot", "UsageSource",
+]

@@ -1,0 +1,197 @@
+"""The agent's report: who a node is, what it has, and every replica it runs.
+
+Built by the agent (`llmgwctl.agent.core.Agent.report`) and parsed by the
+inventory, both through this module, so the two ends cannot disagree about a
+field. The wire form is `schemas/api/agent-report.schema.json`; the control
+API checks the schema first, and `from_dict` is the second line for what a
+schema cannot say (a state the agent may not report) and for callers that
+skip the API (the tests, `serve`'s in-process agent through the same route).
+
+    AgentReport
+     ├ gpus: Gpu...                      index, uuid, name, memory
+     ├ engines: {name: EngineAvailability}   (available, reason with the fix)
+     └ replicas: ReportedReplica...      id, spec hash, state, port, pid, ... and its whole ReplicaSpec
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping, NamedTuple
+
+from .errors import ReportError
+from .spec import ReplicaSpec
+from .states import AGENT_STATES, ReplicaState
+
+# Log lines kept per replica in a report: what `llmgwctl status` shows of a
+# crash; more would make every heartbeat of a crash-looping node heavy.
+LAST_LOG_LINES = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One GPU of a node, as nvidia-smi (or a simulated --gpus SPEC) describes it."""
+
+    index: int              # nvidia-smi's index, which is PCI bus order (the agent sets CUDA_DEVICE_ORDER to match)
+    uuid: str = ""
+    name: str = ""
+    memory_mib: int = 0     # 0: unknown (the schema allows null)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "uuid": self.uuid, "name": self.name, "memory_mib": self.memory_mib}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Gpu":
+        return cls(index=int(d["index"]), uuid=str(d.get("uuid") or ""), name=str(d.get("name") or ""),
+                   memory_mib=int(d.get("memory_mib") or 0))
+
+
+class EngineAvailability(NamedTuple):
+    """Whether a node can run an engine; if not, why and how to fix it. A tuple, so `ok, why = ...` reads it."""
+
+    available: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ReportedReplica:
+    """One replica as its agent last described it."""
+
+    id: str
+    spec_hash: str
+    model: str
+    profile: str
+    engine: str
+    gpu_indices: tuple[int, ...]
+    state: ReplicaState             # one of AGENT_STATES
+    url: str | None = None
+    port: int | None = None
+    pid: int | None = None
+    restarts: int = 0
+    last_exit: int | None = None
+    reason: str = ""
+    last_log: tuple[str, ...] = ()
+    # The whole spec, so a restarted controller adopts by desiring exactly it;
+    # None when the agent sent none (or one this controller cannot read).
+    spec: ReplicaSpec | None = field(default=None, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "spec_hash": self.spec_hash, "model": self.model, "profile": self.profile,
+            "engine": self.engine, "gpu_indices": list(self.gpu_indices), "port": self.port, "pid": self.pid,
+            "state": self.state.value, "restarts": self.restarts, "last_exit": self.last_exit,
+            "last_log": list(self.last_log), "url": self.url, "reason": self.reason,
+            "spec": self.spec.to_dict() if self.spec is not None else None,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ReportedReplica":
+        """ReportError naming the replica and the field when it breaks the protocol."""
+        rid = d.get("id") if isinstance(d, Mapping) else None
+        if not isinstance(rid, str) or not rid:
+            raise ReportError(f"replica {d!r}: id must be a non-empty string")
+        try:
+            state = ReplicaState(d.get("state", ReplicaState.STARTING.value))
+        except ValueError:
+            state = None
+        if state not in AGENT_STATES:
+            allowed = ", ".join(sorted(s.value for s in AGENT_STATES))
+            raise ReportError(f"replica {rid}: state {d.get('state')!r} is not one an agent reports ({allowed})")
+        try:
+            return cls(
+                id=rid, spec_hash=str(d.get("spec_hash", "")), model=str(d.get("model", "")),
+                profile=str(d.get("profile", "")), engine=str(d.get("engine", "")),
+                gpu_indices=tuple(int(i) for i in d.get("gpu_indices") or ()), state=state,
+                url=_opt_str(d.get("url")), port=_opt_int(d.get("port")), pid=_opt_int(d.get("pid")),
+                restarts=int(d.get("restarts") or 0), last_exit=_opt_int(d.get("last_exit")),
+                reason=str(d.get("reason") or ""),
+                last_log=tuple(str(x) for x in (d.get("last_log") or ())[-LAST_LOG_LINES:]),
+                spec=_spec(d.get("spec")),
+            )
+        except (TypeError, ValueError) as exc:
+            raise ReportError(f"replica {rid}: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentReport:
+    """Everything an agent knows about its node, sent on every change and as a heartbeat."""
+
+    node: str
+    boot_id: str = ""               # new on every agent start: this report is a fresh, complete picture
+    agent_version: str = ""
+    advertise_host: str = ""        # where this node's engines are reached
+    pools: tuple[str, ...] = ()
+    engines: Mapping[str, EngineAvailability] = field(default_factory=lambda: MappingProxyType({}))
+    gpus: tuple[Gpu, ...] = ()
+    replicas: tuple[ReportedReplica, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node, "boot_id": self.boot_id, "agent_version": self.agent_version,
+            "pools": list(self.pools),
+            "engines": {name: {"available": e.available, "reason": e.reason}
+                        for name, e in sorted(self.engines.items())},
+            "gpus": [g.to_dict() for g in self.gpus],
+            "replicas": [r.to_dict() for r in self.replicas],
+            "advertise_host": self.advertise_host,
+        }
+
+    @classmethod
+    def from_dict(cls, body: Any, *, node: str | None = None) -> "AgentReport":
+        """Parse a report; with `node`, it must be that node's (the URL it was sent to).
+
+        ReportError with what is wrong. A report without "node" is taken as
+        the URL's node: the URL is what the agent authenticated for.
+        """
+        if not isinstance(body, Mapping):
+            raise ReportError("report must be a JSON object")
+        name = body.get("node", node)
+        if node is not None and name != node:
+            raise ReportError(f"report for node {name!r} sent to node {node!r}")
+        if not isinstance(name, str) or not name:
+            raise ReportError("report must name its node")
+        replicas = tuple(ReportedReplica.from_dict(x) for x in _list(body, "replicas"))
+        ids = [r.id for r in replicas]
+        if len(set(ids)) != len(ids):
+            raise ReportError(f"report lists replica {next(i for i in ids if ids.count(i) > 1)!r} twice")
+        try:
+            engines = body.get("engines") or {}
+            if not isinstance(engines, Mapping):
+                raise TypeError("engines must be an object")
+            return cls(
+                node=name, boot_id=str(body.get("boot_id") or ""), agent_version=str(body.get("agent_version") or ""),
+                advertise_host=str(body.get("advertise_host") or ""),
+                pools=tuple(str(p) for p in _list(body, "pools")),
+                engines=MappingProxyType({str(k): EngineAvailability(bool(v.get("available")), str(v.get("reason") or ""))
+                                          for k, v in engines.items()}),
+                gpus=tuple(Gpu.from_dict(g) for g in _list(body, "gpus")),
+                replicas=replicas,
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ReportError(f"malformed report: {exc!r}") from None
+
+
+def _list(body: Mapping[str, Any], key: str) -> list[Any]:
+    value = body.get(key) or []
+    if not isinstance(value, (list, tuple)):
+        raise ReportError(f"report field {key!r} must be a list, got {type(value).__name__}")
+    return list(value)
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _spec(raw: Any) -> ReplicaSpec | None:
+    # Lenient on purpose: a spec this controller cannot read only means the
+    # replica is not adopted (its agent stops it once the list arrives); failing
+    # the whole report would make the node look silent and its replicas lost.
+    if not isinstance(raw, Mapping) or not raw:
+        return None
+    try:
+        return ReplicaSpec.from_dict(raw)
+    except (KeyError, TypeError, ValueError):
+        return None

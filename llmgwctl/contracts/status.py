@@ -1,0 +1,153 @@
+"""What the control plane says about itself: the catalog in force, models, replicas, nodes, recent events.
+
+Built once per read by the controller (`Controller.state()`, from the
+reconciler's `fleet_status()` and the catalog watcher), then either turned into
+the JSON of `GET /api/v1/status` (`to_dict`, which `llmgwctl status` and
+scripts read) or read as typed fields by the control metrics collector. One
+record for both, so the metrics and the status page cannot disagree.
+
+    ControlStatus
+     ├ catalog: CatalogStatus        version, models, swaps, rejections, directory_valid, last rejection
+     ├ routers                       standalone routers reporting usage
+     └ fleet: FleetStatus            settled, passes
+        ├ models: ModelStatus...     min, max, desired, ready, why unplaceable
+        ├ replicas: ReplicaStatus... state, node, GPUs, url, in flight, idle
+        ├ nodes: NodeStatus...       reachable, pools, GPUs used, engines (missing ones with why)
+        └ events: Event...
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from .states import ReplicaState
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Something the reconciler did or saw, kept for `status` (and logged with its kind as `event`)."""
+
+    at: float                       # wall clock, for people
+    kind: str
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"at": self.at, "kind": self.kind, "message": self.message}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatus:
+    name: str
+    aliases: tuple[str, ...]
+    min: int
+    max: int
+    desired: int
+    ready: int
+    replicas: int
+    unplaceable: str | None = None  # why no replica can be placed now; None: it can
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "aliases": list(self.aliases), "min": self.min, "max": self.max,
+                "desired": self.desired, "ready": self.ready, "replicas": self.replicas,
+                "unplaceable": self.unplaceable}
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStatus:
+    id: str
+    model: str
+    profile: str
+    engine: str
+    node: str
+    gpus: tuple[int, ...]
+    state: ReplicaState
+    url: str | None
+    pid: int | None
+    restarts: int
+    last_exit: int | None
+    adopted: bool
+    inflight: int
+    idle_seconds: float | None      # None: never used
+    reason: str
+    spec_hash: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "model": self.model, "profile": self.profile, "engine": self.engine,
+                "node": self.node, "gpus": list(self.gpus), "state": self.state.value, "url": self.url,
+                "pid": self.pid, "restarts": self.restarts, "last_exit": self.last_exit, "adopted": self.adopted,
+                "inflight": self.inflight, "idle_seconds": self.idle_seconds, "reason": self.reason,
+                "spec_hash": self.spec_hash}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    name: str
+    reachable: bool
+    pools: tuple[str, ...]
+    gpus: int
+    gpus_used: int
+    gpu_models: tuple[str, ...]
+    engines: tuple[str, ...]        # the engines it can run
+    engines_missing: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))   # engine -> why not
+    last_seen_seconds: float = 0.0
+    reports: int = 0
+
+    @property
+    def state(self) -> str:
+        return "ready" if self.reachable else "unreachable"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "state": self.state, "pools": list(self.pools), "gpus": self.gpus,
+                "gpus_used": self.gpus_used, "gpu_models": list(self.gpu_models), "engines": list(self.engines),
+                "engines_missing": dict(self.engines_missing), "last_seen_seconds": self.last_seen_seconds,
+                "reports": self.reports}
+
+
+@dataclass(frozen=True, slots=True)
+class FleetStatus:
+    """The reconciler's part: what it wants and what runs."""
+
+    settled: bool
+    passes: int
+    models: tuple[ModelStatus, ...] = ()
+    replicas: tuple[ReplicaStatus, ...] = ()
+    nodes: tuple[NodeStatus, ...] = ()
+    events: tuple[Event, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"settled": self.settled, "passes": self.passes, "models": [m.to_dict() for m in self.models],
+                "replicas": [r.to_dict() for r in self.replicas], "nodes": [n.to_dict() for n in self.nodes],
+                "events": [e.to_dict() for e in self.events]}
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogStatus:
+    """The catalog watcher's part: the catalog in force and what happened to the directory."""
+
+    directory: str
+    version: str
+    models: int
+    swapped_at: float | None
+    swaps: int
+    rejections: int
+    directory_valid: bool           # False while the directory holds an edit that was rejected
+    last_rejection: Mapping[str, Any] | None = None   # the rejection's own JSON (catalog.watcher.Rejection)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"directory": self.directory, "version": self.version, "models": self.models,
+                "swapped_at": self.swapped_at, "swaps": self.swaps, "rejections": self.rejections,
+                "directory_valid": self.directory_valid,
+                "last_rejection": dict(self.last_rejection) if self.last_rejection is not None else None}
+
+
+@dataclass(frozen=True, slots=True)
+class ControlStatus:
+    """`GET /api/v1/status`: the catalog, the standalone routers, and the fleet, in one JSON object."""
+
+    catalog: CatalogStatus
+    routers: int
+    fleet: FleetStatus
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"catalog": self.catalog.to_dict(), "routers": self.routers, **self.fleet.to_dict()}
