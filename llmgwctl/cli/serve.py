@@ -1,7 +1,6 @@
 """`llmgwctl serve`: the controller, the router, the control API and this machine's agent in one process."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
@@ -48,6 +47,7 @@ def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node
     """Serve the catalogs in DIR: place replicas, route OpenAI requests, follow every edit."""
     from ..catalog import CatalogError
     from ..control.auth import TokenError, check_bind, read_token_file
+    from ..control.errors import ControlError
     from ..control.serve import ServeConfig, serve
     from ..router.auth import KeyFileError
 
@@ -74,15 +74,11 @@ def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node
     try:
         run_loop(serve(cfg))
     except CatalogError as exc:
-        for problem in exc.problems:
-            click.echo(str(problem), err=True)
-        click.echo(f"llmgwctl serve: {catalogs} is not a valid catalog; fix it (llmgwctl catalog validate {catalogs}) and start again",
-                   err=True)
-        sys.exit(1)
+        raise click.ClickException(f"{exc}\n{catalogs} is not a valid catalog; fix it "
+                                   f"(llmgwctl catalog validate {catalogs}) and start again") from None
     except KeyFileError as exc:
-        click.echo(str(exc), err=True)
-        click.echo(f"llmgwctl serve: {api_keys} is not a valid API key file; fix it and start again", err=True)
-        sys.exit(1)
-    except OSError as exc:
-        click.echo(f"llmgwctl serve: {exc}", err=True)
-        sys.exit(1)
+        raise click.ClickException(f"{exc}\n{api_keys} is not a valid API key file; fix it and start again") from None
+    except ControlError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:      # the state directory or a log file cannot be created, and the like
+        raise click.ClickException(str(exc)) from None

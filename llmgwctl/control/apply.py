@@ -15,9 +15,10 @@ from .. import fsutil
 from ..catalog import Catalog, CatalogError, Problem, load_dir
 from ..catalog.diff import diff
 from ..catalog.loader import catalog_files, is_catalog_file
+from .errors import ControlError
 
 
-class ApplyError(ValueError):
+class ApplyError(ControlError, ValueError):
     """The request itself is wrong (not the catalog): a bad file name, an empty body."""
 
 

@@ -34,6 +34,8 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
+from .errors import ControlError
+
 log = logging.getLogger("llmgw.control.auth")
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
@@ -45,7 +47,7 @@ FLEET_PREFIXES = ("/api/v1/agents/", "/api/v1/watch/", "/api/v1/wake")
 MIN_TOKEN_LENGTH = 16
 
 
-class TokenError(Exception):
+class TokenError(ControlError):
     """A token file cannot be used, or a bind address needs a token; the message says what to do."""
 
 

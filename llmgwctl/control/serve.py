@@ -33,6 +33,7 @@ from ..router.limits import ConnectionGuard, server_options
 from .api import ControlAPI
 from .auth import ControlAuth, check_bind
 from .controller import Controller
+from .errors import ControlError
 
 if TYPE_CHECKING:
     from ..router import RouterConfig
@@ -47,6 +48,10 @@ SHUTDOWN_DRAIN = 30.0
 # long-poll) and sit behind NAT in some fleets, so the router's 256 leaves room
 # for a rack of them while bounding a stranger.
 CONTROL_CONNECTIONS_PER_CLIENT = 256
+
+
+class ServeError(ControlError):
+    """`serve` cannot start as configured; the message names the address or file and why."""
 
 
 @dataclass
@@ -120,13 +125,22 @@ class Server:
         # address as the router's, so they cannot hold every socket either.
         ConnectionGuard(CONTROL_CONNECTIONS_PER_CLIENT).install(runner.server)
         site = web.TCPSite(runner, *self.cfg.control)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise ServeError(f"the control API cannot listen on {_address(self.cfg.control)}: "
+                             f"{exc.strerror or exc}") from exc
         self._runners.append(runner)
         self.control_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         log.info("control API on http://%s:%d", self.cfg.control[0], self.control_port)
         if self.cfg.local_agent:
             self._tasks.append(asyncio.create_task(self._run_local_agent(), name="local-agent"))
-        router_runner, self.router_port = await start_router(self.router, *self.cfg.listen)
+        try:
+            router_runner, self.router_port = await start_router(self.router, *self.cfg.listen)
+        except OSError as exc:
+            raise ServeError(f"the router cannot listen on {_address(self.cfg.listen)}: "
+                             f"{exc.strerror or exc}") from exc
         self._runners.insert(0, router_runner)
         log.info("router on http://%s:%d/v1 serving catalog %s (%d models)", self.cfg.listen[0], self.router_port,
                  catalog.version, len(catalog))
@@ -177,7 +191,13 @@ class Server:
         log.warning("local engines still running after %.0fs; leaving them for the next start to adopt", SHUTDOWN_DRAIN)
 
 
+def _address(host_port: tuple[str, int]) -> str:
+    host, port = host_port
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 async def serve(cfg: ServeConfig, ready: "asyncio.Future | None" = None) -> None:
+    """Run until SIGINT/SIGTERM. Raises CatalogError, KeyFileError or a ControlError when it cannot start."""
     server = Server(cfg)
     await server.start()
     loop = asyncio.get_running_loop()

@@ -2,11 +2,15 @@
 
     EngineError            something about an engine llmgw cannot get past
      ├ UnknownEngine       a name no driver or catalog template answers to
-     └ LaunchError         this replica cannot be launched on this node as specified
-                           (source not found here, GPU count and indices disagree...)
+     ├ LaunchError         this replica cannot be launched on this node as specified
+     │                     (source not found here, GPU count and indices disagree...)
+     └ BadRequest          (fake_replies) a request the fake engine answers with a 400
 
 A LaunchError is permanent for this spec on this node: retrying the same
-launch gives the same answer, so the agent should report it, not loop on it.
+launch gives the same answer, so the agent reports it and does not loop on it.
+It is the only verdict a driver gives on a spec: anything else a driver raises
+(a TypeError, a KeyError) is a bug, which the agent logs with its traceback and
+retries with backoff, since an upgrade or a passing condition may clear it.
 """
 from __future__ import annotations
 

@@ -15,8 +15,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import EngineError
 
-class BadRequest(Exception):
+
+class BadRequest(EngineError):
     """The request body is not something an OpenAI server would accept."""
 
     def __init__(self, message: str, param: str | None = None):

@@ -60,7 +60,7 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 _FIELDS = {"name", "sha256", "models", "rpm"}
 
 
-class KeyFileError(Exception):
+class KeyFileError(errors.RouterError):
     """The API key file cannot be used; the message lists every problem, one per line."""
 
 

@@ -10,6 +10,8 @@ import asyncio
 import time
 from typing import Callable, Protocol, TypeVar
 
+from .errors import RouterError
+
 T = TypeVar("T")
 
 
@@ -25,11 +27,11 @@ class Waker(Protocol):
     def wake(self, model_name: str) -> None: ...
 
 
-class QueueFull(Exception):
+class QueueFull(RouterError):
     """More requests are already waiting for this model than the queue holds."""
 
 
-class ColdTimeout(Exception):
+class ColdTimeout(RouterError):
     """No replica became ready within the cold-start timeout."""
 
 

@@ -1,8 +1,20 @@
-"""Error responses in the OpenAI shape: `{"error": {"message", "type", "code"}}`.
+"""The router's errors: its exception root, and error responses in the OpenAI shape.
 
-Clients are OpenAI SDKs; they read `error.message` and raise by status, so
-every error the router itself produces goes through here. Errors an engine
-returns are passed through untouched: the router is transparent.
+Exceptions, each defined beside the code that raises it:
+
+    RouterError                  the root: the router cannot do what was asked as asked
+     ├ KeyFileError (auth)       the API key file cannot be used; the last good keys stay
+     ├ EndpointFileError (static)  the static endpoint file cannot be used
+     ├ WatchError (watch)        one round of the controller's watch failed; the loop backs off
+     ├ DepthError (limits)       a request body nested deeper than the router parses (a 400)
+     ├ QueueFull (coldstart)     a cold model's wait queue is full (a 429)
+     ├ ColdTimeout (coldstart)   no replica of a cold model came up in time (a 503)
+     └ UpstreamError (upstream)  talking to an engine failed; its own tree says when a retry is safe
+
+Responses: `{"error": {"message", "type", "code"}}`. Clients are OpenAI SDKs;
+they read `error.message` and raise by status, so every error the router
+itself produces goes through here. Errors an engine returns are passed
+through untouched: the router is transparent.
 """
 from __future__ import annotations
 
@@ -11,6 +23,12 @@ import json
 from typing import Iterable
 
 from aiohttp import web
+
+
+
+class RouterError(Exception):
+    """Base of the router's exceptions."""
+
 
 # Seconds a client should wait before retrying, per situation:
 # no replica and nobody to wake one: the controller may be placing one; 5 s is

@@ -37,6 +37,8 @@ import asyncio
 import logging
 from typing import Any, Callable
 
+from .errors import RouterError
+
 log = logging.getLogger("llmgw.router.limits")
 
 # What a client past its connection limit reads before the socket closes: a
@@ -47,7 +49,7 @@ _TOO_MANY_BODY = (b'{"error": {"message": "too many connections from this addres
                   b'connections or retry shortly", "type": "rate_limit_error", "code": "too_many_connections"}}')
 
 
-class DepthError(ValueError):
+class DepthError(RouterError, ValueError):
     pass
 
 

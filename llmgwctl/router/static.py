@@ -25,11 +25,12 @@ import yaml
 
 from ..catalog import Catalog
 from ..contracts import Endpoint
+from .errors import RouterError
 
 _FIELDS = {"model", "url", "profile", "id", "priority", "weight", "engine", "metrics_path"}
 
 
-class EndpointFileError(Exception):
+class EndpointFileError(RouterError):
     """The endpoint file cannot be used; the message lists every problem, one per line."""
 
 

@@ -13,7 +13,7 @@ by a complete, strict HTTP/1.1 parser rather than code of ours.
 
 Errors say whether sending the request elsewhere is safe:
 
-    UpstreamError
+    UpstreamError         (a RouterError, see errors.py)
      ├── ConnectFailed    refused, reset or closed before any byte of the answer:
      │                    the engine did not answer, another endpoint may
      ├── UpstreamTimeout  no byte for `idle_timeout` (only when one is given): the
@@ -32,8 +32,10 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from .errors import RouterError
 
-class UpstreamError(Exception):
+
+class UpstreamError(RouterError):
     pass
 
 

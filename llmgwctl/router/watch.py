@@ -70,6 +70,7 @@ import aiohttp
 
 from ..catalog import Catalog, CatalogError
 from ..contracts import Endpoint, UsageReport, UsageSource
+from .errors import RouterError
 
 log = logging.getLogger("llmgw.router.watch")
 
@@ -95,7 +96,7 @@ class RouterSink(Protocol):
     def set_endpoints(self, endpoints: Iterable[Endpoint]) -> None: ...
 
 
-class WatchError(Exception):
+class WatchError(RouterError):
     """One watch round failed; the loop backs off and retries."""
 
 

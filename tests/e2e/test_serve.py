@@ -57,6 +57,24 @@ def test_serve_refuses_an_invalid_catalog_with_its_errors(tmp_path):
     assert "is not a valid catalog" in out.stderr
 
 
+def test_serve_reports_an_address_in_use_as_an_error_not_a_traceback(tmp_path):
+    catalogs = tmp_path / "catalogs"
+    catalogs.mkdir()
+    (catalogs / "models.yaml").write_text(CATALOG)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "llmgwctl", "serve", "--catalogs", str(catalogs),
+                              "--no-local-agent", "--listen", f"127.0.0.1:{port}",
+                              "--control", f"127.0.0.1:{free_port()}"],
+                             capture_output=True, text=True, timeout=60)
+    # click's ClickException: exit 1 and "Error: ..." on stderr, like every other command.
+    assert out.returncode == 1, out.stderr
+    assert f"Error: the router cannot listen on 127.0.0.1:{port}:" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 def test_serve_takes_the_router_options_and_lifts_its_open_file_limit(tmp_path):
     # The router inside serve is tuned with the same flags as `llmgwctl router`:
     # behind a load balancer every client shares one address, and 500 streams
