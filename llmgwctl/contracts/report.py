@@ -93,7 +93,7 @@ class ReportedReplica:
             state = ReplicaState(d.get("state", ReplicaState.STARTING.value))
         except ValueError:
             state = None
-        if state not in AGENT_STATES:
+        if state is None or state not in AGENT_STATES:
             allowed = ", ".join(sorted(s.value for s in AGENT_STATES))
             raise ReportError(f"replica {rid}: state {d.get('state')!r} is not one an agent reports ({allowed})")
         try:

@@ -102,3 +102,22 @@ def test_router_access_log_off(router_proc):
     # The server logs a line of its own at start: the log works, only access lines are absent.
     wait_until(lambda: "router listening" in (err.seek(0) or err.read()), 10, what="the start line")
     assert _access_lines(err) == []
+
+
+def test_every_logger_of_ours_is_named_under_llmgw():
+    # One prefix, so `llmgw=debug` style filters and log collectors see every
+    # piece; `__name__` would give "llmgwctl.agent.core" for some and not others.
+    import ast
+    from pathlib import Path
+
+    import llmgwctl
+
+    wrong = []
+    for path in sorted(Path(llmgwctl.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "getLogger" and node.args):
+                arg = node.args[0]
+                name = arg.value if isinstance(arg, ast.Constant) else ast.unparse(arg)
+                if not (isinstance(name, str) and (name == "llmgw" or name.startswith(("llmgw.", "aiohttp.")))):
+                    wrong.append(f"{path.name}:{node.lineno}: getLogger({name})")
+    assert wrong == []
