@@ -15,6 +15,7 @@ from typing import Callable, Mapping
 
 import aiohttp
 
+from .. import aio
 from ..engines.spec import Driver, ReplicaSpec
 from .controller import HEARTBEAT, ControllerClient, desired_loop, file_loop, report_loop
 from .core import START_TIMEOUT, STOP_GRACE, TICK, Agent
@@ -95,11 +96,6 @@ async def run_agent(cfg: AgentConfig, stop: asyncio.Event | None = None) -> None
 
 def main(cfg: AgentConfig) -> None:
     """Run an agent in this process until SIGTERM or SIGINT."""
-    try:
-        import uvloop
-    except ImportError:
-        uvloop = None
-
     async def _main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -107,7 +103,4 @@ def main(cfg: AgentConfig) -> None:
             loop.add_signal_handler(sig, stop.set)
         await run_agent(cfg, stop)
 
-    if uvloop is not None:
-        uvloop.run(_main())
-    else:
-        asyncio.run(_main())
+    aio.run(_main())

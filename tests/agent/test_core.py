@@ -17,15 +17,8 @@ from llmgwctl.agent import procs, state
 from llmgwctl.engines import driver_for
 from llmgwctl.engines.spec import ReplicaSpec
 
+from ..support import FakeClock
 from .harness import group_alive, wait_for
-
-
-class FakeClock:
-    def __init__(self, t: float = 1000.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def fake_spec(rid: str, *args: str, gpus: int = 1, engine: str = "fake") -> ReplicaSpec:
@@ -64,7 +57,7 @@ async def test_start_timeout_then_restart_after_backoff(tmp_path, port_range, gr
         await agent.reconcile_once()
         assert r.state == STARTING        # not healthy, but within its start timeout
 
-        clock.t += 61
+        clock.advance(61)
         await agent.reconcile_once()
         assert r.state == FAILED and "not healthy within 60s" in r.reason
         await r.group_task
@@ -73,7 +66,7 @@ async def test_start_timeout_then_restart_after_backoff(tmp_path, port_range, gr
         await agent.reconcile_once()
         assert r.state == FAILED and r.restarts == 0   # backoff (1 s) not over yet
 
-        clock.t += 1
+        clock.advance(1)
         await agent.reconcile_once()
         groups.append(r.pgid)
         assert r.state == STARTING and r.restarts == 1 and r.pid != first_pid
@@ -116,7 +109,7 @@ async def test_adoption_waits_for_desired_and_never_touches_a_stranger(tmp_path,
         assert await agent.adopt() == ["ours"]
         # No desired list yet: nothing is stopped, however long it takes.
         await agent.reconcile_once()
-        clock.t += 10
+        clock.advance(10)
         await agent.reconcile_once()
         assert ours.poll() is None and agent.replicas["ours"].state == STARTING
         assert agent.replicas["ours"].restarts == 0
