@@ -17,7 +17,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 import requests
 
@@ -45,8 +45,12 @@ def wait_until(predicate: Callable[[], object], what: str, timeout: float = DEAD
 
 
 class Fleet:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, command: Sequence[str] = (sys.executable, "-m", "llmgwctl"),
+                 environ: Mapping[str, str] | None = None):
+        """`command` runs llmgwctl (an installed copy's script, say), in `environ` (default: ours)."""
         self.root = root
+        self.command = tuple(command)
+        self.environ = dict(os.environ if environ is None else environ)
         self.mark = uuid.uuid4().hex
         self.catalogs = root / "catalogs"
         self.catalogs.mkdir(parents=True, exist_ok=True)
@@ -70,8 +74,8 @@ class Fleet:
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(self.root / f"{name}.log", "ab")
         self._logs.append(log)
-        env = dict(os.environ, LLMGW_TEST_MARK=self.mark, PYTHONUNBUFFERED="1")
-        return subprocess.Popen([sys.executable, "-m", "llmgwctl", *args], stdout=log, stderr=subprocess.STDOUT,
+        env = dict(self.environ, LLMGW_TEST_MARK=self.mark, PYTHONUNBUFFERED="1")
+        return subprocess.Popen([*self.command, *args], stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True, cwd=self.root)
 
     def start_controller(self, *extra: str, keep_ports: bool = False) -> None:
