@@ -17,8 +17,8 @@ from llmgwctl.agent import procs, state
 from llmgwctl.engines import driver_for
 from llmgwctl.engines.spec import ReplicaSpec
 
-from ..support import FakeClock
-from .harness import group_alive, wait_for
+from ..support import FakeClock, wait_until
+from .harness import group_alive
 
 
 def fake_spec(rid: str, *args: str, gpus: int = 1, engine: str = "fake") -> ReplicaSpec:
@@ -153,7 +153,7 @@ async def test_leftovers_of_an_engine_that_died_unwatched_are_stopped(tmp_path, 
          "subprocess.Popen(['sleep', '120'], stdin=subprocess.DEVNULL); sys.stdin.read()"],
         stdin=subprocess.PIPE, start_new_session=True)
     groups.append(leader.pid)
-    wait_for("the worker to start", lambda: len(group_alive(leader.pid)) == 2, timeout=30)
+    wait_until(lambda: len(group_alive(leader.pid)) == 2, "the worker to start", timeout=30)
     rec = state.Record(spec=fake_spec("crashed"), pid=leader.pid, start_time=procs.start_time(leader.pid),
                        pgid=leader.pid, port=1)
     state.save(tmp_path, procs.boot_id(), [rec])

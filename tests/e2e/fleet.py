@@ -21,6 +21,8 @@ from typing import Callable, Mapping, Sequence
 
 import requests
 
+from .. import support
+
 DEADLINE = 60.0   # seconds for any one condition; generous for a loaded 2-core CI machine
 
 
@@ -31,17 +33,8 @@ def free_port() -> int:
 
 
 def wait_until(predicate: Callable[[], object], what: str, timeout: float = DEADLINE, every: float = 0.1):
-    end = time.monotonic() + timeout
-    last_error = None
-    while time.monotonic() < end:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except (requests.RequestException, KeyError, ValueError) as exc:
-            last_error = exc
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}" + (f" (last error: {last_error!r})" if last_error else ""))
+    """The suite's wait, taking a fleet's usual "not yet" (a server still starting, a field not there yet)."""
+    return support.wait_until(predicate, what, timeout, every, errors=(requests.RequestException, KeyError, ValueError))
 
 
 class Fleet:

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from llmgwctl.router.upstream import ConnectFailed, Pool, UpstreamBroken, UpstreamTimeout
 
-from ..support import FakeClock
+from ..support import FakeClock, until
 
 # Long enough for a loaded 2-core machine to do anything these tests ask;
 # a test that waits this long has failed.
@@ -30,16 +30,6 @@ WAIT = 5.0
 
 async def within(aw, seconds: float = WAIT):
     return await asyncio.wait_for(aw, seconds)
-
-
-async def until(predicate, what: str, seconds: float = WAIT) -> None:
-    async def poll():
-        while not predicate():
-            await asyncio.sleep(0.01)
-    try:
-        await asyncio.wait_for(poll(), seconds)
-    except asyncio.TimeoutError:
-        raise AssertionError(f"timed out after {seconds} s waiting for {what}") from None
 
 
 @contextlib.asynccontextmanager
