@@ -1,14 +1,15 @@
-"""How long to wait before restarting a replica that crashed.
+"""How long to wait before restarting a replica that crashed: the agent's numbers on the shared `Backoff`.
 
-Owns the exponential schedule and when it resets. Time comes from the
-caller's clock, so the schedule is tested without sleeping. It must not know
-about processes: it only counts failures and time spent ready.
+It must not know about processes: it only counts failures and time spent
+ready. Time comes from the caller's clock, so the schedule is tested without
+sleeping.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
 import time
+from typing import Callable
+
+from ..backoff import Backoff
 
 # 1 s first: a one-off crash (an OOM kill, a bad request) is back quickly.
 INITIAL_DELAY = 1.0
@@ -21,31 +22,10 @@ MAX_DELAY = 60.0
 RESET_AFTER = 300.0
 
 
-@dataclass(slots=True)
-class Backoff:
-    initial: float = INITIAL_DELAY
-    cap: float = MAX_DELAY
-    factor: float = 2.0
-    reset_after: float = RESET_AFTER
-    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
-    failures: int = 0
-    ready_since: float | None = None
+def restart_schedule(clock: Callable[[], float] = time.monotonic) -> Backoff:
+    """A new replica's restart schedule.
 
-    def ready(self) -> None:
-        """The replica passed its health check; a long enough run resets the schedule."""
-        self.ready_since = self.clock()
-
-    def failure(self) -> float:
-        """The replica exited or failed to start: seconds to wait before the next start."""
-        now = self.clock()
-        if self.ready_since is not None and now - self.ready_since >= self.reset_after:
-            self.failures = 0
-        self.ready_since = None
-        delay = min(self.cap, self.initial * self.factor ** self.failures)
-        self.failures += 1
-        return delay
-
-    def reset(self) -> None:
-        """Forget past failures: the next failure waits `initial` again."""
-        self.failures = 0
-        self.ready_since = None
+    Not jittered: a crash is one engine's, on one machine, and no herd shares
+    the retry; the exact floor is what keeps a crash loop from spinning.
+    """
+    return Backoff(initial=INITIAL_DELAY, cap=MAX_DELAY, reset_after=RESET_AFTER, jitter=0.0, clock=clock)

@@ -18,8 +18,9 @@ from typing import Any, Callable, Protocol
 
 import aiohttp
 
+from ..aio import follow_file, sleep_unless
+from ..backoff import Backoff
 from ..contracts import AgentReport, ReplicaSpec
-from .backoff import Backoff
 from .desired import DesiredFile, parse_replicas
 from .errors import ControllerError, DesiredError
 
@@ -37,11 +38,15 @@ LONG_POLL_TIMEOUT = 45.0
 REPORT_TIMEOUT = 10.0
 # Retries against a failing controller: 1 s first (a controller restart takes
 # seconds), doubling to 30 s so a fleet of agents does not hammer a controller
-# that is coming back, yet every node rejoins within 30 s of it being up.
+# that is coming back, yet every node rejoins within 30 s of it being up. Each
+# delay is jittered (llmgwctl.backoff), so the fleet's retries are spread over
+# the interval instead of all landing in the same moment.
 RETRY_INITIAL, RETRY_CAP = 1.0, 30.0
-# A desired file is stat'ed every second: edits show up at once for a person
-# watching, for the cost of one stat call.
-FILE_POLL = 1.0
+# A desired file is re-read on every change its directory's watch reports, and
+# checked (one stat) every 10 s besides: the check catches what inotify cannot
+# see (an edit made on another NFS client), and a missing directory is looked
+# for again as often.
+FILE_RECHECK = 10.0
 
 
 class DesiredSink(Protocol):
@@ -97,17 +102,6 @@ class ControllerClient:
             raise
 
 
-async def _sleep_unless(stop: asyncio.Event, seconds: float, wake: asyncio.Event | None = None) -> None:
-    waits = {asyncio.ensure_future(stop.wait())}
-    if wake is not None:
-        waits.add(asyncio.ensure_future(wake.wait()))
-    try:
-        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waits:
-            w.cancel()
-
-
 async def report_loop(client: ControllerClient, report: Callable[[], AgentReport], changed: asyncio.Event,
                       stop: asyncio.Event, heartbeat: float = HEARTBEAT) -> None:
     """POST the report on every change and at least every `heartbeat` seconds."""
@@ -127,16 +121,17 @@ async def report_loop(client: ControllerClient, report: Callable[[], AgentReport
         except ControllerError as exc:
             delay = retry.failure()
             if not failing:
-                log.warning("%s; retrying (every %.1f-%.1fs) -- engines keep running", exc, initial, cap)
+                log.warning("%s; retrying (jittered, at most %.1f s apart at first, %.1f s later) -- engines keep running",
+                            exc, initial, cap)
             failing = True
             # A change does not cut a retry delay short: that would hammer a controller that is down.
-            await _sleep_unless(stop, delay)
+            await sleep_unless(delay, stop)
             continue
         if failing:
             log.info("controller reachable again: report delivered")
         failing = False
         retry.reset()
-        await _sleep_unless(stop, heartbeat, changed)
+        await sleep_unless(heartbeat, stop, changed)
 
 
 async def desired_loop(client: ControllerClient, agent: DesiredSink, stop: asyncio.Event) -> None:
@@ -173,13 +168,13 @@ async def desired_loop(client: ControllerClient, agent: DesiredSink, stop: async
             if not failing:
                 log.warning("%s; keeping the last desired list and retrying", exc)
             failing = True
-            await _sleep_unless(stop, retry.failure())
+            await sleep_unless(retry.failure(), stop)
             continue
         except DesiredError as exc:
             log.error("%s -- keeping the last good desired list", exc)
             # Skip the bad version; the controller answers again when it has another.
             version = _version_of(exc, version)
-            await _sleep_unless(stop, retry.failure())
+            await sleep_unless(retry.failure(), stop)
             continue
         if failing:
             log.info("controller reachable again: following its desired list")
@@ -198,10 +193,22 @@ def _version_of(exc: DesiredError, current: int) -> int:
     return getattr(exc, "version", current)
 
 
-async def file_loop(follow: DesiredFile, agent: DesiredSink, stop: asyncio.Event, interval: float = FILE_POLL) -> None:
-    """Follow `--desired FILE` instead of a controller."""
-    while not stop.is_set():
+async def file_loop(follow: DesiredFile, agent: DesiredSink, stop: asyncio.Event, recheck: float = FILE_RECHECK) -> None:
+    """Follow `--desired FILE` instead of a controller: read it on every change, until `stop`."""
+    async def read() -> None:
         specs = await asyncio.to_thread(follow.poll)
         if specs is not None:
             agent.set_desired(specs)
-        await _sleep_unless(stop, interval)
+
+    missing = False
+    while not stop.is_set():
+        await read()    # what changed before this watch was armed, or while there was none
+        try:
+            async for _ in follow_file(follow.path, stop, recheck=recheck):
+                await read()
+            missing = False
+        except FileNotFoundError:
+            if not missing:
+                log.error("%s: its directory does not exist; looking again every %.0f s", follow.path, recheck)
+            missing = True
+        await sleep_unless(recheck, stop)    # the watch ended without `stop` (its directory went): not at once

@@ -40,7 +40,9 @@ from ..contracts import AgentReport, EngineAvailability, Gpu, ReplicaSpec, Repli
 from ..engines.errors import EngineError, LaunchError
 from ..engines.spec import Driver
 from . import procs, state
-from .backoff import Backoff
+from ..aio import sleep_unless
+from ..backoff import Backoff
+from .backoff import restart_schedule
 from .ports import PortRange, pick_port
 
 log = logging.getLogger("llmgw.agent")
@@ -179,7 +181,7 @@ class Agent:
                 await self._clear_leftovers(rec)
                 continue
             self.replicas[rec.spec.id] = Replica(
-                spec=rec.spec, backoff=Backoff(clock=self.clock), state=STARTING,
+                spec=rec.spec, backoff=restart_schedule(self.clock), state=STARTING,
                 gpu_indices=rec.spec.gpu_indices, port=rec.port, pid=rec.pid, start_time=rec.start_time,
                 pgid=rec.pgid, health_path=rec.health_path, started_at=now, restarts=rec.restarts)
             adopted.append(rec.spec.id)
@@ -219,11 +221,7 @@ class Agent:
                 await self.reconcile_once()
             except Exception:  # a bug in one pass must not end the agent: engines would go unwatched
                 log.exception("reconcile pass failed; retrying next tick")
-            waker = asyncio.ensure_future(self._wake.wait())
-            stopper = asyncio.ensure_future(stop.wait())
-            await asyncio.wait({waker, stopper}, timeout=tick, return_when=asyncio.FIRST_COMPLETED)
-            waker.cancel()
-            stopper.cancel()
+            await sleep_unless(tick, self._wake, stop)
 
     async def close(self) -> None:
         """Leave the engines running (the next agent adopts them) and write the state file.
@@ -306,7 +304,7 @@ class Agent:
         for spec in desired:
             r = self.replicas.get(spec.id)
             if r is None:
-                r = self.replicas[spec.id] = Replica(spec=spec, backoff=Backoff(clock=self.clock))
+                r = self.replicas[spec.id] = Replica(spec=spec, backoff=restart_schedule(self.clock))
                 await self._start(r)
             elif (r.state == FAILED and r.next_start is not None and now >= r.next_start
                   and (r.group_task is None or r.group_task.done())):

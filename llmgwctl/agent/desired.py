@@ -71,9 +71,10 @@ def parse_document(text: str, where: str) -> tuple[ReplicaSpec, ...]:
 class DesiredFile:
     """Follows `--desired FILE`: re-read when its mtime, size or inode changes.
 
-    Polled rather than watched with inotify because an editor's save or a
-    `mv` over the file replaces the inode, and a stat per second is cheaper than
-    re-arming watches. An invalid file is logged and the last good list kept.
+    `poll()` is the one pass; the agent calls it whenever the file's directory
+    says the file changed (`llmgwctl.aio.follow_file`), and the stamp check
+    makes a call for nothing cost one stat. An invalid file is logged and the
+    last good list kept.
     """
 
     def __init__(self, path: Path):

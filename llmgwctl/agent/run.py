@@ -15,6 +15,7 @@ from typing import Callable, Mapping
 
 import aiohttp
 
+from .. import aio
 from ..contracts import ReplicaSpec
 from ..engines.spec import Driver
 from .controller import HEARTBEAT, ControllerClient, desired_loop, file_loop, report_loop
@@ -96,11 +97,6 @@ async def run_agent(cfg: AgentConfig, stop: asyncio.Event | None = None) -> None
 
 def main(cfg: AgentConfig) -> None:
     """Run an agent in this process until SIGTERM or SIGINT."""
-    try:
-        import uvloop
-    except ImportError:
-        uvloop = None
-
     async def _main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -108,7 +104,4 @@ def main(cfg: AgentConfig) -> None:
             loop.add_signal_handler(sig, stop.set)
         await run_agent(cfg, stop)
 
-    if uvloop is not None:
-        uvloop.run(_main())
-    else:
-        asyncio.run(_main())
+    aio.run(_main())

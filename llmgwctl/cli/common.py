@@ -82,17 +82,6 @@ def router_options(command):
     return wrapper
 
 
-def run_loop(coro) -> None:
-    """Run `coro` on uvloop when it is installed, else on asyncio's own loop."""
-    try:
-        import uvloop
-    except ImportError:     # the `fast` extra is optional; asyncio's loop works, slower
-        import asyncio
-        asyncio.run(coro)
-        return
-    uvloop.run(coro)
-
-
 def raise_fd_limit() -> None:
     """Lift the soft open-file limit to the hard one, for processes that proxy.
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import click
 
-from .common import host_port, log_format_option, raise_fd_limit, router_options, run_loop, setup_logging
+from .. import aio
+from .common import host_port, log_format_option, raise_fd_limit, router_options, setup_logging
 
 
 @click.command("router")
@@ -54,7 +55,7 @@ def command(listen: tuple[str, int], controller: str | None, endpoints_file: str
     coro = run(host, port, endpoints_file=endpoints_file, catalogs_dir=catalogs_dir, controller=controller,
                token=token, config=router_config, on_listening=announce, api_keys=api_keys)
     try:
-        run_loop(coro)
+        aio.run(coro)
     except (CatalogError, EndpointFileError, KeyFileError) as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import click
 
-from .common import host_port, log_format_option, raise_fd_limit, router_options, run_loop, setup_logging
+from .. import aio
+from .common import host_port, log_format_option, raise_fd_limit, router_options, setup_logging
 
 
 @click.command("serve")
@@ -72,7 +73,7 @@ def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node
         raise click.BadParameter(f"{catalogs!r} is not a directory", param_hint="--catalogs")
     raise_fd_limit()
     try:
-        run_loop(serve(cfg))
+        aio.run(serve(cfg))
     except CatalogError as exc:
         raise click.ClickException(f"{exc}\n{catalogs} is not a valid catalog; fix it "
                                    f"(llmgwctl catalog validate {catalogs}) and start again") from None

@@ -5,6 +5,8 @@ import asyncio
 import time
 from typing import Callable
 
+from ..aio import sleep_unless
+
 
 class Broadcast:
     def __init__(self, wall_clock: Callable[[], float] = time.time) -> None:
@@ -28,8 +30,5 @@ class Broadcast:
         """The version once it differs from `after`, or the current one after `timeout`."""
         if self.version != after:
             return self.version
-        try:
-            await asyncio.wait_for(self._event.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
+        await sleep_unless(timeout, self._event)
         return self.version

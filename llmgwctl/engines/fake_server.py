@@ -31,6 +31,7 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
+from .. import aio
 from .fake_replies import (BadRequest, Chunks, Generation, count_prompt_tokens, embedding_vector,
                            parse_generation)
 
@@ -407,9 +408,4 @@ async def serve(config: FakeConfig, announce: Callable[[int], None] = lambda por
 
 
 def run(config: FakeConfig, announce: Callable[[int], None] = lambda port: None) -> None:
-    try:
-        import uvloop   # optional extra `fast`: several times fewer CPU cycles per request
-    except ImportError:
-        asyncio.run(serve(config, announce))
-    else:
-        uvloop.run(serve(config, announce))
+    aio.run(serve(config, announce))

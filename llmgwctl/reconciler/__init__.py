@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from ..aio import sleep_unless
 from .core import DRAIN_GRACE, REPLACE_AFTER, SETTLE, EndpointSink, Reconciler, Replica
 from .desired import LONG_POLL, DesiredStore
 
@@ -33,10 +34,4 @@ async def run(reconciler: Reconciler, wake: asyncio.Event, stop: asyncio.Event, 
             reconciler.reconcile_once()
         except Exception:  # a bug in one pass must not stop the control plane; the next pass retries
             log.exception("reconcile pass failed")
-        waiter = asyncio.ensure_future(wake.wait())
-        stopper = asyncio.ensure_future(stop.wait())
-        try:
-            await asyncio.wait({waiter, stopper}, timeout=tick, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            stopper.cancel()
+        await sleep_unless(tick, wake, stop)

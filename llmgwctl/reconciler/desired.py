@@ -18,6 +18,7 @@ import itertools
 import time
 from typing import Iterable
 
+from ..aio import sleep_unless
 from ..contracts import ReplicaSpec
 
 # Held long-polls answer after 30 s with no change: well inside the agent's 45 s
@@ -65,7 +66,5 @@ class DesiredStore:
             if remaining <= 0:
                 return entry
             event = self._changed.setdefault(node, asyncio.Event())
-            try:
-                await asyncio.wait_for(event.wait(), remaining)
-            except asyncio.TimeoutError:
+            if not await sleep_unless(remaining, event):
                 return self.get(node)

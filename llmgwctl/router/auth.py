@@ -52,6 +52,7 @@ from typing import Any, Callable, Iterable
 
 import yaml
 
+from ..aio import follow_file
 from . import errors
 
 log = logging.getLogger("llmgw.router.keys")
@@ -276,13 +277,7 @@ class KeyFileWatcher:
         return True
 
     async def run(self, stop: asyncio.Event) -> None:
-        import watchfiles
-
-        # Watch the directory, not the file: editors and config managers replace
-        # a file by renaming a new one over it, which a watch on the old inode misses.
-        directory, name = os.path.split(self.path)
-        async for _ in watchfiles.awatch(directory, watch_filter=lambda change, p: os.path.basename(p) == name,
-                                         step=10, debounce=1000, stop_event=stop, recursive=False):
+        async for _ in follow_file(self.path, stop):
             self.reload()
 
 

@@ -15,6 +15,7 @@ from typing import Callable
 
 import aiohttp
 
+from ..aio import sleep_unless
 from ..contracts import LoadReading
 from .balancer import Balancer, EndpointState
 
@@ -71,7 +72,4 @@ class LoadPoller:
         while True:
             self._resync.clear()
             await self.poll_once()
-            try:
-                await asyncio.wait_for(self._resync.wait(), self.interval)
-            except asyncio.TimeoutError:
-                pass
+            await sleep_unless(self.interval, self._resync)

@@ -23,10 +23,11 @@ from typing import Callable
 
 import aiohttp
 
+from ..aio import sleep_unless
 from ..catalog import Live
 from .server import Router, RouterConfig, start
 from .static import EndpointFileError, load_endpoints
-from .watch import ControllerWaker, ControllerWatch, UsageReporter, WatchError, backoff
+from .watch import ControllerWaker, ControllerWatch, UsageReporter, WatchError
 
 log = logging.getLogger("llmgw.router")
 
@@ -78,14 +79,10 @@ async def _first_contact(watch: ControllerWatch, controller: str, stop: asyncio.
             await watch.poll_once()
             return
         except WatchError as exc:
-            watch.failures += 1
-            delay = backoff(watch.failures)
+            delay = watch.backoff.failure()
             log.warning("waiting for the controller at %s before listening (retry in %.1f s): %s",
                         controller, delay, exc)
-            try:
-                await asyncio.wait_for(stop.wait(), delay)
-            except asyncio.TimeoutError:
-                pass
+            await sleep_unless(delay, stop)
 
 
 def _static(endpoints_file: str, catalogs_dir: str, config: RouterConfig, tasks: list[asyncio.Task], stop: asyncio.Event) -> Router:

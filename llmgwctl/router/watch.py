@@ -62,12 +62,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import time
 import uuid
 from typing import Any, Awaitable, Callable, Iterable, Protocol
 
 import aiohttp
 
+from ..backoff import Backoff
 from ..catalog import Catalog, CatalogError
 from ..contracts import Endpoint, UsageReport, UsageSource
 from .errors import RouterError
@@ -77,9 +79,11 @@ log = logging.getLogger("llmgw.router.watch")
 # The controller holds a watch for about 30 s; no answer in 45 s means the
 # connection is dead, not that nothing changed.
 WATCH_TIMEOUT = 45.0
-# Reconnect backoff: first retry after half a second (a controller restart is
-# usually that quick), doubling to 15 s so a long outage costs one request
-# every 15 s and a recovery is noticed within that.
+# Reconnect backoff: first retry within half a second (a controller restart is
+# usually that quick), the ceiling doubling to 15 s so a long outage costs one
+# request every 7.5 s on average and a recovery is noticed within 15 s. Jittered
+# (llmgwctl.backoff): every router lost the controller at the same moment, and
+# would otherwise all come back to it in the same one.
 BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 15.0
 
@@ -100,11 +104,6 @@ class WatchError(RouterError):
     """One watch round failed; the loop backs off and retries."""
 
 
-def backoff(failures: int) -> float:
-    """Seconds to wait after `failures` consecutive failed rounds (1, 2, ...)."""
-    return min(BACKOFF_FIRST * 2 ** (failures - 1), BACKOFF_MAX)
-
-
 def _load_catalog(doc: Any) -> Catalog:
     from ..catalog import load_text     # the YAML/JSON loader; JSON is YAML
     return load_text(json.dumps(doc), file="<controller catalog>")
@@ -113,7 +112,7 @@ def _load_catalog(doc: Any) -> Catalog:
 class ControllerWatch:
     def __init__(self, sink: RouterSink, controller: str, session: aiohttp.ClientSession, *, token: str | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, rand: Callable[[], float] = random.random):
         self._sink = sink
         self._url = controller.rstrip("/") + "/api/v1/watch/endpoints"
         self._session = session
@@ -121,7 +120,7 @@ class ControllerWatch:
         self._sleep = sleep
         self._clock = clock
         self.version = 0
-        self.failures = 0
+        self.backoff = Backoff(initial=BACKOFF_FIRST, cap=BACKOFF_MAX, random=rand)
         self.last_contact: float | None = None
 
     async def poll_once(self) -> bool:
@@ -158,20 +157,24 @@ class ControllerWatch:
         self.version = version
         return True
 
+    @property
+    def failures(self) -> int:
+        """Rounds failed in a row."""
+        return self.backoff.failures
+
     async def run(self) -> None:
         while True:
             try:
                 await self.poll_once()
             except WatchError as exc:
-                self.failures += 1
-                delay = backoff(self.failures)
+                delay = self.backoff.failure()
                 log.warning("controller watch failed (%d in a row), keeping the last endpoints; retrying in %.1f s: %s",
                             self.failures, delay, exc)
                 await self._sleep(delay)
             else:
                 if self.failures:
                     log.info("controller watch reconnected after %d failures", self.failures)
-                self.failures = 0
+                self.backoff.reset()
 
 
 class ControllerWaker:

@@ -16,25 +16,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from aiohttp import web
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.1) -> Any:
-    """Poll `check` until it returns something truthy; fail naming `what` after `timeout` s.
-
-    Generous timeouts: the machine is 2 shared cores and a Python start can
-    take seconds there. A pass is never judged by how fast it was.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 class RecordingController:

@@ -17,15 +17,8 @@ from llmgwctl.agent import procs, state
 from llmgwctl.contracts import AgentReport, ReplicaSpec, ReplicaState
 from llmgwctl.engines import LaunchError, driver_for
 
-from .harness import group_alive, wait_for
-
-
-class FakeClock:
-    def __init__(self, t: float = 1000.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
+from ..support import FakeClock, wait_until
+from .harness import group_alive
 
 
 def fake_spec(rid: str, *args: str, gpus: int = 1, engine: str = "fake") -> ReplicaSpec:
@@ -64,7 +57,7 @@ async def test_start_timeout_then_restart_after_backoff(tmp_path, port_range, gr
         await agent.reconcile_once()
         assert r.state == STARTING        # not healthy, but within its start timeout
 
-        clock.t += 61
+        clock.advance(61)
         await agent.reconcile_once()
         assert r.state == FAILED and "not healthy within 60s" in r.reason
         await r.group_task
@@ -73,7 +66,7 @@ async def test_start_timeout_then_restart_after_backoff(tmp_path, port_range, gr
         await agent.reconcile_once()
         assert r.state == FAILED and r.restarts == 0   # backoff (1 s) not over yet
 
-        clock.t += 1
+        clock.advance(1)
         await agent.reconcile_once()
         groups.append(r.pgid)
         assert r.state == STARTING and r.restarts == 1 and r.pid != first_pid
@@ -139,7 +132,7 @@ async def test_a_driver_bug_is_retried_with_backoff_not_taken_as_cannot_launch(t
         driver.fixed = True        # the bug went away (say, a transient in the driver's own lookups)
         await agent.reconcile_once()
         assert r.state == FAILED, "still within its backoff"
-        clock.t = r.next_start
+        clock.now = r.next_start
         await agent.reconcile_once()
         groups.append(r.pgid)
         assert r.state == STARTING and r.pid is not None and r.restarts == 1
@@ -157,7 +150,7 @@ async def test_a_launch_error_is_final_for_the_spec(tmp_path, port_range):
         r = agent.replicas["nosource"]
         assert r.state == FAILED and r.reason == "cannot launch: source /models/x.gguf does not exist on this node"
         assert r.next_start is None
-        clock.t += 3600
+        clock.advance(3600)
         driver.fixed = True        # whatever the driver says now, the same spec is not tried again
         await agent.reconcile_once()
         assert r.state == FAILED and r.pid is None and r.restarts == 0
@@ -199,7 +192,7 @@ async def test_adoption_waits_for_desired_and_never_touches_a_stranger(tmp_path,
         assert await agent.adopt() == ["ours"]
         # No desired list yet: nothing is stopped, however long it takes.
         await agent.reconcile_once()
-        clock.t += 10
+        clock.advance(10)
         await agent.reconcile_once()
         assert ours.poll() is None and agent.replicas["ours"].state == STARTING
         assert agent.replicas["ours"].restarts == 0
@@ -243,7 +236,7 @@ async def test_leftovers_of_an_engine_that_died_unwatched_are_stopped(tmp_path, 
          "subprocess.Popen(['sleep', '120'], stdin=subprocess.DEVNULL); sys.stdin.read()"],
         stdin=subprocess.PIPE, start_new_session=True)
     groups.append(leader.pid)
-    wait_for("the worker to start", lambda: len(group_alive(leader.pid)) == 2, timeout=30)
+    wait_until(lambda: len(group_alive(leader.pid)) == 2, "the worker to start", timeout=30)
     rec = state.Record(spec=fake_spec("crashed"), pid=leader.pid, start_time=procs.start_time(leader.pid),
                        pgid=leader.pid, port=1)
     state.save(tmp_path, procs.boot_id(), [rec])

@@ -3,7 +3,8 @@ its desired replicas and converges on every new answer; a failing controller
 changes nothing on the node."""
 from __future__ import annotations
 
-from .harness import group_alive, replicas_by_id, wait_for
+from ..support import wait_until
+from .harness import group_alive, replicas_by_id
 
 
 def spec(rid: str, model: str, *args: str) -> dict:
@@ -12,7 +13,7 @@ def spec(rid: str, model: str, *args: str) -> dict:
 
 
 def latest_with(controller, predicate, what):
-    return wait_for(what, lambda: (r := controller.latest()) and predicate(replicas_by_id(r)) and r)
+    return wait_until(lambda: (r := controller.latest()) and predicate(replicas_by_id(r)) and r, what)
 
 
 def test_agent_follows_the_controller(tmp_path, agents, controller, port_range):
@@ -22,9 +23,9 @@ def test_agent_follows_the_controller(tmp_path, agents, controller, port_range):
                    "--token-file", str(token), "--grace", "10")
 
     # Nothing desired yet: the agent polls from version 0 and reports an empty node.
-    wait_for("a first long-poll", lambda: controller.polls)
+    wait_until(lambda: controller.polls, "a first long-poll")
     assert controller.polls[0] == {"after": "0"}
-    report = wait_for("a first report", controller.latest)
+    report = wait_until(controller.latest, "a first report")
     assert report["replicas"] == [] and report["gpus"] == []
     assert controller.report_headers[0]["Authorization"] == "Bearer s3cret"
 
@@ -33,7 +34,7 @@ def test_agent_follows_the_controller(tmp_path, agents, controller, port_range):
     report = latest_with(controller, lambda reps: reps.get("a", {}).get("state") == "ready", "a ready")
     a = replicas_by_id(report)["a"]
     assert a["profile"] == "cpu" and a["gpu_indices"] == []
-    wait_for("a poll after version 1", lambda: {"after": "1"} in controller.polls)
+    wait_until(lambda: {"after": "1"} in controller.polls, "a poll after version 1")
 
     # Version 2: a second replica joins, the first is untouched.
     controller.set_desired([spec("a", "m-a"), spec("b", "m-b")])
@@ -51,7 +52,7 @@ def test_agent_follows_the_controller(tmp_path, agents, controller, port_range):
     # The controller fails: the last desired list holds, nothing is stopped.
     controller.fail_status = 503
     polls = len(controller.polls)
-    wait_for("the agent to retry against the failing controller", lambda: len(controller.polls) >= polls + 2)
+    wait_until(lambda: len(controller.polls) >= polls + 2, "the agent to retry against the failing controller")
     assert group_alive(new_a["pid"]) and group_alive(b_pid)
     controller.fail_status = None
 

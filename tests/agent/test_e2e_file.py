@@ -14,7 +14,8 @@ import signal
 
 from openai import OpenAI
 
-from .harness import environ_of, group_alive, replicas_by_id, wait_for, write_desired
+from ..support import wait_until
+from .harness import environ_of, group_alive, replicas_by_id, write_desired
 
 REPORT_KEYS = {"node", "boot_id", "agent_version", "pools", "engines", "gpus", "replicas", "advertise_host"}
 REPLICA_KEYS = {"id", "spec_hash", "model", "profile", "engine", "gpu_indices", "port", "pid", "state",
@@ -44,7 +45,7 @@ def test_agent_from_a_desired_file(tmp_path, agents, controller, port_range):
     agent = agents(*args)
 
     # -- both replicas come up, each on its own GPU -------------------------------
-    report = wait_for("both replicas ready", ready(controller, ["r1", "r2"]))
+    report = wait_until(ready(controller, ["r1", "r2"]), "both replicas ready")
     assert REPORT_KEYS <= set(report)
     assert report["node"] == "gpu-7" and report["_node_in_path"] == "gpu-7"
     assert report["pools"] == ["a100"] and report["advertise_host"] == "127.0.0.1"
@@ -71,14 +72,14 @@ def test_agent_from_a_desired_file(tmp_path, agents, controller, port_range):
 
     # -- heartbeat: reports keep coming while nothing changes --------------------------
     seen = controller.report_count()
-    wait_for("two heartbeats", lambda: controller.report_count() >= seen + 2, timeout=30)
+    wait_until(lambda: controller.report_count() >= seen + 2, "two heartbeats", timeout=30)
 
     # -- kill -9 of an engine: restarted with backoff, crash reported ----------------------
     old_pid = reps["r1"]["pid"]
     os.kill(old_pid, signal.SIGKILL)
-    report = wait_for("r1 restarted", lambda: (
+    report = wait_until(lambda: (
         (r := controller.latest()) and replicas_by_id(r)["r1"]["state"] == "ready"
-        and replicas_by_id(r)["r1"]["pid"] != old_pid and r))
+        and replicas_by_id(r)["r1"]["pid"] != old_pid and r), "r1 restarted")
     r1 = replicas_by_id(report)["r1"]
     assert r1["restarts"] == 1 and r1["last_exit"] == -signal.SIGKILL
     assert r1["last_log"], "the crashed engine's last log lines are reported"
@@ -91,7 +92,7 @@ def test_agent_from_a_desired_file(tmp_path, agents, controller, port_range):
     agent.sigkill()
     assert all(os.path.exists(f"/proc/{pid}") for pid in pids.values())
     agent = agents(*args)
-    report = wait_for("the restarted agent reports both ready", ready(controller, ["r1", "r2"], boot_id=boot1))
+    report = wait_until(ready(controller, ["r1", "r2"], boot_id=boot1), "the restarted agent reports both ready")
     reps = replicas_by_id(report)
     assert {i: r["pid"] for i, r in reps.items()} == pids, "adopted, not restarted"
     assert reps["r1"]["restarts"] == 1 and reps["r2"]["restarts"] == 0
@@ -99,16 +100,16 @@ def test_agent_from_a_desired_file(tmp_path, agents, controller, port_range):
 
     # -- an adopted engine (not the agent's child) that dies is noticed and restarted -------
     os.kill(pids["r2"], signal.SIGKILL)
-    report = wait_for("r2 restarted after the agent's restart", lambda: (
+    report = wait_until(lambda: (
         (r := controller.latest()) and replicas_by_id(r)["r2"]["state"] == "ready"
-        and replicas_by_id(r)["r2"]["pid"] != pids["r2"] and r))
+        and replicas_by_id(r)["r2"]["pid"] != pids["r2"] and r), "r2 restarted after the agent's restart")
     assert replicas_by_id(report)["r2"]["restarts"] == 1
     assert replicas_by_id(report)["r1"]["pid"] == pids["r1"]
 
     # -- an engine this node cannot run is reported failed, with the reason ------------------
     write_desired(desired, [R1, replicas_by_id(report)["r2"] | {"engine": "fake", "gpus": 1}, NOPE])
-    report = wait_for("r3 reported failed", lambda: (
-        (r := controller.latest()) and replicas_by_id(r).get("r3", {}).get("state") == "failed" and r))
+    report = wait_until(lambda: (
+        (r := controller.latest()) and replicas_by_id(r).get("r3", {}).get("state") == "failed" and r), "r3 reported failed")
     r3 = replicas_by_id(report)["r3"]
     assert "vllm" in r3["reason"] and "not available" in r3["reason"] and r3["pid"] is None
 
@@ -116,8 +117,8 @@ def test_agent_from_a_desired_file(tmp_path, agents, controller, port_range):
     r2_pid = replicas_by_id(report)["r2"]["pid"]
     assert group_alive(r2_pid)
     write_desired(desired, [R1])
-    wait_for("r2 and r3 gone from the report", lambda: (
-        (r := controller.latest()) and set(replicas_by_id(r)) == {"r1"}))
+    wait_until(lambda: (
+        (r := controller.latest()) and set(replicas_by_id(r)) == {"r1"}), "r2 and r3 gone from the report")
     assert group_alive(r2_pid) == []
     assert "sending SIGKILL" not in agent.log(), "the fake engine stops on SIGTERM, within the grace period"
     assert replicas_by_id(controller.latest())["r1"]["pid"] == pids["r1"], "r1 untouched"

@@ -11,12 +11,14 @@ import sys
 import pytest
 
 from llmgwctl.agent import procs, state
-from llmgwctl.agent.backoff import Backoff
+from llmgwctl.agent.backoff import restart_schedule
 from llmgwctl.agent.desired import DesiredFile, parse_document
 from llmgwctl.agent.errors import DesiredError, GpuSpecError, PortRangeError
 from llmgwctl.agent.gpus import parse_nvidia_smi, parse_spec
 from llmgwctl.agent.ports import PortRange, bindable, pick_port
 from llmgwctl.contracts import ReplicaSpec
+
+from ..support import FakeClock
 
 
 # -- GPU specs -----------------------------------------------------------------
@@ -141,28 +143,20 @@ def test_bindable_sees_a_real_listener():
 
 # -- backoff ---------------------------------------------------------------------------
 
-class FakeClock:
-    def __init__(self, t: float = 1000.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def test_backoff_doubles_to_the_cap():
-    b = Backoff(clock=FakeClock())
+    b = restart_schedule(FakeClock())
     assert [b.failure() for _ in range(9)] == [1, 2, 4, 8, 16, 32, 60, 60, 60]
 
 
 def test_backoff_resets_only_after_staying_ready_long_enough():
     clock = FakeClock()
-    b = Backoff(initial=1, cap=60, reset_after=300, clock=clock)
+    b = restart_schedule(clock)     # 1 s doubling to 60 s, reset after 300 s ready, not jittered
     assert [b.failure() for _ in range(3)] == [1, 2, 4]
     b.ready()
-    clock.t += 299          # crashed again a little too soon: keeps growing
+    clock.advance(299)         # crashed again a little too soon: keeps growing
     assert b.failure() == 8
     b.ready()
-    clock.t += 300          # ran long enough: the next crash is a fresh start
+    clock.advance(300)         # ran long enough: the next crash is a fresh start
     assert b.failure() == 1
     assert b.failure() == 2  # and no ready in between: growing again
 

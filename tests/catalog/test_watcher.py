@@ -1,24 +1,14 @@
 """The watcher against a real directory and real inotify events: every valid state, never an invalid one."""
 import asyncio
 import os
-import time
 
 import pytest
 
 from llmgwctl.catalog import CatalogError, Live
 from llmgwctl.catalog.watcher import CatalogWatcher
 
+from ..support import DEADLINE, until
 from .conftest import catalog_yaml
-
-DEADLINE = 10.0  # seconds; generous for a loaded CI machine, never reached when things work
-
-
-async def until(predicate, what: str):
-    end = time.monotonic() + DEADLINE
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 def names(live):
@@ -41,11 +31,13 @@ async def scenario(tmp_path):
     live.subscribe(lambda old, new: swapped.append(frozenset(new.names())))
     stop = asyncio.Event()
     task = asyncio.create_task(watcher.run(stop))
-    await asyncio.sleep(0.1)  # let the inotify watch be established before the first edit
     try:
-        # A new model in a new file.
-        b.write_text(catalog_yaml("b"))
-        await until(lambda: names(live) == {"a", "x", "b"}, "model b from a new file")
+        # A new model in a new file. Written again until the watcher sees it:
+        # its inotify watch is armed at some moment after run() starts, and an
+        # edit before that moment is not an event. The same content again is
+        # no second swap, so the list of swaps below still holds.
+        await until(lambda: names(live) == {"a", "x", "b"}, "model b from a new file",
+                    nudge=lambda: write_atomically(b, catalog_yaml("b")), every=0.05)
 
         # An alias edited, as an editor saves: write a temp file, rename over.
         write_atomically(a, catalog_yaml("a:y"))
@@ -93,14 +85,18 @@ async def scenario(tmp_path):
         for i in range(30):
             os.rename(staging / f"m{i}.yaml", tmp_path / f"m{i}.yaml")
         await until(lambda: "m29" in names(live) and "m0" in names(live), "the checkout")
-        await asyncio.sleep(0.2)  # give a stray second swap the chance to show up
-        assert watcher.swaps == count + 1
+        # A later change, seen, means every event of the checkout was handled:
+        # a stray second swap of it would have shown by now.
+        (tmp_path / "d.yaml").write_text(catalog_yaml("after"))
+        await until(lambda: "after" in names(live), "the change after the checkout")
+        assert watcher.swaps == count + 2
     finally:
         stop.set()
         await asyncio.wait_for(task, DEADLINE)
     # Every catalog that was ever in force is one of the valid states written.
     valid = [{"a", "x", "b"}, {"a", "y", "b"}, {"a", "y"}, {"a", "z", "c"}, {"a", "z", "c", "late"},
-             {"a", "z", "c", "late"} | {f"m{i}" for i in range(30)}]
+             {"a", "z", "c", "late"} | {f"m{i}" for i in range(30)},
+             {"a", "z", "c", "late", "after"} | {f"m{i}" for i in range(30)}]
     assert [set(s) for s in swapped] == valid
 
 

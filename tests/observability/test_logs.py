@@ -86,7 +86,7 @@ def test_router_writes_one_json_access_line_per_request(router_proc):
         r = requests.post(url + "/v1/chat/completions", timeout=30,
                           json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
         assert r.status_code == 200
-    lines = wait_until(lambda: (lambda got: got if len(got) >= 3 else None)(_access_lines(err)), 10,
+    lines = wait_until(lambda: (lambda got: got if len(got) >= 3 else None)(_access_lines(err)), timeout=10,
                        what="three access lines")
     assert len(lines) == 3
     assert {(d["status"], d["model"], d["endpoint"], d["method"], d["path"]) for d in lines} == \
@@ -100,7 +100,7 @@ def test_router_access_log_off(router_proc):
                       json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 200
     # The server logs a line of its own at start: the log works, only access lines are absent.
-    wait_until(lambda: "router listening" in (err.seek(0) or err.read()), 10, what="the start line")
+    wait_until(lambda: "router listening" in (err.seek(0) or err.read()), timeout=10, what="the start line")
     assert _access_lines(err) == []
 
 

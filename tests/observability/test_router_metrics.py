@@ -79,18 +79,18 @@ def test_in_flight_and_poll_staleness_are_read_at_scrape_time(engines, routers):
     rt = routers(make_router(catalog((MODEL, ())), poll_interval=0.2))
     rt.set_endpoints([slow.endpoint()])
     age = key("llmgw_router_endpoint_metrics_age_seconds", endpoint="obs-slow")
-    wait_until(lambda: finite(scrape(rt.url + "/metrics").get(age, math.inf)), 10, what="a first load reading")
+    wait_until(lambda: finite(scrape(rt.url + "/metrics").get(age, math.inf)), timeout=10, what="a first load reading")
 
     holder = threading.Thread(target=lambda: _swallow(lambda: chat(rt.url)), daemon=True)
     holder.start()
     inflight = key("llmgw_router_inflight_requests", model=MODEL, endpoint="obs-slow")
-    wait_until(lambda: scrape(rt.url + "/metrics").get(inflight) == 1, 10, what="one request in flight")
+    wait_until(lambda: scrape(rt.url + "/metrics").get(inflight) == 1, timeout=10, what="one request in flight")
 
     slow.kill()     # the poller gets no more readings: the age keeps growing
     first = scrape(rt.url + "/metrics")[age]
-    wait_until(lambda: scrape(rt.url + "/metrics")[age] > first + 0.5, 10, what="the reading to age")
+    wait_until(lambda: scrape(rt.url + "/metrics")[age] > first + 0.5, timeout=10, what="the reading to age")
     holder.join(30)
-    wait_until(lambda: scrape(rt.url + "/metrics").get(inflight) == 0, 10, what="the in-flight count to drop")
+    wait_until(lambda: scrape(rt.url + "/metrics").get(inflight) == 0, timeout=10, what="the in-flight count to drop")
 
 
 def _swallow(fn):
@@ -131,7 +131,7 @@ def test_cold_queue_length_and_wait(routers):
     result = {}
     t = threading.Thread(target=lambda: result.setdefault("r", chat(rt.url, "cold-model")), daemon=True)
     t.start()
-    wait_until(lambda: scrape(rt.url + "/metrics")[queue] == 1, 10, what="one request waiting")
+    wait_until(lambda: scrape(rt.url + "/metrics")[queue] == 1, timeout=10, what="one request waiting")
     t.join(30)
     assert result["r"].status_code == 503 and waker.calls == ["cold-model"]
     page = scrape(rt.url + "/metrics")

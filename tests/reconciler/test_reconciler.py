@@ -11,6 +11,8 @@ from llmgwctl.contracts import ReplicaSpec
 from llmgwctl.inventory import Inventory
 from llmgwctl.reconciler import DesiredStore, Reconciler
 
+from ..support import FakeClock
+
 HEADER = "apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n"
 
 
@@ -26,14 +28,6 @@ def model(name, *, pool="gpu", gpus=1, replicas=None, idle=None, args=None):
         out += f"    idle_timeout: {idle}\n"
     extra = f", args: {args}" if args else ""
     return out + f"    profiles: [{{name: p, engine: fake, pool: {pool}, gpus: {gpus}{extra}}}]\n"
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
 
 
 class Sink:
@@ -56,7 +50,7 @@ class World:
     """A reconciler plus the agents' side, played by the test."""
 
     def __init__(self, cat, settle=5.0):
-        self.clock = Clock()
+        self.clock = FakeClock()
         self.live = Live(cat)
         self.inventory = Inventory(clock=self.clock, unreachable_after=15)
         self.desired = DesiredStore()

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -25,20 +24,11 @@ from llmgwctl.engines import parse_load
 from llmgwctl.contracts import Endpoint, LoadReading
 from llmgwctl.router import Router, RouterConfig, start
 
+from ..support import wait_until
+
 # Starting a Python process and binding takes well under a second here; ten
 # covers a loaded 2-core machine.
 START_DEADLINE = 10.0
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
-        time.sleep(interval)
 
 
 @dataclass
@@ -75,7 +65,7 @@ def spawn_engine(model: str, replica_id: str, *args: str) -> Engine:
         line = _readline(proc, START_DEADLINE)
         # "fake engine serving NAME on http://127.0.0.1:PORT"
         engine.url = line.rsplit(" ", 1)[-1].strip()
-        wait_until(lambda: _healthy(engine.url), START_DEADLINE, what=f"{engine.url}/health")
+        wait_until(lambda: _healthy(engine.url), timeout=START_DEADLINE, what=f"{engine.url}/health")
     except BaseException:
         engine.kill()
         raise

@@ -9,13 +9,7 @@ import pytest
 from llmgwctl.contracts import Endpoint, LoadReading
 from llmgwctl.router.balancer import Balancer
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from ..support import FakeClock
 
 
 def ep(rid: str, model: str = "m", priority: int = 0, weight: float = 1.0, profile: str = "p",
@@ -24,8 +18,8 @@ def ep(rid: str, model: str = "m", priority: int = 0, weight: float = 1.0, profi
                     priority=priority, weight=weight, metrics_path=metrics)
 
 
-def make(*eps: Endpoint, clock: Clock | None = None) -> tuple[Balancer, Clock]:
-    clock = clock or Clock()
+def make(*eps: Endpoint, clock: FakeClock | None = None) -> tuple[Balancer, FakeClock]:
+    clock = clock or FakeClock()
     b = Balancer(clock=clock, stale_after=3.0, rng=random.Random(7))
     b.set_endpoints(eps)
     return b, clock

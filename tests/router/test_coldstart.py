@@ -7,13 +7,7 @@ import pytest
 
 from llmgwctl.router.coldstart import ColdStart, ColdTimeout, QueueFull
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from ..support import FakeClock
 
 
 class RecordingWaker:
@@ -25,7 +19,7 @@ class RecordingWaker:
 
 
 def test_wake_once_per_cold_period():
-    waker, clock = RecordingWaker(), Clock()
+    waker, clock = RecordingWaker(), FakeClock(0.0)
     cold = ColdStart(waker, timeout=60, clock=clock)
     for _ in range(100):
         cold.demand("m")

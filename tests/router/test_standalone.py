@@ -17,7 +17,7 @@ from llmgwctl.catalog import Catalog, Model, Profile
 from llmgwctl.contracts import Endpoint
 from llmgwctl.router import Router
 from llmgwctl.router.static import EndpointFileError, parse_endpoints
-from llmgwctl.router.watch import ControllerWatch, WatchError, backoff
+from llmgwctl.router.watch import BACKOFF_FIRST, BACKOFF_MAX, ControllerWatch, WatchError
 
 from .harness import _readline, catalog, wait_until
 
@@ -177,9 +177,11 @@ class FakeController:
         await self.runner.cleanup()
 
 
-def test_backoff_grows_and_is_capped():
-    assert [backoff(n) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
-    assert backoff(30) == 15.0
+def test_watch_backoff_grows_to_its_cap_and_is_jittered():
+    watch = ControllerWatch(Router(), "http://127.0.0.1:9", session=None, rand=lambda: 0.75)
+    assert [watch.backoff.ceiling(n) for n in (1, 2, 3, 4, 30)] == [BACKOFF_FIRST, 1.0, 2.0, 4.0, BACKOFF_MAX]
+    assert [watch.backoff.failure() for _ in range(3)] == [0.125, 0.25, 0.5]    # a quarter of each ceiling
+    assert watch.failures == 3
 
 
 async def test_watch_follows_the_controller_and_keeps_the_last_list_while_it_is_away():
@@ -237,7 +239,8 @@ async def test_watch_run_reconnects_with_backoff():
         await asyncio.sleep(0.01)
 
     async with aiohttp.ClientSession() as session:
-        watch = ControllerWatch(router, f"http://127.0.0.1:{port}", session, sleep=sleep)
+        # rand 0: each delay is its whole ceiling, so the schedule reads plainly.
+        watch = ControllerWatch(router, f"http://127.0.0.1:{port}", session, sleep=sleep, rand=lambda: 0.0)
         running = asyncio.create_task(watch.run())
         await asyncio.wait_for(restarted.wait(), 10)
         back = FakeController()

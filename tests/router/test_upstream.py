@@ -21,6 +21,8 @@ from aiohttp import web
 
 from llmgwctl.router.upstream import ConnectFailed, Pool, UpstreamBroken, UpstreamTimeout
 
+from ..support import FakeClock, until
+
 # Long enough for a loaded 2-core machine to do anything these tests ask;
 # a test that waits this long has failed.
 WAIT = 5.0
@@ -28,16 +30,6 @@ WAIT = 5.0
 
 async def within(aw, seconds: float = WAIT):
     return await asyncio.wait_for(aw, seconds)
-
-
-async def until(predicate, what: str, seconds: float = WAIT) -> None:
-    async def poll():
-        while not predicate():
-            await asyncio.sleep(0.01)
-    try:
-        await asyncio.wait_for(poll(), seconds)
-    except asyncio.TimeoutError:
-        raise AssertionError(f"timed out after {seconds} s waiting for {what}") from None
 
 
 @contextlib.asynccontextmanager
@@ -766,14 +758,6 @@ async def test_limit_total_waits_for_a_busy_connection_to_another_engine():
 
 
 # -- 13. keep-alive expiry --------------------------------------------------------------------
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def test_an_idle_connection_past_keepalive_timeout_is_not_reused():

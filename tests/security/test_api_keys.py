@@ -184,13 +184,13 @@ def test_standalone_router_follows_edits_of_the_key_file(tmp_path, engines):
         tmp = tmp_path / ".keys.yaml.swp"
         tmp.write_text(keys_yaml(("team-c", KEY_C, ["*"], 100)))
         os.replace(tmp, keys)
-        wait_until(lambda: chat(url, KEY_C).status_code == 200, 15, what="the new key to be in force")
+        wait_until(lambda: chat(url, KEY_C).status_code == 200, timeout=15, what="the new key to be in force")
         assert chat(url, KEY_A).status_code == 401
         keys.write_text("keys: [{name: broken}]\n")
         # Nothing to wait for but the reload itself: poll the reload counter.
         wait_until(lambda: 'llmgw_router_api_keys_reloads_total{result="rejected"}' in
                    requests.get(url + "/metrics", headers={"Authorization": f"Bearer {KEY_C}"}, timeout=10).text,
-                   15, what="the invalid edit to be rejected")
+                   timeout=15, what="the invalid edit to be rejected")
         assert chat(url, KEY_C).status_code == 200
     finally:
         if proc.poll() is None:
@@ -223,7 +223,7 @@ def test_serve_loads_the_keys_before_its_router_answers(tmp_path):
     keys.write_text(keys_yaml(("team-b", KEY_B, ["qwen"], 100)))
     try:
         fleet.start_controller("--api-keys", str(keys))
-        wait_until(lambda: _status(fleet.router + "/healthz") == 200, 30, what="the router")
+        wait_until(lambda: _status(fleet.router + "/healthz") == 200, timeout=30, what="the router")
         assert _status(fleet.router + "/v1/models") == 401
         listed = requests.get(fleet.router + "/v1/models", headers={"Authorization": f"Bearer {KEY_B}"}, timeout=10)
         assert {m["id"] for m in listed.json()["data"]} == {MODEL, "qwen"}

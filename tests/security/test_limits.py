@@ -187,7 +187,7 @@ def test_connections_per_client_address_are_bounded(served_router):
         held[1].close()
         held[2].close()
     # With two closed, this address may connect again.
-    wait_until(lambda: ok(rt.url), 10, what="a request once connections were freed")
+    wait_until(lambda: ok(rt.url), timeout=10, what="a request once connections were freed")
     held[0].close()
     page = requests.get(rt.url + "/metrics", timeout=10).text
     assert re.search(r'^llmgw_router_connections_refused_total\{reason="per_client_limit"\} [1-9]', page, re.M)
@@ -238,10 +238,10 @@ def test_a_streaming_client_that_stops_reading_is_dropped_and_frees_the_engine(e
               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
     try:
         inflight = lambda: rt.call(rt.router.usage_snapshot)["lim-stream"][1]     # noqa: E731
-        wait_until(lambda: inflight() == 1, 10, what="the stream to start")
+        wait_until(lambda: inflight() == 1, timeout=10, what="the stream to start")
         assert ok(rt.url)                                   # served meanwhile
         # Never read: the router gives up on this client and lets go of the engine.
-        wait_until(lambda: inflight() == 0, 60, what="the non-reading client to be dropped")
+        wait_until(lambda: inflight() == 0, timeout=60, what="the non-reading client to be dropped")
         assert engine.load().running == 0
     finally:
         s.close()

@@ -1,0 +1,77 @@
+"""What tests of every piece share: one way to wait for a condition, one fake clock.
+
+Waits poll a condition and fail naming it once a deadline passes; they never
+judge a pass by how fast it was, and no test sleeps to let something become
+ready. Time the code under test reads comes from `FakeClock`, which only moves
+when a test moves it.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Awaitable, Callable
+
+# Generous: the machine may be two shared cores, where starting a Python
+# process alone can take seconds. Never reached when things work.
+DEADLINE = 60.0
+
+
+def _failed(what: str, timeout: float, last_error: BaseException | None) -> AssertionError:
+    return AssertionError(f"timed out after {timeout:g} s waiting for {what}"
+                          + (f" (last error: {last_error!r})" if last_error else ""))
+
+
+def wait_until(predicate: Callable[[], Any], what: str, timeout: float = DEADLINE, every: float = 0.05,
+               errors: tuple[type[BaseException], ...] = (), nudge: Callable[[], object] | None = None) -> Any:
+    """Poll `predicate` until it returns something truthy, and return that.
+
+    `errors`: exceptions that mean "not yet" (a server still starting), the
+    last one named in the failure. `nudge`: called before every poll, for a
+    condition a test must provoke until it shows (an edit repeated until a
+    watcher sees it), instead of sleeping until the watcher is armed.
+    """
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while True:
+        if nudge is not None:
+            nudge()
+        try:
+            value = predicate()
+            if value:
+                return value
+        except errors as exc:
+            last_error = exc
+        if time.monotonic() > deadline:
+            raise _failed(what, timeout, last_error)
+        time.sleep(every)
+
+
+async def until(predicate: Callable[[], Any], what: str, timeout: float = DEADLINE, every: float = 0.005,
+                nudge: Callable[[], object | Awaitable[object]] | None = None) -> Any:
+    """`wait_until` for a test on the event loop: polls without blocking the loop the code under test runs on."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if nudge is not None:
+            nudged = nudge()
+            if asyncio.iscoroutine(nudged):
+                await nudged
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise _failed(what, timeout, None)
+        await asyncio.sleep(every)
+
+
+class FakeClock:
+    """A monotonic clock for code that takes one (`clock=`): reads `now`, moves only when a test moves it."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        self.now += seconds
+        return self.now
