@@ -23,7 +23,6 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
 from time import perf_counter
 from typing import Callable, Iterable
 
@@ -36,87 +35,15 @@ from . import auth as keyauth
 from . import errors
 from .balancer import Balancer, EndpointState
 from .coldstart import ColdStart, ColdTimeout, QueueFull, Waker
+from .config import RouterConfig
 from .endpoint import Endpoint
-from .limits import ConnectionGuard, DepthError, check_depth, server_options
-from .poller import LoadPoller, ParseLoad, _default_parse
+from ..httpserver import ConnectionGuard, bound_port, server_options
+from .limits import DepthError, check_depth
+from .poller import LoadPoller, ParseLoad, parse_with_drivers
 from .upstream import ConnectFailed, Pool, Response, UpstreamError, UpstreamTimeout
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("llmgw.router")
 access_log = logging.getLogger("llmgw.access")
-
-
-@dataclass(frozen=True, slots=True)
-class RouterConfig:
-    # Bodies above this get 413 before they are read: a 128k-token prompt is
-    # about 0.5 MB of text and requests with a few base64 images reach several
-    # MB; 32 MiB leaves room for those while bounding memory per request.
-    max_body_bytes: int = 32 * 1024 * 1024
-    # Engine gauges change at the pace of requests finishing; 1 s keeps the pick
-    # current while costing each engine one small scrape a second.
-    poll_interval: float = 1.0
-    # Long enough for a 7B-70B model cached on local disk to load (30-90 s with
-    # vLLM); past it, a 503 with Retry-After lets the client decide.
-    cold_timeout: float = 120.0
-    # Waiting requests per cold model: a burst costs memory in proportion but not
-    # without limit; 256 is one vLLM engine's default max_num_seqs.
-    cold_queue: int = 256
-    # Endpoints tried per request when connections are refused or reset: the
-    # first failure is usually one replica going away, a third in a row means
-    # the model is in trouble and the client should hear about it.
-    max_attempts: int = 3
-    # Engines are on the same LAN; a connect taking longer than this means the
-    # host is gone, and the request is better moved to another endpoint.
-    connect_timeout: float = 3.0
-    # One client connection pool for every engine. Per host: twice vLLM's default
-    # max_num_seqs, so every slot plus a visible queue is reachable and requests
-    # past that wait in the router, where they count as in-flight load. Total:
-    # bounded well under the file-descriptor limit the CLI raises to.
-    connections_per_endpoint: int = 512
-    connections_total: int = 8192
-    # Below uvicorn's default 5 s keep-alive (vLLM, SGLang), so the router closes
-    # an idle connection before the engine does and never sends a request down
-    # a socket the engine is closing (which would look like a reset and eject a
-    # healthy endpoint).
-    keepalive_timeout: float = 4.0
-    # -- limits on what clients can make the router hold (see limits.py) --
-    # OpenAI request bodies nest about 6 deep (messages, content parts, image
-    # urls) and a tool's JSON schema rarely past 20; 64 leaves room for any real
-    # schema while refusing the deeply nested bodies that make parsers recurse.
-    max_json_depth: int = 64
-    # Once the headers are in, the whole body must arrive within this: 32 MiB
-    # at 1 MB/s (a slow link) takes 32 s; a client slower than that is holding
-    # a connection, not sending a request.
-    body_timeout: float = 120.0
-    # An idle keep-alive connection is closed after this, and a new connection
-    # (or the next request on one) must complete its headers within it, which
-    # is what defeats slowloris. Longer than the idle expiry of common client
-    # pools (httpx 5 s, aiohttp 15 s, requests never reuses past a minute), so
-    # clients close first and never send on a socket the router is closing;
-    # 75 s is also nginx's default.
-    client_idle_timeout: float = 75.0
-    # Request line and each header line; 8 KiB is what aiohttp and nginx allow
-    # by default, and an API key or a trace header is a few hundred bytes.
-    max_header_bytes: int = 8190
-    # Header lines per request: SDKs send about ten.
-    max_headers: int = 128
-    # Open connections per client address (0: no limit). A busy application
-    # server keeps its pool of 100 (httpx, aiohttp defaults) and more in
-    # bursts; 256 is above that and still far below the file-descriptor limit,
-    # so one address cannot take every socket. Behind a load balancer every
-    # client shares its address: raise it or set 0 there.
-    max_connections_per_client: int = 256
-    # A stream whose engine sends no byte for this long ends (504 before its
-    # first byte, an error event after): a long prefill sends nothing until the
-    # first token, and 10 minutes is past any real one. Whole (non-stream)
-    # replies are bounded by their clients instead (see _on_startup).
-    upstream_idle_timeout: float = 600.0
-    # A streaming client that reads nothing for this long is cut off and the
-    # engine's slot freed: a stranger must not hold a GPU slot by not reading.
-    # 60 s is far past any pause a live reader makes (a mobile client changing
-    # networks), and the check costs nothing while the client keeps up.
-    client_write_timeout: float = 60.0
-    # One line per request on the `llmgw.access` logger (at INFO).
-    access_log: bool = True
 
 
 class _View:
@@ -141,7 +68,7 @@ _SMALL_WRITE = 16384
 class Router:
     def __init__(self, catalog: Catalog | None = None, *, waker: Waker | None = None,
                  config: RouterConfig = RouterConfig(), clock: Callable[[], float] = time.monotonic,
-                 parse_load: ParseLoad = _default_parse):
+                 parse_load: ParseLoad = parse_with_drivers):
         self.config = config
         self._clock = clock
         self._parse_load = parse_load
@@ -617,7 +544,5 @@ async def start(router: Router, host: str = "127.0.0.1", port: int = 0) -> tuple
     if cfg.max_connections_per_client:
         refused = router.metrics.refused.labels("per_client_limit")
         ConnectionGuard(cfg.max_connections_per_client, on_refuse=lambda addr: refused.inc()).install(runner.server)
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = site._server.sockets[0].getsockname()[1] if port == 0 else port    # type: ignore[union-attr]
-    return runner, bound
+    await web.TCPSite(runner, host, port).start()
+    return runner, bound_port(runner)

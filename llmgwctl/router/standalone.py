@@ -24,7 +24,8 @@ from typing import Callable
 import aiohttp
 
 from ..catalog import Live
-from .server import Router, RouterConfig, start
+from .config import RouterConfig
+from .server import Router, start
 from .static import EndpointFileError, load_endpoints
 from .watch import ControllerWaker, ControllerWatch, UsageReporter, WatchError, backoff
 

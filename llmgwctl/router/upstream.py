@@ -32,6 +32,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from .config import DEFAULTS
+
 
 class UpstreamError(Exception):
     pass
@@ -347,8 +349,10 @@ class Pool:
     """
 
     # The defaults are RouterConfig's, where each one's reason is given.
-    def __init__(self, *, connect_timeout: float = 3.0, keepalive_timeout: float = 4.0,
-                 limit_per_endpoint: int = 512, limit_total: int = 8192,
+    def __init__(self, *, connect_timeout: float = DEFAULTS.connect_timeout,
+                 keepalive_timeout: float = DEFAULTS.keepalive_timeout,
+                 limit_per_endpoint: int = DEFAULTS.connections_per_endpoint,
+                 limit_total: int = DEFAULTS.connections_total,
                  clock: Callable[[], float] = time.monotonic):
         self.connect_timeout = connect_timeout
         self.keepalive_timeout = keepalive_timeout
