@@ -57,7 +57,7 @@ def _serve(app, port_line: str) -> None:
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        print(port_line % site._server.sockets[0].getsockname()[1], flush=True)
+        print(port_line % runner.addresses[0][1], flush=True)
         await asyncio.Event().wait()
     uvloop.run(main())
 

@@ -49,35 +49,46 @@ def controller_headers() -> dict[str, str]:
 
 # The data plane's knobs, the same on `llmgwctl router` and on the router inside
 # `llmgwctl serve`: an operator tuning one expects the other to take the same flags.
-_ROUTER_OPTIONS = (
-    click.option("--poll-interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
-                 help="Seconds between reads of each engine's /metrics."),
-    click.option("--cold-timeout", type=click.FloatRange(min=0), default=120.0, show_default=True,
-                 help="Seconds a request waits for a cold model's first replica before 503."),
-    click.option("--cold-queue", type=click.IntRange(min=0), default=256, show_default=True,
-                 help="Requests that may wait per cold model; more get 429."),
-    click.option("--max-body-bytes", type=click.IntRange(min=1), default=32 * 1024 * 1024, show_default=True,
-                 help="Larger request bodies get 413."),
-    click.option("--max-connections-per-client", type=click.IntRange(min=0), default=256, show_default=True,
-                 help="Open connections one client address may hold; 0 for no limit (behind a load balancer)."),
-    click.option("--upstream-idle-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
-                 help="Seconds a stream's engine may send nothing before the stream ends (504, or an error event); "
-                      "0: never."),
-    click.option("--access-log/--no-access-log", default=True, show_default=True,
-                 help="One line per router request on the llmgw.access log (at info level)."),
-)
+# Each default is RouterConfig's, where its reason is given.
 _ROUTER_FIELDS = ("poll_interval", "cold_timeout", "cold_queue", "max_body_bytes", "max_connections_per_client",
                   "upstream_idle_timeout", "access_log")
 
 
+def _router_options() -> tuple:
+    # Imported here, when `router` or `serve` is being built, not when any
+    # command imports this module: `catalog validate` does not load the router.
+    from ..router.config import DEFAULTS as d
+
+    return (
+        click.option("--poll-interval", type=click.FloatRange(min=0.05), default=d.poll_interval, show_default=True,
+                     help="Seconds between reads of each engine's /metrics."),
+        click.option("--cold-timeout", type=click.FloatRange(min=0), default=d.cold_timeout, show_default=True,
+                     help="Seconds a request waits for a cold model's first replica before 503."),
+        click.option("--cold-queue", type=click.IntRange(min=0), default=d.cold_queue, show_default=True,
+                     help="Requests that may wait per cold model; more get 429."),
+        click.option("--max-body-bytes", type=click.IntRange(min=1), default=d.max_body_bytes, show_default=True,
+                     help="Larger request bodies get 413."),
+        click.option("--max-connections-per-client", type=click.IntRange(min=0), default=d.max_connections_per_client,
+                     show_default=True,
+                     help="Open connections one client address may hold; 0 for no limit (behind a load balancer)."),
+        click.option("--upstream-idle-timeout", type=click.FloatRange(min=0), default=d.upstream_idle_timeout,
+                     show_default=True,
+                     help="Seconds a stream's engine may send nothing before the stream ends (504, or an error "
+                          "event); 0: never."),
+        click.option("--access-log/--no-access-log", default=d.access_log, show_default=True,
+                     help="One line per router request on the llmgw.access log (at info level)."),
+    )
+
+
 def router_options(command):
     """Add the router's options to `command`, which receives them as one `router_config` (a RouterConfig)."""
+    from ..router.config import RouterConfig
+
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
-        from ..router import RouterConfig
         values = {name: kwargs.pop(name) for name in _ROUTER_FIELDS}
         return command(*args, router_config=RouterConfig(**values), **kwargs)
-    for option in reversed(_ROUTER_OPTIONS):
+    for option in reversed(_router_options()):
         wrapper = option(wrapper)
     return wrapper
 

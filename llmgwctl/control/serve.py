@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from ..observability.metrics import ControlMetrics
-from ..router.limits import ConnectionGuard, server_options
+from ..httpserver import MAX_CONNECTIONS_PER_CLIENT, ConnectionGuard, bound_port, server_options
 from .api import ControlAPI
 from .auth import ControlAuth, check_bind
 from .controller import Controller
@@ -45,9 +45,9 @@ log = logging.getLogger("llmgw.serve")
 # default is 90 s) leaves room for the engine shutdown that follows.
 SHUTDOWN_DRAIN = 30.0
 # Open control API connections per client address: agents hold two (report and
-# long-poll) and sit behind NAT in some fleets, so the router's 256 leaves room
-# for a rack of them while bounding a stranger.
-CONTROL_CONNECTIONS_PER_CLIENT = 256
+# long-poll) and sit behind NAT in some fleets; the shared cap leaves room for
+# a rack of them while bounding a stranger.
+CONTROL_CONNECTIONS_PER_CLIENT = MAX_CONNECTIONS_PER_CLIENT
 
 
 class ServeError(ControlError):
@@ -115,11 +115,10 @@ class Server:
             self._tasks.append(follow_keys(self.router, self.cfg.api_keys, self.stop_event))
         # Long-polls (agents, standalone routers) are cut at shutdown rather than
         # waited for: their clients retry, and they would hold the exit for 30 s.
-        # Idle and header limits as on the router: long-polls answer within 30 s,
-        # so 75 s of keep-alive never cuts one.
+        # Idle and header limits: the shared defaults (see httpserver), which
+        # long-polls answering within 30 s fit under.
         runner = web.AppRunner(ControlAPI(self.controller, auth=auth, metrics=metrics).app(), access_log=None,
-                               shutdown_timeout=0.5,
-                               **server_options(client_idle_timeout=75.0, max_field_size=8190, max_headers=128))
+                               shutdown_timeout=0.5, **server_options())
         await runner.setup()
         # Beyond loopback strangers reach it too (and get 401): the same cap per
         # address as the router's, so they cannot hold every socket either.
@@ -132,7 +131,7 @@ class Server:
             raise ServeError(f"the control API cannot listen on {_address(self.cfg.control)}: "
                              f"{exc.strerror or exc}") from exc
         self._runners.append(runner)
-        self.control_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.control_port = bound_port(runner)
         log.info("control API on http://%s:%d", self.cfg.control[0], self.control_port)
         if self.cfg.local_agent:
             self._tasks.append(asyncio.create_task(self._run_local_agent(), name="local-agent"))

@@ -17,7 +17,7 @@ Router (hot path first):
     llmgw_router_ready_endpoints{model}                       gauge (read at scrape)
     llmgw_router_endpoint_metrics_age_seconds{endpoint}       gauge, age of the last load reading (+Inf: none yet)
     llmgw_router_cold_queue_length{model}                     gauge (read at scrape)
-    llmgw_router_cold_wait_seconds{model,outcome}             histogram, time a request waited for a cold model
+    llmgw_router_cold_wait_seconds{model,outcome}             histogram, time a request waited for a replica
     llmgw_router_catalog_info{version}                        gauge, 1
     llmgw_router_connections_refused_total{reason}            counter, connections closed by the input limits
     llmgw_router_api_keys_reloads_total{result}               counter, applied | rejected
@@ -306,7 +306,8 @@ class RouterMetrics:
                               "out (completion).", ("model", "direction"))
         r.register(_LocalCollector([self.requests, self.duration, self.ttfb, overhead, self.tokens]))
         self.cold_wait = Histogram("llmgw_router_cold_wait_seconds", "Time requests waited for a cold model's "
-                                   "first replica.", ("model", "outcome"), buckets=COLD_WAIT_BUCKETS, registry=r)
+                                   "first replica, or for one to come back when every replica refused.",
+                                   ("model", "outcome"), buckets=COLD_WAIT_BUCKETS, registry=r)
         self.refused = Counter("llmgw_router_connections_refused", "Connections closed by the router's input "
                                "limits.", ("reason",), registry=r)
         self.key_reloads = Counter("llmgw_router_api_keys_reloads", "API key file reloads.", ("result",), registry=r)

@@ -6,12 +6,13 @@ ejection after connection failures), proxying with streams passed through as
 bytes, polling engines' /metrics for load, holding requests for a cold model,
 and reporting usage. Its modules:
 
+    config     RouterConfig: every knob and its default, once
     balancer   per-endpoint state and the pick
     poller     /metrics polling into the balancer
     coldstart  the bounded wait for a cold model, and the Waker protocol
     errors     OpenAI-shaped error responses
     auth       optional API keys: 401 / 403 / 429, the key file and its watcher
-    limits     input limits: JSON depth, per-address connections, server options
+    limits     input limits only the router checks (JSON depth); the shared ones are in llmgwctl.httpserver
     server     Router (set_endpoints, set_catalog, usage_snapshot) and its aiohttp app
     upstream   the keep-alive HTTP/1.1 client that carries requests to engines
     static     the static endpoint file (`llmgwctl router --endpoints FILE`)
@@ -25,6 +26,7 @@ What it is told (`Endpoint`, `LoadReading`) and reports (the usage snapshot)
 are contracts, in `llmgwctl.contracts`.
 """
 from .coldstart import Waker
-from .server import Router, RouterConfig, start
+from .config import RouterConfig
+from .server import Router, start
 
 __all__ = ["Router", "RouterConfig", "Waker", "start"]

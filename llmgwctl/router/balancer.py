@@ -2,6 +2,8 @@
 
 Owns the router's mutable per-endpoint state -- in-flight count, last use,
 the latest load reading, ejection after connection failures -- and the pick.
+Others change that state through its methods (`started`, `finished`,
+`record`, `eject`, `succeeded`), never by writing an `EndpointState`.
 It must not know about HTTP, the catalog or the controller: it is handed the
 endpoint list whole and asked, per request, for one endpoint of one model.
 
@@ -201,6 +203,18 @@ class Balancer:
         a, b = cands[i], cands[j]
         # a and b are in random order, so a tie goes either way.
         return a if self.score(a, now) <= self.score(b, now) else b
+
+    # -- a request's life on an endpoint ---------------------------------------------
+
+    def started(self, state: EndpointState) -> None:
+        """A request goes to `state`: it counts as load from now, and as use for the idle timeout."""
+        state.inflight += 1
+        state.last_used = self._clock()
+
+    def finished(self, state: EndpointState) -> None:
+        """The request `started` on `state` is over, however it ended; its end is the endpoint's last use."""
+        state.inflight -= 1
+        state.last_used = self._clock()
 
     # -- outcomes -----------------------------------------------------------------
 

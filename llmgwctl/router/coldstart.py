@@ -10,6 +10,7 @@ import asyncio
 import time
 from typing import Callable, Protocol, TypeVar
 
+from .config import DEFAULTS
 from .errors import RouterError
 
 T = TypeVar("T")
@@ -44,7 +45,9 @@ class _Waiting:
 
 
 class ColdStart:
-    def __init__(self, waker: Waker | None, *, max_waiting: int = 256, timeout: float = 120.0,
+    # The defaults are RouterConfig's (cold_queue, cold_timeout), where their reasons are given.
+    def __init__(self, waker: Waker | None, *, max_waiting: int = DEFAULTS.cold_queue,
+                 timeout: float = DEFAULTS.cold_timeout,
                  clock: Callable[[], float] = time.monotonic):
         self._waker = waker
         self.max_waiting = max_waiting

@@ -18,13 +18,15 @@ import aiohttp
 from ..aio import sleep_unless
 from ..contracts import LoadReading
 from .balancer import Balancer, EndpointState
+from .config import DEFAULTS
 
 log = logging.getLogger("llmgw.router.poller")
 
 ParseLoad = Callable[[str, str], "LoadReading | None"]
 
 
-def _default_parse(engine: str, text: str) -> LoadReading | None:
+def parse_with_drivers(engine: str, text: str) -> LoadReading | None:
+    """The default `ParseLoad`: the engine drivers' metrics adapters read the page."""
     from ..engines import parse_load     # the adapters live with the drivers
     return parse_load(engine, text)
 
@@ -32,8 +34,8 @@ def _default_parse(engine: str, text: str) -> LoadReading | None:
 class LoadPoller:
     """Reads every endpoint's /metrics each `interval`; `poll_once()` is one pass, for tests."""
 
-    def __init__(self, balancer: Balancer, session: aiohttp.ClientSession, *, interval: float = 1.0,
-                 parse: ParseLoad = _default_parse):
+    def __init__(self, balancer: Balancer, session: aiohttp.ClientSession, *,
+                 interval: float = DEFAULTS.poll_interval, parse: ParseLoad = parse_with_drivers):
         self._balancer = balancer
         self._session = session
         self.interval = interval

@@ -11,9 +11,14 @@ narrow surfaces the control plane meets it through:
 - a `Waker` it calls when a request finds no ready replica;
 - `set_api_keys(keys)`: optional API keys (see `auth`), swapped whole like a catalog.
 
-Each request is counted in `self.metrics` (pre-bound children, see
-`llmgwctl.observability.metrics`) and, unless turned off, written as one line
-to the `llmgw.access` log; the input limits are in `limits`.
+A proxied request carries one `_Call` through its path: key and rate, body,
+model (`_resolve`), endpoint and attempts (`_forward`, with one bounded wait
+for an endpoint, `_wait_for_endpoint`), then the answer, whole
+(`_pass_whole`) or streamed (`_pass_stream`). A step that answers the request
+itself raises `_Refused`. Each request is counted in `self.metrics`
+(pre-bound children, see `llmgwctl.observability.metrics`) and, unless turned
+off, written as one line to the `llmgw.access` log, in `_served` or
+`_refuse`; the input limits are in `limits` and `llmgwctl.httpserver`.
 
 It must not know about placement, agents or the reconciler.
 """
@@ -23,7 +28,6 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
 from time import perf_counter
 from typing import Callable, Iterable
 
@@ -37,86 +41,14 @@ from . import errors
 from .balancer import Balancer, EndpointState
 from .coldstart import ColdStart, ColdTimeout, QueueFull, Waker
 from ..contracts import Endpoint
-from .limits import ConnectionGuard, DepthError, check_depth, server_options
-from .poller import LoadPoller, ParseLoad, _default_parse
-from .upstream import ConnectFailed, Pool, Response, UpstreamError, UpstreamTimeout
+from ..httpserver import ConnectionGuard, bound_port, server_options
+from .config import RouterConfig
+from .limits import DepthError, check_depth
+from .poller import LoadPoller, ParseLoad, parse_with_drivers
+from .upstream import BadEndpointURL, ConnectFailed, Pool, Response, UpstreamError, UpstreamTimeout, parse_target
 
 log = logging.getLogger("llmgw.router")
 access_log = logging.getLogger("llmgw.access")
-
-
-@dataclass(frozen=True, slots=True)
-class RouterConfig:
-    # Bodies above this get 413 before they are read: a 128k-token prompt is
-    # about 0.5 MB of text and requests with a few base64 images reach several
-    # MB; 32 MiB leaves room for those while bounding memory per request.
-    max_body_bytes: int = 32 * 1024 * 1024
-    # Engine gauges change at the pace of requests finishing; 1 s keeps the pick
-    # current while costing each engine one small scrape a second.
-    poll_interval: float = 1.0
-    # Long enough for a 7B-70B model cached on local disk to load (30-90 s with
-    # vLLM); past it, a 503 with Retry-After lets the client decide.
-    cold_timeout: float = 120.0
-    # Waiting requests per cold model: a burst costs memory in proportion but not
-    # without limit; 256 is one vLLM engine's default max_num_seqs.
-    cold_queue: int = 256
-    # Endpoints tried per request when connections are refused or reset: the
-    # first failure is usually one replica going away, a third in a row means
-    # the model is in trouble and the client should hear about it.
-    max_attempts: int = 3
-    # Engines are on the same LAN; a connect taking longer than this means the
-    # host is gone, and the request is better moved to another endpoint.
-    connect_timeout: float = 3.0
-    # One client connection pool for every engine. Per host: twice vLLM's default
-    # max_num_seqs, so every slot plus a visible queue is reachable and requests
-    # past that wait in the router, where they count as in-flight load. Total:
-    # bounded well under the file-descriptor limit the CLI raises to.
-    connections_per_endpoint: int = 512
-    connections_total: int = 8192
-    # Below uvicorn's default 5 s keep-alive (vLLM, SGLang), so the router closes
-    # an idle connection before the engine does and never sends a request down
-    # a socket the engine is closing (which would look like a reset and eject a
-    # healthy endpoint).
-    keepalive_timeout: float = 4.0
-    # -- limits on what clients can make the router hold (see limits.py) --
-    # OpenAI request bodies nest about 6 deep (messages, content parts, image
-    # urls) and a tool's JSON schema rarely past 20; 64 leaves room for any real
-    # schema while refusing the deeply nested bodies that make parsers recurse.
-    max_json_depth: int = 64
-    # Once the headers are in, the whole body must arrive within this: 32 MiB
-    # at 1 MB/s (a slow link) takes 32 s; a client slower than that is holding
-    # a connection, not sending a request.
-    body_timeout: float = 120.0
-    # An idle keep-alive connection is closed after this, and a new connection
-    # (or the next request on one) must complete its headers within it, which
-    # is what defeats slowloris. Longer than the idle expiry of common client
-    # pools (httpx 5 s, aiohttp 15 s, requests never reuses past a minute), so
-    # clients close first and never send on a socket the router is closing;
-    # 75 s is also nginx's default.
-    client_idle_timeout: float = 75.0
-    # Request line and each header line; 8 KiB is what aiohttp and nginx allow
-    # by default, and an API key or a trace header is a few hundred bytes.
-    max_header_bytes: int = 8190
-    # Header lines per request: SDKs send about ten.
-    max_headers: int = 128
-    # Open connections per client address (0: no limit). A busy application
-    # server keeps its pool of 100 (httpx, aiohttp defaults) and more in
-    # bursts; 256 is above that and still far below the file-descriptor limit,
-    # so one address cannot take every socket. Behind a load balancer every
-    # client shares its address: raise it or set 0 there.
-    max_connections_per_client: int = 256
-    # A stream whose engine sends no byte for this long ends (504 before its
-    # first byte, an error event after): a long prefill sends nothing until the
-    # first token, and 10 minutes is past any real one. Whole (non-stream)
-    # replies are bounded by their clients instead (see _on_startup).
-    upstream_idle_timeout: float = 600.0
-    # A streaming client that reads nothing for this long is cut off and the
-    # engine's slot freed: a stranger must not hold a GPU slot by not reading.
-    # 60 s is far past any pause a live reader makes (a mobile client changing
-    # networks), and the check costs nothing while the client keeps up.
-    client_write_timeout: float = 60.0
-    # One line per request on the `llmgw.access` logger (at INFO).
-    access_log: bool = True
 
 
 class _View:
@@ -132,6 +64,42 @@ class _View:
         self.top_profile = {m.name: m.ranked()[0].name for m in catalog.models if m.profiles}
 
 
+class _Call:
+    """One proxied request on its way through the router: what each step after arrival needs.
+
+    Filled in as the request advances -- the caller's key once checked, the
+    model once resolved -- and owned by that request alone. It is the one
+    object of the router's own a request allocates.
+    """
+
+    __slots__ = ("request", "t0", "api_key", "model", "view", "stream", "waited")
+
+    def __init__(self, request: web.Request, t0: float, view: _View):
+        self.request = request
+        self.t0 = t0                            # arrival, on perf_counter
+        # Taken once, at arrival: a catalog swap from here on is invisible to this request.
+        self.view = view
+        self.api_key: keyauth.ApiKey | None = None     # None: not checked yet, or the router is open
+        self.model = ""                         # the canonical name once resolved; "" is logged as "-"
+        self.stream = False                     # the body asked for a stream ("stream": true)
+        # Seconds spent waiting on others -- a cold wait, failed attempts, the
+        # answering engine -- so the router's own time (its overhead) is the
+        # time since arrival less this.
+        self.waited = 0.0
+
+
+class _Refused(Exception):
+    """The router answers this request itself (a 4xx, or a 5xx of its own), with `response`.
+
+    Raised anywhere on the request path; `_proxy` catches it and counts and
+    logs the refusal once.
+    """
+
+    def __init__(self, response: web.Response):
+        super().__init__(response.status)
+        self.response = response
+
+
 _EVENT_STREAM = "text/event-stream"
 # Well under asyncio's and uvloop's 64 KiB write high-water mark; SSE events are
 # a few hundred bytes, so only bursts take the timed path.
@@ -141,9 +109,8 @@ _SMALL_WRITE = 16384
 class Router:
     def __init__(self, catalog: Catalog | None = None, *, waker: Waker | None = None,
                  config: RouterConfig = RouterConfig(), clock: Callable[[], float] = time.monotonic,
-                 parse_load: ParseLoad = _default_parse):
+                 parse_load: ParseLoad = parse_with_drivers):
         self.config = config
-        self._clock = clock
         self._parse_load = parse_load
         # A reading older than three polls is unknown: one missed scrape is noise,
         # three mean the engine is not answering.
@@ -156,6 +123,7 @@ class Router:
         self._poll_task: asyncio.Task | None = None
         self._models_cache: tuple[object, bytes] = (None, b"")
         self._keys: keyauth.ApiKeys | None = None
+        self._bad_urls: set[tuple[str, str]] = set()    # (replica id, url) left out, logged once
         self.limiter = keyauth.Limiter(clock)
         self.metrics = RouterMetrics(RouterProbe(
             states=self.balancer.states,
@@ -166,8 +134,26 @@ class Router:
     # -- the control plane's side ------------------------------------------------
 
     def set_endpoints(self, endpoints: Iterable[Endpoint]) -> None:
-        """Replace the whole list of ready endpoints. Call on the event loop, once per change."""
-        gained = self.balancer.set_endpoints(endpoints)
+        """Replace the whole list of ready endpoints. Call on the event loop, once per change.
+
+        An endpoint whose URL no request could be sent to is left out, with an
+        error logged once: it is a configuration error, and sending to it would
+        look like an engine down and eject it again and again.
+        """
+        usable = []
+        refused = set()
+        for ep in endpoints:
+            try:
+                parse_target(ep.url)
+            except BadEndpointURL as exc:
+                refused.add((ep.replica_id, ep.url))
+                if (ep.replica_id, ep.url) not in self._bad_urls:
+                    log.error("endpoint %s of %r left out of routing: %s", ep.replica_id, ep.model, exc,
+                              extra={"event": "endpoint-url-invalid", "endpoint": ep.replica_id})
+                continue
+            usable.append(ep)
+        self._bad_urls = refused
+        gained = self.balancer.set_endpoints(usable)
         self.metrics.retain(st.replica_id for st in self.balancer.states())
         self.cold.endpoints_changed(gained)
         if self.poller is not None:
@@ -238,6 +224,20 @@ class Router:
 
     # -- handlers ---------------------------------------------------------------------
 
+    def _key(self, request: web.Request) -> "keyauth.ApiKey | None":
+        """The caller's API key; None when the router is open. _Refused (401) when keys are on and it sent none of them.
+
+        The one place a request's key is looked up, for every route but
+        /healthz (which probes use without one).
+        """
+        keys = self._keys
+        if keys is None:
+            return None
+        key = keys.lookup(request.headers.get("Authorization"))
+        if key is None:
+            raise _Refused(keyauth.unauthorized())
+        return key
+
     async def _healthz(self, request: web.Request) -> web.Response:
         view = self._view
         return web.json_response({"status": "ok", "catalog_version": view.version,
@@ -247,17 +247,20 @@ class Router:
         return errors.not_found(f"{request.method} {request.path}")
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        if self._keys is not None and self._keys.lookup(request.headers.get("Authorization")) is None:
-            return keyauth.unauthorized()
+        try:
+            self._key(request)
+        except _Refused as refused:
+            return refused.response
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _models(self, request: web.Request) -> web.Response:
         view = self._view
         headers = {"x-llmgw-catalog-version": view.version}
-        if self._keys is not None:
-            api_key = self._keys.lookup(request.headers.get("Authorization"))
-            if api_key is None:
-                return keyauth.unauthorized()
+        try:
+            api_key = self._key(request)
+        except _Refused as refused:
+            return refused.response
+        if api_key is not None:
             # Only what this key may use: the list must not reveal the rest.
             return web.Response(body=self._models_body(view, api_key), content_type="application/json",
                                 headers=headers)
@@ -270,11 +273,10 @@ class Router:
         """One entry of the list by its id (a name or an alias): OpenAI's "retrieve model"."""
         view = self._view
         name = request.match_info["name"]
-        api_key = None
-        if self._keys is not None:
-            api_key = self._keys.lookup(request.headers.get("Authorization"))
-            if api_key is None:
-                return keyauth.unauthorized()
+        try:
+            api_key = self._key(request)
+        except _Refused as refused:
+            return refused.response
         model = view.catalog.resolve(name)
         # As for requests: a name outside the key's patterns is 403 whether or
         # not it exists, so nothing tells the two apart.
@@ -305,129 +307,101 @@ class Router:
             extra = {"ready_replicas": ready, "alias_of": model.name}
         return {"id": listed_as, "object": "model", "created": 0, "owned_by": "llmgw", "llmgw": extra}
 
-    def _refuse(self, request: web.Request, t0: float, resp: web.Response, model: str = "",
-                api_key: "keyauth.ApiKey | None" = None) -> web.Response:
-        """Count and log a request answered without an endpoint (4xx, 5xx of the router's own)."""
-        self.metrics.unrouted(model, resp.status)
-        if self.config.access_log and access_log.isEnabledFor(logging.INFO):
-            self._log_access(request, resp.status, model, "", perf_counter() - t0, api_key)
-        return resp
-
-    def _log_access(self, request: web.Request, status: int, model: str, endpoint: str, seconds: float,
-                    api_key: "keyauth.ApiKey | None", overhead: float | None = None) -> None:
-        # The key's name, never the key; the client address, never a body.
-        name = api_key.name if api_key is not None else "-"
-        access_log.info("%s %s %s %d model=%s endpoint=%s key=%s %.1fms", request.remote, request.method,
-                        request.path, status, model or "-", endpoint or "-", name, seconds * 1e3,
-                        extra={"event": "access", "client": request.remote, "method": request.method,
-                               "path": request.path, "status": status, "model": model, "endpoint": endpoint,
-                               "key": name, "duration_ms": round(seconds * 1e3, 3),
-                               "overhead_ms": None if overhead is None else round(overhead * 1e3, 3)})
+    # -- the request path: arrival to an endpoint ---------------------------------------
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
-        t0 = perf_counter()
-        cfg = self.config
-        api_key = None
-        keys = self._keys
-        if keys is not None:
-            # Before the body is read: a stranger or a key over its rate makes
-            # the router parse nothing.
-            api_key = keys.lookup(request.headers.get("Authorization"))
-            if api_key is None:
-                return self._refuse(request, t0, keyauth.unauthorized())
-            wait = self.limiter.take(api_key)
-            if wait:
-                return self._refuse(request, t0, keyauth.rate_limited(api_key, wait), api_key=api_key)
+        call = _Call(request, perf_counter(), self._view)
+        try:
+            # The key and its rate before the body is read: a stranger or a
+            # key over its rate makes the router parse nothing.
+            api_key = call.api_key = self._key(request)
+            if api_key is not None:
+                wait = self.limiter.take(api_key)
+                if wait:
+                    raise _Refused(keyauth.rate_limited(api_key, wait))
+            body = self._resolve(call, await self._read_body(call))
+            return await self._forward(call, body)
+        except _Refused as refused:
+            return self._refuse(call, refused.response)
+
+    async def _read_body(self, call: _Call) -> bytes:
+        request, cfg = call.request, self.config
         limit = cfg.max_body_bytes
         length = request.content_length
         if length is not None and length > limit:
-            return self._refuse(request, t0, errors.too_large(limit), api_key=api_key)
+            raise _Refused(errors.too_large(limit))
         try:
             if request.content.is_eof():
-                body = await request.read()      # already buffered: the usual small request
-            else:
-                # wait_for, not asyncio.timeout: Python 3.10 is supported. Only
-                # bodies still arriving pay for it.
-                body = await asyncio.wait_for(request.read(), cfg.body_timeout)
+                return await request.read()      # already buffered: the usual small request
+            # wait_for, not asyncio.timeout: Python 3.10 is supported. Only
+            # bodies still arriving pay for it.
+            return await asyncio.wait_for(request.read(), cfg.body_timeout)
         except web.HTTPRequestEntityTooLarge:
-            return self._refuse(request, t0, errors.too_large(limit), api_key=api_key)
+            raise _Refused(errors.too_large(limit)) from None
         except web.RequestPayloadError:
             # The body says Content-Encoding: gzip (or deflate) and does not
             # decompress: the client's error, which aiohttp would answer 500.
-            return self._refuse(request, t0, errors.response(
+            raise _Refused(errors.response(
                 400, f"the request body could not be decoded as its Content-Encoding "
                 f"({request.headers.get('Content-Encoding', 'none')}) says; send it uncompressed",
-                "invalid_request_error", "invalid_body"), api_key=api_key)
+                "invalid_request_error", "invalid_body")) from None
         except asyncio.TimeoutError:
-            return self._refuse(request, t0, errors.response(
+            raise _Refused(errors.response(
                 408, f"the request body did not arrive within {cfg.body_timeout:g} s", "invalid_request_error",
-                "request_timeout", headers={"Connection": "close"}), api_key=api_key)
+                "request_timeout", headers={"Connection": "close"})) from None
+
+    def _resolve(self, call: _Call, body: bytes) -> bytes:
+        """Parse the body and resolve its model into `call`; return the body to forward."""
         try:
             doc = json.loads(body)
         except (ValueError, RecursionError) as exc:
-            return self._refuse(request, t0, errors.invalid_json(str(exc) or "nested too deeply"), api_key=api_key)
+            raise _Refused(errors.invalid_json(str(exc) or "nested too deeply")) from None
         if type(doc) is not dict:
-            return self._refuse(request, t0, errors.not_an_object(), api_key=api_key)
-        if cfg.max_json_depth:
+            raise _Refused(errors.not_an_object())
+        limit = self.config.max_json_depth
+        if limit:
             try:
-                check_depth(body, doc, cfg.max_json_depth)
+                check_depth(body, doc, limit)
             except DepthError as exc:
-                return self._refuse(request, t0, errors.response(400, str(exc), "invalid_request_error", "too_deep"),
-                                    api_key=api_key)
+                raise _Refused(errors.response(400, str(exc), "invalid_request_error", "too_deep")) from None
         name = doc.get("model")
         if type(name) is not str or not name:
-            return self._refuse(request, t0, errors.missing_model(), api_key=api_key)
-        view = self._view           # taken once: a swap from here on is invisible to this request
+            raise _Refused(errors.missing_model())
+        view = call.view
         model = view.catalog.resolve(name)
-        if api_key is not None and not keyauth.allows(api_key, name, model):
-            return self._refuse(request, t0, keyauth.forbidden(name), model.name if model else "", api_key)
+        call.model = model.name if model is not None else ""
+        if call.api_key is not None and not keyauth.allows(call.api_key, name, model):
+            raise _Refused(keyauth.forbidden(name))
         if model is None:
-            return self._refuse(request, t0, errors.unknown_model(name, view.catalog.names()), api_key=api_key)
-        target = model.name
-        if name != target:
+            raise _Refused(errors.unknown_model(name, view.catalog.names()))
+        call.stream = doc.get("stream") is True
+        if name != model.name:
             # Only an alias costs a re-serialisation; the canonical name is
             # forwarded as the very bytes the client sent.
-            doc["model"] = target
+            doc["model"] = model.name
             body = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
-        return await self._forward(request, target, body, view, t0, api_key, doc.get("stream") is True)
+        return body
 
-    async def _forward(self, request: web.Request, model: str, body: bytes, view: _View, t0: float,
-                       api_key: "keyauth.ApiKey | None", stream: bool = False) -> web.StreamResponse:
+    async def _forward(self, call: _Call, body: bytes) -> web.StreamResponse:
         balancer = self.balancer
-        top = view.top_profile.get(model)
+        model = call.model
+        top = call.view.top_profile.get(model)
         if top is not None and not balancer.has_profile(model, top):
             self.cold.demand(model)
         state = balancer.pick(model)
         if state is None:
             if not self.cold.can_wait:
-                return self._refuse(request, t0, errors.no_replica(model), model, api_key)
-            wait_from = perf_counter()
-            try:
-                state = await self.cold.wait(model, lambda: balancer.pick(model))
-            except QueueFull:
-                self.metrics.cold_wait.labels(model, "queue_full").observe(0.0)
-                return self._refuse(request, t0, errors.queue_full(model, self.cold.max_waiting), model, api_key)
-            except ColdTimeout:
-                self.metrics.cold_wait.labels(model, "timeout").observe(perf_counter() - wait_from)
-                return self._refuse(request, t0, errors.cold_timeout(model, self.cold.timeout), model, api_key)
-            waited = perf_counter() - wait_from
-            self.metrics.cold_wait.labels(model, "served").observe(waited)
-        else:
-            waited = 0.0
-        # Time neither the router's work nor the answering engine's (a cold wait,
-        # failed attempts): left out of the overhead, kept in the duration.
-        skip = waited
+                raise _Refused(errors.no_replica(model))
+            state = await self._wait_for_endpoint(call, ())
         pool = self._pool
-        idle_timeout = (self.config.upstream_idle_timeout or None) if stream else None
-        path = request.raw_path
-        clock = self._clock
+        idle_timeout = (self.config.upstream_idle_timeout or None) if call.stream else None
+        path = call.request.raw_path
         tried: tuple[EndpointState, ...] = ()
         failure = "no endpoint left to try"
         attempts, held = self.config.max_attempts, False
         while attempts:
             attempts -= 1
-            state.inflight += 1
-            state.last_used = clock()
+            balancer.started(state)
             try:
                 up0 = perf_counter()
                 try:
@@ -437,28 +411,28 @@ class Router:
                     # upstream_idle_timeout: wedged, and the request may have
                     # run there, so not retried elsewhere.
                     balancer.eject(state)
-                    return self._refuse(request, t0, errors.response(
+                    raise _Refused(errors.response(
                         504, f"replica {state.replica_id} of {model!r} {exc}", "upstream_error",
-                        "upstream_timeout"), model, api_key)
+                        "upstream_timeout")) from None
                 except ConnectFailed as exc:
-                    skip += perf_counter() - up0
+                    call.waited += perf_counter() - up0
                     balancer.eject(state)
                     failure = f"{state.replica_id}: {exc or type(exc).__name__}"
                     log.warning("endpoint %s failed before answering, trying another: %s", state.replica_id, exc)
                 else:
+                    call.waited += perf_counter() - up0       # the engine's, until its headers
                     try:
-                        return await self._respond(request, upstream, state, view, t0, up0 - skip, api_key)
+                        return await self._respond(call, upstream, state)
                     finally:
                         # A response read to its end goes back to the pool; one cut
                         # short (client gone, error) closes, so the engine sees the
                         # disconnect and frees the slot.
                         upstream.release()
             except UpstreamError as exc:
-                return self._refuse(request, t0, errors.upstream_failed(
-                    model, f"{state.replica_id}: {exc or type(exc).__name__}"), model, api_key)
+                raise _Refused(errors.upstream_failed(
+                    model, f"{state.replica_id}: {exc or type(exc).__name__}")) from None
             finally:
-                state.inflight -= 1
-                state.last_used = clock()
+                balancer.finished(state)
             tried += (state,)
             state = balancer.pick(model, tried)
             if state is None and not held and self.cold.can_wait:
@@ -468,63 +442,81 @@ class Router:
                 # a cold start, so wait as for one (bounded by the cold timeout)
                 # for an endpoint not tried yet -- the restarted replica joins
                 # anew once healthy -- rather than answer 502 for a gap that heals.
-                held, wait_from = True, perf_counter()
-                try:
-                    state = await self.cold.wait(model, lambda: balancer.pick(model, tried))
-                except QueueFull:
-                    return self._refuse(request, t0, errors.queue_full(model, self.cold.max_waiting), model, api_key)
-                except ColdTimeout:
-                    return self._refuse(request, t0, errors.cold_timeout(model, self.cold.timeout), model, api_key)
-                skip += perf_counter() - wait_from
+                held = True
+                state = await self._wait_for_endpoint(call, tried)
                 attempts = max(attempts, 1)     # the endpoint that came back gets its try
             if state is None:
                 break
-        return self._refuse(request, t0, errors.upstream_failed(model, failure), model, api_key)
+        raise _Refused(errors.upstream_failed(model, failure))
 
-    async def _respond(self, request: web.Request, upstream: Response, state: EndpointState,
-                       view: _View, t0: float, up0: float, api_key: "keyauth.ApiKey | None") -> web.StreamResponse:
-        up1 = perf_counter()        # the engine's response headers are in
-        # Router overhead = time since arrival minus time waiting on the engine,
-        # up to the moment the response headers are built (they carry it).
-        # `up0` is when the answering attempt was sent, less any time skipped
-        # before it (a cold wait, failed attempts), so `up0 - t0` is the
-        # router's own work before it.
+    async def _wait_for_endpoint(self, call: _Call, tried: tuple[EndpointState, ...]) -> EndpointState:
+        """Hold `call` until an endpoint of its model not in `tried` is ready: a cold start, or every one refusing.
+
+        _Refused 429 when the model's queue is full, 503 past the cold timeout.
+        Every outcome is observed in the cold-wait histogram, and the time
+        waited is left out of the router's overhead.
+        """
+        model, balancer, cold = call.model, self.balancer, self.cold
+        observed = self.metrics.cold_wait
+        wait_from = perf_counter()
+        try:
+            state = await cold.wait(model, lambda: balancer.pick(model, tried))
+        except QueueFull:
+            observed.labels(model, "queue_full").observe(0.0)
+            raise _Refused(errors.queue_full(model, cold.max_waiting)) from None
+        except ColdTimeout:
+            observed.labels(model, "timeout").observe(perf_counter() - wait_from)
+            raise _Refused(errors.cold_timeout(model, cold.timeout)) from None
+        waited = perf_counter() - wait_from
+        observed.labels(model, "served").observe(waited)
+        call.waited += waited
+        return state
+
+    # -- the request path: the engine's answer back ---------------------------------------
+
+    async def _respond(self, call: _Call, upstream: Response, state: EndpointState) -> web.StreamResponse:
+        """Pass the engine's answer on: an event stream as it arrives, anything else whole."""
         ctype = upstream.headers.get("content-type", "application/json")
         headers = {"Content-Type": ctype, "x-llmgw-replica": state.replica_id,
-                   "x-llmgw-catalog-version": view.version}
+                   "x-llmgw-catalog-version": call.view.version}
         encoding = upstream.headers.get("content-encoding")
         if encoding is not None:
             headers["Content-Encoding"] = encoding
-        em = self.metrics.endpoint(state.endpoint.model, state.replica_id)
-        if not ctype.startswith(_EVENT_STREAM):
-            r0 = perf_counter()
-            try:
-                data = await upstream.read()
-            except UpstreamError as exc:
-                self.balancer.eject(state)
-                return self._refuse(request, t0, errors.upstream_failed(
-                    state.endpoint.model, f"{state.replica_id} stopped mid-response: {exc or type(exc).__name__}"),
-                    state.endpoint.model, api_key)
-            r1 = perf_counter()
-            self.balancer.succeeded(state)
-            usage = usage_tokens(data)
-            status = upstream.status
-            now = perf_counter()
-            overhead = (up0 - t0) + (r0 - up1) + (now - r1)
-            headers["x-llmgw-overhead-ms"] = f"{overhead * 1e3:.3f}"
-            # A whole reply is handed to aiohttp in one piece: its first byte and
-            # its last leave together.
-            elapsed = now - t0
-            em.done(status, elapsed, elapsed, overhead, usage)
-            if self.config.access_log and access_log.isEnabledFor(logging.INFO):
-                self._log_access(request, status, state.endpoint.model, state.replica_id, elapsed, api_key, overhead)
-            return web.Response(status=status, body=data, headers=headers)
-        # Streams: no cache, and tell a buffering proxy in front (nginx) not to.
+        if ctype.startswith(_EVENT_STREAM):
+            return await self._pass_stream(call, upstream, state, headers)
+        return await self._pass_whole(call, upstream, state, headers)
+
+    async def _pass_whole(self, call: _Call, upstream: Response, state: EndpointState,
+                          headers: dict[str, str]) -> web.Response:
+        r0 = perf_counter()
+        try:
+            data = await upstream.read()
+        except UpstreamError as exc:
+            self.balancer.eject(state)
+            raise _Refused(errors.upstream_failed(
+                call.model, f"{state.replica_id} stopped mid-response: {exc or type(exc).__name__}")) from None
+        call.waited += perf_counter() - r0
+        self.balancer.succeeded(state)
+        usage = usage_tokens(data)
+        status = upstream.status
+        overhead = perf_counter() - call.t0 - call.waited
+        headers["x-llmgw-overhead-ms"] = f"{overhead * 1e3:.3f}"
+        # A whole reply is handed to aiohttp in one piece: its first byte and
+        # its last leave together (first=0: at the end).
+        self._served(call, state, status, 0.0, overhead, usage)
+        return web.Response(status=status, body=data, headers=headers)
+
+    async def _pass_stream(self, call: _Call, upstream: Response, state: EndpointState,
+                           headers: dict[str, str]) -> web.StreamResponse:
+        # No cache, and tell a buffering proxy in front (nginx) not to.
         headers["Cache-Control"] = "no-cache"
         headers["X-Accel-Buffering"] = "no"
-        overhead = (up0 - t0) + (perf_counter() - up1)
+        # The router's own time ends with the headers it sends: past them, the
+        # stream runs at the engine's pace and the client's.
+        overhead = perf_counter() - call.t0 - call.waited
         headers["x-llmgw-overhead-ms"] = f"{overhead * 1e3:.3f}"
         status = upstream.status
+        request = call.request
         resp = web.StreamResponse(status=status, headers=headers)
         await resp.prepare(request)
         self.balancer.succeeded(state)
@@ -560,15 +552,15 @@ class Router:
         except ConnectionError:
             # The client left: counted as nginx's 499; the caller closes the
             # upstream connection.
-            self._stream_done(request, em, 499, t0, first, overhead, state, api_key, usage.usage)
+            self._served(call, state, 499, first, overhead, usage.usage)
             return resp
         except asyncio.CancelledError:
             # The same, as a handler cancelled by aiohttp when the client disconnects.
-            self._stream_done(request, em, 499, t0, first, overhead, state, api_key, usage.usage)
+            self._served(call, state, 499, first, overhead, usage.usage)
             raise
         else:
             await resp.write_eof()
-        self._stream_done(request, em, status, t0, first, overhead, state, api_key, usage.usage)
+        self._served(call, state, status, first, overhead, usage.usage)
         return resp
 
     async def _write_to_slow_reader(self, write, chunk: bytes, transport) -> None:
@@ -590,13 +582,36 @@ class Router:
             transport.abort()
             raise ConnectionResetError("client stopped reading") from None
 
-    def _stream_done(self, request: web.Request, em, status: int, t0: float, first: float, overhead: float,
-                     state: EndpointState, api_key: "keyauth.ApiKey | None",
-                     usage: tuple[int, int] | None = None) -> None:
+    # -- counting and logging, once per request ---------------------------------------------
+
+    def _served(self, call: _Call, state: EndpointState, status: int, first: float, overhead: float,
+                usage: tuple[int, int] | None) -> None:
+        """Count and log a request an endpoint answered; `first` is when its first byte left (0: at the end)."""
         now = perf_counter()
-        em.done(status, now - t0, (first or now) - t0, overhead, usage)
+        elapsed = now - call.t0
+        self.metrics.endpoint(state.endpoint.model, state.replica_id).done(
+            status, elapsed, (first or now) - call.t0, overhead, usage)
         if self.config.access_log and access_log.isEnabledFor(logging.INFO):
-            self._log_access(request, status, state.endpoint.model, state.replica_id, now - t0, api_key, overhead)
+            self._log_access(call, status, state.replica_id, elapsed, overhead)
+
+    def _refuse(self, call: _Call, resp: web.Response) -> web.Response:
+        """Count and log a request answered without an endpoint (4xx, 5xx of the router's own)."""
+        self.metrics.unrouted(call.model, resp.status)
+        if self.config.access_log and access_log.isEnabledFor(logging.INFO):
+            self._log_access(call, resp.status, "", perf_counter() - call.t0)
+        return resp
+
+    def _log_access(self, call: _Call, status: int, endpoint: str, seconds: float,
+                    overhead: float | None = None) -> None:
+        # The key's name, never the key; the client address, never a body.
+        request, model = call.request, call.model
+        name = call.api_key.name if call.api_key is not None else "-"
+        access_log.info("%s %s %s %d model=%s endpoint=%s key=%s %.1fms", request.remote, request.method,
+                        request.path, status, model or "-", endpoint or "-", name, seconds * 1e3,
+                        extra={"event": "access", "client": request.remote, "method": request.method,
+                               "path": request.path, "status": status, "model": model, "endpoint": endpoint,
+                               "key": name, "duration_ms": round(seconds * 1e3, 3),
+                               "overhead_ms": None if overhead is None else round(overhead * 1e3, 3)})
 
 
 def request_peer(transport) -> str:
@@ -617,7 +632,5 @@ async def start(router: Router, host: str = "127.0.0.1", port: int = 0) -> tuple
     if cfg.max_connections_per_client:
         refused = router.metrics.refused.labels("per_client_limit")
         ConnectionGuard(cfg.max_connections_per_client, on_refuse=lambda addr: refused.inc()).install(runner.server)
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = site._server.sockets[0].getsockname()[1] if port == 0 else port    # type: ignore[union-attr]
-    return runner, bound
+    await web.TCPSite(runner, host, port).start()
+    return runner, bound_port(runner)

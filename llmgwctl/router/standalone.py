@@ -25,7 +25,8 @@ import aiohttp
 
 from ..aio import sleep_unless
 from ..catalog import Live
-from .server import Router, RouterConfig, start
+from .config import RouterConfig
+from .server import Router, start
 from .static import EndpointFileError, load_endpoints
 from .watch import ControllerWaker, ControllerWatch, UsageReporter, WatchError
 

@@ -26,6 +26,7 @@ import yaml
 from ..catalog import Catalog
 from ..contracts import Endpoint
 from .errors import RouterError
+from .upstream import BadEndpointURL, parse_target
 
 _FIELDS = {"model", "url", "profile", "id", "priority", "weight", "engine", "metrics_path"}
 
@@ -92,9 +93,13 @@ def parse_endpoints(doc: Any, catalog: Catalog, source: str = "<endpoints>") -> 
             continue
         seen[rid] = i
         try:
-            out.append(Endpoint(replica_id=rid, model=model.name, profile=profile.name, engine=engine, url=url,
-                                priority=int(raw.get("priority", profile.priority)),
-                                weight=float(raw.get("weight", profile.weight)), metrics_path=metrics_path))
+            ep = Endpoint(replica_id=rid, model=model.name, profile=profile.name, engine=engine, url=url,
+                          priority=int(raw.get("priority", profile.priority)),
+                          weight=float(raw.get("weight", profile.weight)), metrics_path=metrics_path)
+            parse_target(ep.url)    # a port past 65535, say: the router would leave it out, so refuse it here
+            out.append(ep)
+        except BadEndpointURL as exc:
+            problems.append(f"{where}.url: {exc}")
         except (TypeError, ValueError) as exc:
             problems.append(f"{where}: {exc}")
     if problems:

@@ -20,6 +20,15 @@ Errors say whether sending the request elsewhere is safe:
      │                    engine took the request and may be running it, no retry
      └── UpstreamBroken   the answer started, then the connection failed or the
                           engine sent something that is not HTTP: no retry
+
+    BadEndpointURL        (a ValueError, not an UpstreamError) the URL cannot be
+                          an engine's: a configuration error, found by
+                          `parse_target` when the endpoint is set, never sent
+
+The three classes talk through methods: the pool hands out connections and is
+told when one is idle or closed (`put_idle`, `forget`); a connection feeds its
+answer (`feed`, `end`, `fail`) and is asked to pause or resume reading; the
+answer hands itself back (`release`).
 """
 from __future__ import annotations
 
@@ -27,12 +36,14 @@ import asyncio
 import collections
 import ssl
 import time
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, NamedTuple
 from urllib.parse import urlsplit
 
 import httptools
 
+from .config import DEFAULTS
 from .errors import RouterError
+
 
 
 class UpstreamError(RouterError):
@@ -51,6 +62,37 @@ class UpstreamBroken(UpstreamError):
     """The answer started and did not finish."""
 
 
+class BadEndpointURL(ValueError):
+    """An endpoint URL no request could be sent to: the configuration is wrong, the engine is not down."""
+
+
+class Target(NamedTuple):
+    """Where an endpoint's requests go, parsed once from its URL (see `parse_target`)."""
+
+    host: str
+    port: int
+    host_header: bytes      # what the Host header says: the URL's host[:port], IDNA-encoded
+    path_prefix: bytes      # the URL's path, prepended to every request's (b"" for most engines)
+    tls: bool               # https: verified against the system's trust store
+
+
+def parse_target(base_url: str) -> Target:
+    """The `Target` of an endpoint's URL; BadEndpointURL if it is not an http(s) URL with a host and a valid port."""
+    try:
+        parts = urlsplit(base_url)
+        port = parts.port       # ValueError when it is not a number in 0-65535
+        host_header = parts.netloc.encode("idna")
+    except (ValueError, UnicodeError) as exc:
+        raise BadEndpointURL(f"not a usable endpoint URL: {base_url!r}: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise BadEndpointURL(f"not an http(s) URL: {base_url!r}")
+    if not parts.hostname:
+        raise BadEndpointURL(f"no host in the endpoint URL {base_url!r}")
+    https = parts.scheme == "https"
+    return Target(parts.hostname, port or (443 if https else 80), host_header,
+                  parts.path.rstrip("/").encode(), https)
+
+
 # Parsed endpoint URLs kept; past this they are parsed anew (a few µs each).
 _TARGETS_KEPT = 1024
 # A slow client makes chunks pile up here; past this the engine's socket is no
@@ -64,7 +106,7 @@ class Response:
     """One answer being read. `status` and `headers` (lower-case names) are set when it is returned."""
 
     __slots__ = ("status", "headers", "_conn", "_chunks", "_buffered", "_done", "_error", "_waiter",
-                 "_paused", "_eof_body")
+                 "_paused")
 
     def __init__(self, conn: "_Connection"):
         self._conn = conn
@@ -76,12 +118,16 @@ class Response:
         self._error: UpstreamError | None = None
         self._waiter: asyncio.Future | None = None
         self._paused = False
-        self._eof_body = False          # no length, not chunked: the body ends when the connection does
 
     @property
     def complete(self) -> bool:
         """The whole answer has been received (not necessarily read)."""
         return self._done
+
+    @property
+    def paused(self) -> bool:
+        """Reading from the engine is paused because the body is not read fast enough."""
+        return self._paused
 
     async def read(self) -> bytes:
         """The whole body."""
@@ -91,7 +137,7 @@ class Response:
                 parts.extend(self._chunks)
                 self._chunks.clear()
                 self._buffered = 0
-                self._resume()
+                self._maybe_resume()
             if self._done:
                 return b"".join(parts)
             if self._error is not None:
@@ -108,7 +154,7 @@ class Response:
                     data = b"".join(self._chunks)
                     self._chunks.clear()
                 self._buffered = 0
-                self._resume()
+                self._maybe_resume()
                 yield data
             elif self._done:
                 return
@@ -125,8 +171,6 @@ class Response:
         """
         self._conn.finish(self)
 
-    # -- fed by the connection ---------------------------------------------------
-
     async def _wait(self) -> None:
         self._waiter = waiter = self._conn.loop.create_future()
         try:
@@ -139,24 +183,30 @@ class Response:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def _feed(self, data: bytes) -> None:
+    def _maybe_resume(self) -> None:
+        if self._paused and self._buffered < _LOW_WATER:
+            self._paused = False
+            self._conn.resume_reading()
+
+    # -- fed by the connection ---------------------------------------------------
+
+    def feed(self, data: bytes) -> None:
+        """Body bytes arrived; past the high-water mark the connection stops reading until they are taken."""
         self._chunks.append(data)
         self._buffered += len(data)
         if self._buffered > _HIGH_WATER and not self._paused:
             self._paused = True
-            self._conn.transport.pause_reading()
+            self._conn.pause_reading()
         self._wake()
 
-    def _resume(self) -> None:
-        if self._paused and self._buffered < _LOW_WATER:
-            self._paused = False
-            self._conn.transport.resume_reading()
+    def end(self) -> None:
+        """The body is complete. Ignored once the answer failed: what came is not the whole of it."""
+        if self._error is None:
+            self._done = True
+            self._wake()
 
-    def _finish(self) -> None:
-        self._done = True
-        self._wake()
-
-    def _fail(self, error: UpstreamError) -> None:
+    def fail(self, error: UpstreamError) -> None:
+        """The answer cannot finish; a reader gets `error` once the bytes before it are taken."""
         if not self._done and self._error is None:
             self._error = error
             self._wake()
@@ -167,7 +217,7 @@ class _Connection(asyncio.Protocol):
 
     __slots__ = ("pool", "key", "loop", "transport", "parser", "response", "headers_in", "closed",
                  "idle_since", "reused", "got_bytes", "last_read", "timer", "idle_timeout", "counted",
-                 "keep_alive")
+                 "keep_alive", "body_until_close")
 
     def __init__(self, pool: "Pool", key: str, loop: asyncio.AbstractEventLoop):
         self.pool = pool
@@ -186,6 +236,7 @@ class _Connection(asyncio.Protocol):
         self.idle_timeout = 0.0
         self.counted = True         # in the pool's count of open connections to its engine
         self.keep_alive = False     # the last answer allows another request on this connection
+        self.body_until_close = False   # no length, not chunked: the body ends when the connection does
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -214,14 +265,15 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._stop_timer()
-        self.pool._forget(self)
+        self.pool.forget(self)
         response = self.response
         if response is None:
             return
-        if response._eof_body and self.headers_in is None and exc is None and response._error is None:
+        if self.body_until_close and self.headers_in is None and exc is None:
             # A body delimited by the connection's end -- a clean one: a reset
-            # cut it short, and a close of ours (an idle timeout) already failed it.
-            response._finish()
+            # cut it short, and a close of ours (an idle timeout) already
+            # failed it, which `end` leaves as it is.
+            response.end()
             return
         reason = f"{type(exc).__name__}: {exc}" if exc else "the engine closed the connection"
         if self.headers_in is not None:
@@ -230,12 +282,12 @@ class _Connection(asyncio.Protocol):
             if not self.headers_in.done():
                 self.headers_in.set_exception(error)
         else:
-            response._fail(UpstreamBroken(f"{reason} mid-answer"))
+            response.fail(UpstreamBroken(f"{reason} mid-answer"))
 
     # -- httptools callbacks -----------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        if self.response._done:
+        if self.response.complete:
             # A second answer before this one was released (an engine answering
             # twice, in the same read or before the release): it would overwrite
             # this answer's status and headers and extend its body. The error
@@ -251,7 +303,7 @@ class _Connection(asyncio.Protocol):
         headers = response.headers
         if "content-length" not in headers and "chunked" not in headers.get("transfer-encoding", "") \
                 and response.status not in (204, 304) and response.status >= 200:
-            response._eof_body = True
+            self.body_until_close = True
         if response.status < 200:
             # 1xx (a 100 Continue we did not ask for): the real answer follows.
             headers.clear()
@@ -261,7 +313,7 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(None)
 
     def on_body(self, body: bytes) -> None:
-        self.response._feed(body)
+        self.response.feed(body)
 
     def on_message_complete(self) -> None:
         response = self.response
@@ -270,7 +322,7 @@ class _Connection(asyncio.Protocol):
             # answer covers Connection: close and HTTP/1.0 alike.
             self.keep_alive = self.parser.should_keep_alive()
             self._stop_timer()      # nothing more to wait for, however long the release takes
-            response._finish()
+            response.end()
 
     # -- the pool's side -------------------------------------------------------------
 
@@ -279,6 +331,7 @@ class _Connection(asyncio.Protocol):
         self.headers_in = self.loop.create_future()
         self.got_bytes = False
         self.keep_alive = False
+        self.body_until_close = False
         if idle_timeout:
             self.idle_timeout = idle_timeout
             self.last_read = self.loop.time()
@@ -292,7 +345,7 @@ class _Connection(asyncio.Protocol):
         self.timer = None
         due = self.last_read + self.idle_timeout
         now = self.loop.time()
-        if self.response is not None and self.response._paused:
+        if self.response is not None and self.response.paused:
             # Nothing is read because the router's client is slow, not because
             # the engine is silent; the client has a write timeout of its own.
             due = now + self.idle_timeout
@@ -303,7 +356,7 @@ class _Connection(asyncio.Protocol):
         if self.headers_in is not None and not self.headers_in.done():
             self.headers_in.set_exception(error)
         elif self.response is not None:
-            self.response._fail(error)
+            self.response.fail(error)
         self.close()
 
     def _stop_timer(self) -> None:
@@ -315,19 +368,26 @@ class _Connection(asyncio.Protocol):
         if self.headers_in is not None and not self.headers_in.done():
             self.headers_in.set_exception(error)
         elif self.response is not None:
-            self.response._fail(error)
+            self.response.fail(error)
         self.close()
 
+    def pause_reading(self) -> None:
+        self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self.transport.resume_reading()
+
     def finish(self, response: Response) -> None:
+        """`response` is done with: keep the connection for the next request if it can carry one, else close it."""
         if response is not self.response:
             return
         self._stop_timer()
         self.response = None
-        if response._done and not self.closed and self.keep_alive and not response._paused:
-            self.pool._idle_put(self)
+        if response.complete and not self.closed and self.keep_alive and not response.paused:
+            self.pool.put_idle(self)
         else:
             self.close()
-            self.pool._forget(self)
+            self.pool.forget(self)
 
     def close(self) -> None:
         if not self.closed:
@@ -349,8 +409,10 @@ class Pool:
     """
 
     # The defaults are RouterConfig's, where each one's reason is given.
-    def __init__(self, *, connect_timeout: float = 3.0, keepalive_timeout: float = 4.0,
-                 limit_per_endpoint: int = 512, limit_total: int = 8192,
+    def __init__(self, *, connect_timeout: float = DEFAULTS.connect_timeout,
+                 keepalive_timeout: float = DEFAULTS.keepalive_timeout,
+                 limit_per_endpoint: int = DEFAULTS.connections_per_endpoint,
+                 limit_total: int = DEFAULTS.connections_total,
                  clock: Callable[[], float] = time.monotonic):
         self.connect_timeout = connect_timeout
         self.keepalive_timeout = keepalive_timeout
@@ -362,7 +424,8 @@ class Pool:
         self._idle: dict[str, list[_Connection]] = {}
         self._open: dict[str, int] = {}
         self._waiters: dict[str, collections.deque[asyncio.Future]] = {}
-        self._targets: dict[str, tuple[str, int, bytes, ssl.SSLContext | None, bytes]] = {}
+        self._targets: dict[str, Target] = {}
+        self._tls: ssl.SSLContext | None = None     # one for every https engine, made on first use
         self._sweep: asyncio.TimerHandle | None = None
         self._closed = False
 
@@ -372,17 +435,19 @@ class Pool:
 
         With `idle_timeout`, the engine may not go silent for longer than that
         (before the headers or between chunks). Call `release()` on the answer.
+        BadEndpointURL, before anything is sent, if `base_url` cannot be an
+        engine's (check it with `parse_target` when the endpoint is set).
         """
         target = self._targets.get(base_url)
         if target is None:
             if len(self._targets) >= _TARGETS_KEPT:
                 self._targets.clear()       # replicas come and go, each at a new URL
-            target = self._targets[base_url] = _parse_target(base_url)
+            target = self._targets[base_url] = parse_target(base_url)
         # What engines get: the body is always JSON. The client's Authorization
         # is the gateway's credential and is not passed on; no Accept-Encoding,
         # so engines answer uncompressed and the router never decompresses.
         head = b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (
-            target[4], path.encode("utf-8", "surrogateescape"), target[2], len(body))
+            target.path_prefix, path.encode("utf-8", "surrogateescape"), target.host_header, len(body))
         while True:
             conn = await self._acquire(base_url, target)
             response = conn.send(head, body, idle_timeout)
@@ -416,7 +481,7 @@ class Pool:
 
     # -- connections ------------------------------------------------------------------
 
-    async def _acquire(self, key: str, target) -> _Connection:
+    async def _acquire(self, key: str, target: Target) -> _Connection:
         while True:
             idle = self._idle.get(key)
             if idle:
@@ -427,7 +492,7 @@ class Pool:
                         conn.reused = True
                         return conn
                     conn.close()
-                    self._forget(conn)
+                    self.forget(conn)
             if self._open.get(key, 0) >= self.limit_per_endpoint:
                 waiters = self._waiters.setdefault(key, collections.deque())
                 try:
@@ -464,17 +529,21 @@ class Pool:
         if oldest is None:
             return False
         oldest.close()
-        self._forget(oldest)
+        self.forget(oldest)
         return True
 
-    async def _connect(self, key: str, target) -> _Connection:
-        host, port, _, context, _ = target
+    async def _connect(self, key: str, target: Target) -> _Connection:
+        context = None
+        if target.tls:
+            if self._tls is None:
+                self._tls = ssl.create_default_context()
+            context = self._tls
         loop = asyncio.get_running_loop()
         self._open[key] = self._open.get(key, 0) + 1
         self._total += 1
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(self, key, loop), host, port, ssl=context),
+                loop.create_connection(lambda: _Connection(self, key, loop), target.host, target.port, ssl=context),
                 self.connect_timeout)
         except asyncio.TimeoutError:
             self._dec(key)
@@ -487,7 +556,10 @@ class Pool:
             raise
         return conn
 
-    def _idle_put(self, conn: _Connection) -> None:
+    # -- told by its connections --------------------------------------------------------
+
+    def put_idle(self, conn: _Connection) -> None:
+        """`conn` finished an answer and may carry another request: keep it for the next one to its engine."""
         waiters = self._waiters.get(conn.key)
         conn.idle_since = self._clock()
         self._idle.setdefault(conn.key, []).append(conn)
@@ -498,7 +570,7 @@ class Pool:
         if self._sweep is None and not self._closed:
             self._sweep = asyncio.get_running_loop().call_later(self.keepalive_timeout, self._expire)
 
-    def _forget(self, conn: _Connection) -> None:
+    def forget(self, conn: _Connection) -> None:
         """`conn` is closed: it no longer counts against its engine's limit."""
         if not conn.counted:
             return
@@ -530,7 +602,7 @@ class Pool:
         for key, conns in list(self._idle.items()):
             for conn in [c for c in conns if c.closed or c.idle_since <= expired_before]:
                 conn.close()
-                self._forget(conn)
+                self.forget(conn)
             if conns:
                 left = True
             else:
@@ -545,14 +617,3 @@ def _wake_one(waiters: collections.deque) -> None:
         if not waiter.done():
             waiter.set_result(None)
             return
-
-
-def _parse_target(base_url: str) -> tuple[str, int, bytes, ssl.SSLContext | None, bytes]:
-    """(host, port, Host header, TLS context or None, path prefix) of an endpoint's URL."""
-    parts = urlsplit(base_url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConnectFailed(f"not an http(s) URL: {base_url!r}")
-    https = parts.scheme == "https"
-    port = parts.port or (443 if https else 80)
-    context = ssl.create_default_context() if https else None
-    return parts.hostname, port, parts.netloc.encode("idna"), context, parts.path.rstrip("/").encode()

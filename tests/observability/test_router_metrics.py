@@ -4,12 +4,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import socket
 import threading
 
 import requests
 
 from llmgwctl.catalog import Catalog, Model, Profile
 from llmgwctl.observability.metrics import StreamUsage, usage_tokens
+from llmgwctl.contracts import Endpoint
 from tests.router.harness import catalog, make_router, wait_until
 
 from .scrape import delta, finite, key, scrape
@@ -138,6 +140,22 @@ def test_cold_queue_length_and_wait(routers):
     assert page[queue] == 0
     assert page[key("llmgw_router_cold_wait_seconds_count", model="cold-model", outcome="timeout")] == 1
     assert page[key("llmgw_router_requests_total", model="cold-model", endpoint="", code="503")] == 1
+
+
+def test_a_wait_for_a_replica_to_come_back_is_a_cold_wait_too(routers):
+    # The model's only endpoint refuses its connection (its engine crashed,
+    # the agent is restarting it): the request waits as for a cold start, and
+    # that wait is observed like one -- here it runs out, as nothing comes back.
+    with socket.socket() as s:      # bound, not listening: connections to it are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        rt = routers(make_router(catalog((MODEL, ())), waker=NoopWaker(), cold_timeout=1.0))
+        rt.set_endpoints([Endpoint("gone", MODEL, "default", "fake", f"http://127.0.0.1:{port}")])
+        r = chat(rt.url)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "cold_start_timeout"
+    page = scrape(rt.url + "/metrics")
+    assert page[key("llmgw_router_cold_wait_seconds_count", model=MODEL, outcome="timeout")] == 1
+    assert page[key("llmgw_router_requests_total", model=MODEL, endpoint="", code="503")] == 1
 
 
 def test_access_log_one_line_per_request_and_it_can_be_turned_off(engines, routers, caplog):

@@ -140,6 +140,26 @@ def test_exclude_skips_endpoints_already_tried():
     assert b.pick("m", (a, state(b, "b"))) is None
 
 
+def test_a_request_started_and_finished_through_the_balancer_is_load_and_then_last_use():
+    b, clock = make(ep("a"), ep("b"))
+    a = state(b, "a")
+    b.started(a)
+    clock.now += 2.0
+    b.started(a)
+    assert b.usage_snapshot()["a"] == (1000.0 + 2.0, 2)
+    assert b.pick("m").replica_id == "b"        # in flight is load: the idle peer wins
+    clock.now += 3.0
+    b.finished(a)
+    b.finished(a)
+    assert b.usage_snapshot() == {"a": (1005.0, 0), "b": (None, 0)}
+    # Withdrawn while a request runs: still reported until it finishes.
+    b.started(a)
+    b.set_endpoints([ep("b")])
+    assert b.usage_snapshot()["a"] == (1005.0, 1)
+    b.finished(a)
+    assert "a" not in b.usage_snapshot()
+
+
 def test_set_endpoints_keeps_state_of_unchanged_ids_and_reports_new_models():
     b, clock = make(ep("a"), ep("b"))
     a = state(b, "a")

@@ -112,6 +112,33 @@ def test_refused_connection_moves_the_request_and_ejects_the_endpoint(engines, r
     assert state.failures >= 1 and state.inflight == 0
 
 
+def test_an_endpoint_whose_url_cannot_be_used_is_left_out_not_ejected(engines, routers, caplog):
+    # A configuration error, not an engine down: sending to it would fail
+    # every time (before: a 500 for each request that picked it, since the
+    # port did not parse), so it is never picked, and said once in the log.
+    live = engines(MODEL, "live")
+    bad = [Endpoint(replica_id="bad-port", model=MODEL, profile="default", engine="fake",
+                    url="http://127.0.0.1:99999", priority=10),
+           Endpoint(replica_id="no-host", model=MODEL, profile="default", engine="fake",
+                    url="http://:8000", priority=10)]
+    rt = routers(make_router(catalog((MODEL, ()))))
+    with caplog.at_level("ERROR", logger="llmgw.router"):
+        rt.set_endpoints([*bad, live.endpoint()])
+        rt.set_endpoints([*bad, live.endpoint()])      # the same list again: nothing new to say
+    said = [r.getMessage() for r in caplog.records if r.name == "llmgw.router"]
+    assert len(said) == 2 and any("bad-port" in m and "99999" in m for m in said) \
+        and any("no-host" in m and "no host" in m for m in said)
+    assert [s.replica_id for s in rt.router.balancer.states()] == ["live"]
+    client = client_for(rt)
+    for _ in range(5):
+        raw = client.completions.with_raw_response.create(model=MODEL, prompt="x", max_tokens=1)
+        assert raw.headers["x-llmgw-replica"] == "live"
+    # With only the unusable ones, the model has no replica: the router's 503, not a 500 or 502.
+    rt.set_endpoints(bad)
+    r = requests.post(rt.url + "/v1/completions", json={"model": MODEL, "prompt": "x"}, timeout=30)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "no_ready_replica"
+
+
 def test_every_endpoint_refusing_is_a_502_after_bounded_tries(routers):
     ports = []
     for _ in range(4):

@@ -61,6 +61,7 @@ def test_static_endpoint_file_reports_every_problem_with_its_place():
             {"model": "small", "url": "http://h:5", "colour": "red"},
             {"model": "small", "url": "http://h:6", "id": "x"},
             {"model": "small", "url": "http://h:7", "id": "x"},
+            {"model": "small", "url": "http://h:99999"},
         ]}, two_profile_catalog(), "eps.yaml")
     lines = str(info.value).splitlines()
     assert lines[0].startswith("eps.yaml: endpoints[0].model: 'nope' is not a model or alias")
@@ -69,6 +70,8 @@ def test_static_endpoint_file_reports_every_problem_with_its_place():
     assert lines[3].startswith("eps.yaml: endpoints[3]: endpoint small-model@h:4: url must look like")
     assert lines[4].startswith("eps.yaml: endpoints[4]: unknown field 'colour'")
     assert lines[5].startswith("eps.yaml: endpoints[6].id: 'x' is already used by endpoints[5]")
+    # Past the Endpoint's own check, a port no socket has: refused here, not left for the router to skip.
+    assert lines[6].startswith("eps.yaml: endpoints[7].url: not a usable endpoint URL: 'http://h:99999'")
     with pytest.raises(EndpointFileError, match="expected a mapping with an 'endpoints' list"):
         parse_endpoints([], two_profile_catalog())
 

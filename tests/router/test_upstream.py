@@ -19,7 +19,8 @@ import pytest
 import trustme
 from aiohttp import web
 
-from llmgwctl.router.upstream import ConnectFailed, Pool, UpstreamBroken, UpstreamTimeout
+from llmgwctl.router.upstream import (BadEndpointURL, ConnectFailed, Pool, Target, UpstreamBroken, UpstreamError,
+                                      UpstreamTimeout, parse_target)
 
 from ..support import FakeClock, until
 
@@ -315,10 +316,30 @@ async def test_refused_port_is_connect_failed():
             assert pool.connections(url) == 0       # a failed connect leaves no count behind
 
 
-async def test_not_an_http_url_is_connect_failed():
+# A URL no request could go to is the configuration's fault, not the engine's:
+# BadEndpointURL, which is not an UpstreamError, so nothing treats it as an
+# engine down (the router checks URLs with parse_target when endpoints are set).
+@pytest.mark.parametrize("url, match", [
+    ("ftp://127.0.0.1:1", "not an http"),
+    ("http://:8000", "no host"),
+    ("http://127.0.0.1:99999", "not a usable endpoint URL"),
+    ("http://127.0.0.1:port", "not a usable endpoint URL"),
+    ("http://[::1", "not a usable endpoint URL"),
+])
+async def test_a_url_that_cannot_be_an_engines_is_a_configuration_error_before_anything_is_sent(url, match):
+    with pytest.raises(BadEndpointURL, match=match):
+        parse_target(url)
+    assert not issubclass(BadEndpointURL, UpstreamError)
     async with pooled() as pool:
-        with pytest.raises(ConnectFailed, match="not an http"):
-            await pool.post("ftp://127.0.0.1:1", "/v1/x", b"{}")
+        with pytest.raises(BadEndpointURL, match=match):
+            await pool.post(url, "/v1/x", b"{}")
+        assert pool.connections(url) == 0
+
+
+def test_a_target_is_parsed_once_into_its_named_parts():
+    assert parse_target("https://engine.example:8443/prefix/") == Target(
+        host="engine.example", port=8443, host_header=b"engine.example:8443", path_prefix=b"/prefix", tls=True)
+    assert parse_target("http://10.0.0.5") == Target("10.0.0.5", 80, b"10.0.0.5", b"", False)
 
 
 # Connect timeout: not tested. Nothing on loopback reliably leaves connect()

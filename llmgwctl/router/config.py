@@ -1,0 +1,80 @@
+"""`RouterConfig`: the router's knobs, each default once with its reason.
+
+The CLI's router options (`llmgwctl router`, `llmgwctl serve`) and the
+upstream `Pool` take their defaults from here, so a default changes in one
+place. It imports nothing but httpserver's constants, so any router module
+(upstream included, which server imports) can read it without a cycle.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..httpserver import CLIENT_IDLE_TIMEOUT, MAX_CONNECTIONS_PER_CLIENT, MAX_HEADER_BYTES, MAX_HEADERS
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    # Bodies above this get 413 before they are read: a 128k-token prompt is
+    # about 0.5 MB of text and requests with a few base64 images reach several
+    # MB; 32 MiB leaves room for those while bounding memory per request.
+    max_body_bytes: int = 32 * 1024 * 1024
+    # Engine gauges change at the pace of requests finishing; 1 s keeps the pick
+    # current while costing each engine one small scrape a second.
+    poll_interval: float = 1.0
+    # Long enough for a 7B-70B model cached on local disk to load (30-90 s with
+    # vLLM); past it, a 503 with Retry-After lets the client decide.
+    cold_timeout: float = 120.0
+    # Waiting requests per cold model: a burst costs memory in proportion but not
+    # without limit; 256 is one vLLM engine's default max_num_seqs.
+    cold_queue: int = 256
+    # Endpoints tried per request when connections are refused or reset: the
+    # first failure is usually one replica going away, a third in a row means
+    # the model is in trouble and the client should hear about it.
+    max_attempts: int = 3
+    # Engines are on the same LAN; a connect taking longer than this means the
+    # host is gone, and the request is better moved to another endpoint.
+    connect_timeout: float = 3.0
+    # One client connection pool for every engine. Per host: twice vLLM's default
+    # max_num_seqs, so every slot plus a visible queue is reachable and requests
+    # past that wait in the router, where they count as in-flight load. Total:
+    # bounded well under the file-descriptor limit the CLI raises to.
+    connections_per_endpoint: int = 512
+    connections_total: int = 8192
+    # Below uvicorn's default 5 s keep-alive (vLLM, SGLang), so the router closes
+    # an idle connection before the engine does and never sends a request down
+    # a socket the engine is closing (which would look like a reset and eject a
+    # healthy endpoint).
+    keepalive_timeout: float = 4.0
+    # -- limits on what clients can make the router hold (see limits.py) --
+    # OpenAI request bodies nest about 6 deep (messages, content parts, image
+    # urls) and a tool's JSON schema rarely past 20; 64 leaves room for any real
+    # schema while refusing the deeply nested bodies that make parsers recurse.
+    max_json_depth: int = 64
+    # Once the headers are in, the whole body must arrive within this: 32 MiB
+    # at 1 MB/s (a slow link) takes 32 s; a client slower than that is holding
+    # a connection, not sending a request.
+    body_timeout: float = 120.0
+    # Slow headers, idle keep-alive, header sizes and connections per address:
+    # the limits every llmgw server shares, each with its reason in httpserver.
+    client_idle_timeout: float = CLIENT_IDLE_TIMEOUT
+    max_header_bytes: int = MAX_HEADER_BYTES
+    max_headers: int = MAX_HEADERS
+    max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT
+    # A stream whose engine sends no byte for this long ends (504 before its
+    # first byte, an error event after): a long prefill sends nothing until the
+    # first token, and 10 minutes is past any real one. Whole (non-stream)
+    # replies are bounded by their clients instead (see Router._on_startup).
+    upstream_idle_timeout: float = 600.0
+    # A streaming client that reads nothing for this long is cut off and the
+    # engine's slot freed: a stranger must not hold a GPU slot by not reading.
+    # 60 s is far past any pause a live reader makes (a mobile client changing
+    # networks), and the check costs nothing while the client keeps up.
+    client_write_timeout: float = 60.0
+    # One line per request on the `llmgw.access` logger (at INFO).
+    access_log: bool = True
+
+
+# One knob's default, for a piece that takes a single setting (Pool,
+# ColdStart, LoadPoller, the CLI's options): a slotted dataclass keeps its
+# defaults on an instance, not on the class.
+DEFAULTS = RouterConfig()
