@@ -611,6 +611,8 @@ def _explain(error) -> list[tuple[tuple, str]]:
         return [(path, f"expected a number {words[v]} {error.validator_value}, got {excerpt(inst)}")]
     if v == "minLength":
         return [(path, "must not be empty")]
+    if v == "maxLength":
+        return [(path, f"is longer than {error.validator_value} characters")]
     if v == "maxItems":
         return [(path, f"has more than {error.validator_value} items")]
     return [(path, _short_message(error))]
