@@ -13,8 +13,9 @@ read for ever, /dev/zero never end it), each up to a size cap, the directory up
 to another, and YAML aliases count at their expanded size against a node
 budget (a 1 KB alias bomb expands to billions of nodes). See `Limits`.
 
-Hidden names (`.#x.yaml` emacs locks, `.x.yaml.swp` vim swaps) and names starting with `#` (emacs autosaves) are editors' scratch files and are
-never read; `x.yaml~` backups and `x.yaml.tmp` (what `catalog apply` writes
+Hidden names (`.#x.yaml` emacs locks, `.x.yaml.swp` vim swaps) and names
+starting with `#` (emacs autosaves) are editors' scratch files and are never
+read; `x.yaml~` backups and `x.yaml.tmp` (what `catalog apply` writes
 before its rename) fail the suffix test. Subdirectories are not descended into,
 so operators can keep drafts or archives beside the catalog.
 """
