@@ -21,7 +21,10 @@ def format_path(path: Sequence[str | int]) -> str:
         if isinstance(key, int):
             out += f"[{key}]"
         else:
-            out += f".{key}" if out else str(key)
+            # A key is text from the file: shown, but only as a short excerpt
+            # (a pasted token as a key must not reach status and logs whole).
+            key = str(key) if len(str(key)) <= 40 else str(key)[:40] + "..."
+            out += f".{key}" if out else key
     return out
 
 

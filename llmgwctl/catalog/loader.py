@@ -6,10 +6,16 @@ the watcher's rejection name all of them at once in `file:line:col: path: msg`
 form.
 
 Which files count: `*.yaml` and `*.yml` directly in the directory, following
-symlinks (Kubernetes ConfigMap mounts are symlinks into a hidden `..data`
-directory). Hidden names (`.#x.yaml` emacs locks, `.x.yaml.swp` vim swaps) and
-names starting with `#` (emacs autosaves) are editors' scratch files and are
-never read; `x.yaml~` backups and `x.yaml.tmp` (what `catalog apply` writes
+symlinks only while they stay inside it (Kubernetes ConfigMap mounts are
+symlinks into a hidden `..data` directory; a link to /etc/passwd or a token
+file is refused unread). Only regular files are read (a FIFO would block the
+read for ever, /dev/zero never end it), each up to a size cap, the directory up
+to another, and YAML aliases count at their expanded size against a node
+budget (a 1 KB alias bomb expands to billions of nodes). See `Limits`.
+
+Hidden names (`.#x.yaml` emacs locks, `.x.yaml.swp` vim swaps) and names
+starting with `#` (emacs autosaves) are editors' scratch files and are never
+read; `x.yaml~` backups and `x.yaml.tmp` (what `catalog apply` writes
 before its rename) fail the suffix test. Subdirectories are not descended into,
 so operators can keep drafts or archives beside the catalog.
 """
@@ -18,7 +24,10 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 import os
+import re
+import stat
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -33,6 +42,48 @@ from .model import Catalog, EngineSpec, Model, Origin, Profile, Replicas
 
 SUFFIXES = (".yaml", ".yml")
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster on big catalogs
+_CONSTRUCTOR = yaml.constructor.SafeConstructor()        # only to read floats' values while walking nodes
+
+# How much of a line or value a message may quote. An error must let the
+# operator find the spot, and must never print a file (a secret in the wrong
+# place, a link to a token) into status and logs.
+EXCERPT = 40
+# The longest message one problem carries, whatever produced it.
+MAX_MESSAGE = 300
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one load may cost; the defaults hold real catalogs with room to spare.
+
+    A 1,000-model file is ~400 KB and ~45,000 YAML nodes; a 10,000-model
+    catalog ~4 MB and ~450,000 nodes. Composing YAML costs ~300 bytes of
+    memory and ~3 µs per node, so the node budget is what bounds a load:
+    1,000,000 nodes is ~300 MB and ~3 s at worst, the most a bad edit may cost.
+    """
+
+    # 10x the largest real catalog file; bounds the read before anything parses.
+    max_file_bytes: int = 4 << 20
+    # 4x a 10,000-model catalog; four files at the per-file cap.
+    max_dir_bytes: int = 16 << 20
+    # YAML nodes per load (directory-wide), each alias counted at the size of
+    # what it repeats, so an alias bomb is refused before it is expanded.
+    max_nodes: int = 1_000_000
+    # A catalog is 6 levels deep (models[i].profiles[j].env.KEY); libyaml's
+    # composer recurses on the C stack and segfaults near 100,000 levels.
+    max_depth: int = 64
+
+
+DEFAULT_LIMITS = Limits()
+# What PyYAML's reader refuses; found first by us, so the problem has a line:col.
+_NON_PRINTABLE = re.compile("[^\x09\x0A\x0D\x20-\x7E\x85\xA0-\uD7FF\uE000-\uFFFD\U00010000-\U0010ffff]")
+_CONTROL_NAMES = {0: "NUL", 0x1b: "ESC", 0x7f: "DEL"}
+
+
+def excerpt(value: Any, limit: int = EXCERPT) -> str:
+    """`repr(value)`, cut to a short excerpt: what errors may quote of a file."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 def schema_path() -> Path:
     """Where catalog.schema.json is: inside the package, which a wheel and an editable install both carry."""
@@ -83,6 +134,7 @@ class _FileResult:
     engines: tuple[EngineSpec, ...] = ()
     problems: tuple[Problem, ...] = ()
     positions: Mapping[tuple, tuple[int, int]] = field(default_factory=dict)
+    nodes: int = 0                  # YAML nodes, aliases expanded: what it costs against Limits.max_nodes
 
 
 class FileCache:
@@ -108,66 +160,163 @@ class FileCache:
             del self._entries[path]
 
 
-def load_dir(directory: str | os.PathLike, cache: FileCache | None = None) -> Catalog:
-    """The catalog a directory holds; CatalogError with every problem if it is not valid."""
-    return load_paths([directory], cache=cache)
+def load_dir(directory: str | os.PathLike, cache: FileCache | None = None, *,
+             limits: Limits = DEFAULT_LIMITS, replace: Mapping[str, bytes] | None = None) -> Catalog:
+    """The catalog a directory holds; CatalogError with every problem if it is not valid.
+
+    `replace` maps a file name to the content it would have (what `catalog
+    apply` checks before writing), so nothing is copied to validate an edit.
+    """
+    return load_paths([directory], cache=cache, limits=limits, replace=replace)
 
 
-def load_paths(paths: Sequence[str | os.PathLike], cache: FileCache | None = None) -> Catalog:
+def load_paths(paths: Sequence[str | os.PathLike], cache: FileCache | None = None, *,
+               limits: Limits = DEFAULT_LIMITS, replace: Mapping[str, bytes] | None = None) -> Catalog:
     """One catalog from files and directories together (their union, as a directory's files are)."""
-    files: list[str] = []
+    files: list[tuple[str, str | None]] = []   # (path, the directory its links must stay in, or None)
     problems: list[Problem] = []
+    replace = dict(replace or {})
     for path in paths:
         path = os.fspath(path)
         if os.path.isdir(path):
-            files.extend(catalog_files(path))
+            root = os.path.realpath(path)
+            names = {os.path.basename(f) for f in catalog_files(path)}
+            listed = [os.path.normpath(os.path.join(path, n)) for n in sorted(names | set(replace))]
+            if not listed:
+                # Like an empty file: a directory whose files were all removed
+                # (a bad `git rm`, a half-done sync) must not tear down every model.
+                problems.append(Problem(path, (), "holds no *.yaml or *.yml catalog file: write one, or point "
+                                                  "llmgw at the directory that holds them"))
+            files.extend((f, root) for f in listed)
         elif os.path.exists(path):
-            files.append(path)
+            files.append((path, None))
         elif os.path.islink(path):
-            problems.append(Problem(path, (), f"broken symlink to {os.readlink(path)!r}"))
+            problems.append(Problem(path, (), f"broken symlink to {excerpt(os.readlink(path), 200)}"))
         else:
             problems.append(Problem(path, (), "no such file or directory"))
     results = []
-    for file in files:
-        try:
-            data = Path(file).read_bytes()
-        except FileNotFoundError:
-            # A dangling symlink, or a file deleted between listing and reading (an
-            # editor's rename dance); the watcher reloads again on the next event.
-            target = f" to {os.readlink(file)!r}" if os.path.islink(file) else ""
-            problems.append(Problem(file, (), f"broken symlink{target}" if target else "file disappeared while reading"))
+    total_bytes = total_nodes = 0
+    for file, root in files:
+        name = os.path.basename(file)
+        if root is not None and name in replace:
+            data: bytes | Problem = replace[name]
+        else:
+            data = read_file(file, root, limits.max_file_bytes)
+        if isinstance(data, Problem):
+            problems.append(data)
             continue
-        except IsADirectoryError:
-            problems.append(Problem(file, (), "is a directory, not a catalog file"))
+        if len(data) > limits.max_file_bytes:
+            problems.append(Problem(file, (), _too_big(len(data), limits.max_file_bytes, "file")))
             continue
-        except OSError as exc:
-            problems.append(Problem(file, (), f"cannot read: {exc.strerror or exc}"))
-            continue
+        total_bytes += len(data)
+        if total_bytes > limits.max_dir_bytes:
+            problems.append(Problem(file, (), f"the catalog's files add up to more than "
+                                              f"{_mib(limits.max_dir_bytes)} with this one; not read"))
+            break
         digest = hashlib.sha256(data).hexdigest()
         result = cache.get(file, digest) if cache else None
         if result is None:
-            result = _load_file(file, data)
+            result = _load_file(file, data, limits)
             if cache:
                 cache.put(file, digest, result)
+        total_nodes += result.nodes
+        if total_nodes > limits.max_nodes and not result.problems:
+            problems.append(Problem(file, (), f"the catalog's files hold more than {limits.max_nodes} YAML nodes "
+                                              "together with this one; split the catalog or raise the limit"))
+            break
         results.append((file, result))
     if cache:
-        cache.keep_only(files)
+        cache.keep_only(f for f, _ in files)
     return _assemble(results, problems)
 
 
-def load_text(text: str | bytes, file: str = "<input>") -> Catalog:
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):g} MiB"
+
+
+def _too_big(size: int, limit: int, what: str) -> str:
+    return f"{what} is larger than {_mib(limit)} ({size} bytes or more); no catalog file is that big"
+
+
+def read_file(path: str, root: str | None, max_bytes: int) -> bytes | Problem:
+    """A catalog file's bytes, or the Problem of why it is not read.
+
+    Never blocks and never reads more than `max_bytes` + 1: only a regular
+    file is opened (checked before and, against a swap, after open), with
+    O_NONBLOCK so not even a FIFO put there between the two checks can hold
+    the read. When `root` is given, a symlink is followed only if it resolves
+    inside it; its target is then not even opened.
+    """
+    try:
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            link = os.readlink(path)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                return Problem(path, (), f"broken symlink to {excerpt(link, 200)}")
+            target = os.path.realpath(path)
+            if root is not None and os.path.commonpath([root, target]) != root:
+                return Problem(path, (), f"is a symlink to {excerpt(target, 200)}, outside the catalog directory; "
+                                         "only links that stay inside it (as a Kubernetes ConfigMap's ..data) "
+                                         "are followed")
+        if stat.S_ISDIR(st.st_mode):
+            return Problem(path, (), "is a directory, not a catalog file")
+        if not stat.S_ISREG(st.st_mode):
+            return Problem(path, (), f"is {_file_kind(st.st_mode)}, not a regular file; only regular files are read")
+        if st.st_size > max_bytes:
+            return Problem(path, (), _too_big(st.st_size, max_bytes, "file"))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        # Deleted between listing and reading (an editor's rename dance); the
+        # watcher reloads again on the next event.
+        return Problem(path, (), "file disappeared while reading")
+    except OSError as exc:
+        return Problem(path, (), f"cannot read: {exc.strerror or exc}")
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return Problem(path, (), "was replaced by something that is not a regular file while reading")
+        chunks, size = [], 0
+        while size <= max_bytes:
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        return Problem(path, (), f"cannot read: {exc.strerror or exc}")
+    finally:
+        os.close(fd)
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a special file"
+
+
+def load_text(text: str | bytes, file: str = "<input>", *, limits: Limits = DEFAULT_LIMITS) -> Catalog:
     """A catalog from one document's text (what `POST /api/v1/catalog` receives)."""
-    data = text.encode("utf-8") if isinstance(text, str) else text
-    return _assemble([(file, _load_file(file, data))], [])
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    if len(data) > limits.max_file_bytes:
+        raise CatalogError([Problem(file, (), _too_big(len(data), limits.max_file_bytes, "document"))])
+    return _assemble([(file, _load_file(file, data, limits, limits.max_nodes))], [])
 
 
 def _assemble(results: list[tuple[str, _FileResult]], problems: list[Problem]) -> Catalog:
     models: list[Model] = []
     engines: dict[str, EngineSpec] = {}
     positions: dict[str, Mapping[tuple, tuple[int, int]]] = {}
+    broken: set[tuple[str, tuple]] = set()
     for file, result in results:
         problems.extend(result.problems)
         models.extend(result.models)
+        broken.update((file, p.path) for p in result.problems)
         positions[file] = result.positions
         for spec in result.engines:
             if spec.name in engines:
@@ -179,11 +328,28 @@ def _assemble(results: list[tuple[str, _FileResult]], problems: list[Problem]) -
     try:
         catalog = Catalog(models, engines)
     except CatalogError as exc:
-        problems.extend(_locate(p, positions.get(p.file, {})) for p in exc.problems)
+        # Rules run on models the schema found broken too (built leniently, see
+        # _lenient_model), so a file's problems come in one round; what those
+        # rules say at a spot the schema already reported adds nothing.
+        problems.extend(_locate(p, positions.get(p.file, {})) for p in exc.problems
+                        if not _under_reported(p, broken))
         catalog = None
-    if problems:
-        raise CatalogError(problems)
+    if problems or catalog is None:
+        raise CatalogError(_clamped(p) for p in problems)
     return catalog
+
+
+def _under_reported(problem: Problem, broken: set[tuple[str, tuple]]) -> bool:
+    path = tuple(problem.path)
+    return any((problem.file, path[:n]) in broken for n in range(3, len(path) + 1))
+
+
+def _clamped(problem: Problem) -> Problem:
+    # The last guard of "a rejection never prints a file": whatever a rule or a
+    # library wrote, one problem's message stays a line long.
+    if len(problem.message) <= MAX_MESSAGE:
+        return problem
+    return Problem(problem.file, problem.path, problem.message[:MAX_MESSAGE] + "...", problem.line, problem.column)
 
 
 def _locate(problem: Problem, positions: Mapping[tuple, tuple[int, int]]) -> Problem:
@@ -197,14 +363,26 @@ def _locate(problem: Problem, positions: Mapping[tuple, tuple[int, int]]) -> Pro
 
 # --- one file ---------------------------------------------------------------
 
-def _load_file(file: str, data: bytes) -> _FileResult:
+def _load_file(file: str, data: bytes, limits: Limits = DEFAULT_LIMITS, node_budget: int | None = None) -> _FileResult:
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
         return _FileResult(problems=(Problem(file, (), f"not UTF-8: byte 0x{data[exc.start]:02x} cannot be decoded; save the file as UTF-8", line, col),))
+    bad = _NON_PRINTABLE.search(text)
+    if bad:
+        code = ord(bad.group())
+        line = text.count("\n", 0, bad.start()) + 1
+        col = bad.start() - (text.rfind("\n", 0, bad.start()) + 1) + 1
+        name = f" ({_CONTROL_NAMES[code]})" if code in _CONTROL_NAMES else ""
+        return _FileResult(problems=(Problem(file, (), f"control character U+{code:04X}{name} is not allowed in YAML; "
+                                                       "remove it (a binary file, or a paste gone wrong?)", line, col),))
+    budget = limits.max_nodes if node_budget is None else node_budget
     try:
+        nodes, refused = _measure(text, budget, limits.max_depth)
+        if refused:
+            return _FileResult(problems=(Problem(file, (), refused[0], *refused[1]),), nodes=nodes)
         loader = _Loader(text)
         try:
             node = loader.get_single_node()
@@ -214,8 +392,18 @@ def _load_file(file: str, data: bytes) -> _FileResult:
                 # tear down every model it used to define.
                 return _FileResult(problems=(Problem(file, (), "file is empty: write a Catalog document (apiVersion: llmgw/v1, kind: Catalog) or delete the file", 1, 1),))
             positions: dict[tuple, tuple[int, int]] = {}
-            dup = _walk(node, (), positions)
-            document = loader.construct_document(node)
+            found: list[tuple[tuple, str]] = []
+            _walk(node, (), positions, found)
+            try:
+                document = loader.construct_document(node)
+            except yaml.YAMLError:
+                raise
+            except (ValueError, TypeError, OverflowError, ArithmeticError) as exc:
+                # An explicit tag whose value does not fit it (`!!float abc`,
+                # `!!int 0x`): PyYAML lets the conversion's error through.
+                mark = node.start_mark
+                return _FileResult(problems=(Problem(file, (), f"invalid YAML value: {excerpt(str(exc), 80)[1:-1]}",
+                                                     mark.line + 1, mark.column + 1),), positions=positions, nodes=nodes)
         finally:
             loader.dispose()
     except yaml.MarkedYAMLError as exc:
@@ -228,55 +416,126 @@ def _load_file(file: str, data: bytes) -> _FileResult:
         return _FileResult(problems=(Problem(file, (), f"invalid YAML: {message}", mark.line + 1 if mark else 0, mark.column + 1 if mark else 0),))
     except yaml.YAMLError as exc:
         return _FileResult(problems=(Problem(file, (), f"invalid YAML: {exc}"),))
-    if dup:
-        return _FileResult(problems=tuple(Problem(file, path, msg, *positions.get(path, (0, 0))) for path, msg in dup), positions=positions)
+    problems = [Problem(file, path, msg, *positions.get(path, (0, 0))) for path, msg in found]
     if not isinstance(document, dict):
-        return _FileResult(problems=(Problem(file, (), f"expected a mapping with apiVersion: llmgw/v1 and kind: Catalog, got {_kind(document)}", 1, 1),), positions=positions)
+        problems.append(Problem(file, (), f"expected a mapping with apiVersion: llmgw/v1 and kind: Catalog, got {_kind(document)}", 1, 1))
+        return _FileResult(problems=tuple(problems), positions=positions, nodes=nodes)
     errors = _schema_errors(document)
-    problems = [_locate(Problem(file, path, msg), positions) for path, msg in errors]
-    # Models and engines the schema found nothing wrong with are still built and
-    # checked, so one run reports a typo in one model *and* a duplicate name in
-    # another instead of making the operator fix them one round trip at a time.
-    broken = {path[:2] for path, _ in errors if len(path) >= 2}
-    whole_broken = {path[:1] for path, _ in errors if len(path) < 2}
+    problems.extend(_locate(Problem(file, path, msg), positions) for path, msg in errors)
+    # Every model and engine is still built and checked, the broken ones
+    # leniently (a broken field replaced by a harmless stand-in), so one run
+    # reports a typo in one model, a bad duration in it *and* a duplicate name
+    # in another, instead of making the operator fix them one round at a time.
+    error_paths = [path for path, _ in errors] + [path for path, _ in found]
     models, engines = [], []
-    if ("models",) not in whole_broken:
-        for i, raw in enumerate(document.get("models") or ()):
-            if ("models", i) in broken:
-                continue
+    raw_models = document.get("models")
+    for i, raw in enumerate(raw_models if isinstance(raw_models, list) else ()):
+        here = ("models", i)
+        bad = [p[2:] for p in error_paths if p[:2] == here]
+        if not isinstance(raw, dict):
+            continue  # the schema said what it should be
+        model = None
+        for _ in range(2):
             try:
-                models.append(_model(raw, Origin(file, ("models", i))))
+                model = _lenient_model(raw, Origin(file, here), bad) if bad else _model(raw, Origin(file, here))
+                break
             except _FieldError as exc:
-                problems.append(_locate(Problem(file, ("models", i) + exc.path, exc.message), positions))
-    if ("engines",) not in whole_broken:
-        for name, raw in (document.get("engines") or {}).items():
-            if ("engines", name) in broken:
-                continue
-            engines.append(EngineSpec(
-                name=name, command=tuple(raw["command"]), health=raw.get("health", "/health"),
-                metrics=raw.get("metrics"), origin=Origin(file, ("engines", name)),
-            ))
-    return _FileResult(tuple(models), tuple(engines), tuple(problems), positions)
+                problems.append(_locate(Problem(file, here + exc.path, exc.message), positions))
+                bad = bad + [exc.path]
+            except Exception:  # noqa: BLE001 -- a stand-in that cannot be built only loses its extra problems
+                if not bad:
+                    raise
+                break
+        if model is None:
+            continue
+        models.append(model)
+    raw_engines = document.get("engines")
+    for name, raw in (raw_engines.items() if isinstance(raw_engines, dict) else ()):
+        if any(p[:2] == ("engines", name) for p in error_paths) or not isinstance(name, str):
+            continue
+        engines.append(EngineSpec(
+            name=name, command=tuple(raw["command"]), health=raw.get("health", "/health"),
+            metrics=raw.get("metrics"), origin=Origin(file, ("engines", name)),
+        ))
+    return _FileResult(tuple(models), tuple(engines), tuple(problems), positions, nodes)
 
 
-def _walk(node: yaml.Node, path: tuple, positions: dict) -> list[tuple[tuple, str]]:
-    """Record where every value starts; return duplicate keys, which PyYAML would silently merge."""
+def _measure(text: str, budget: int, max_depth: int) -> tuple[int, tuple[str, tuple[int, int]] | None]:
+    """Nodes the document holds with every alias expanded, from its event stream; why it is refused, if it is.
+
+    Runs before anything is composed: the event parser keeps its own stack,
+    so neither a deep nesting (which crashes libyaml's composer) nor an alias
+    bomb (9 aliases of 9 aliases... is billions of nodes) costs more than the
+    events up to the point where the budget runs out. An alias adds the size
+    of what it names without expanding it.
+    """
+    loader = _Loader(text)
+    sizes: dict[str, int] = {}
+    stack: list[tuple[int, str | None]] = []
+    nodes = 0
+    try:
+        while loader.check_event():
+            event = loader.get_event()
+            if isinstance(event, yaml.AliasEvent):
+                if any(anchor == event.anchor for _, anchor in stack):
+                    return nodes, (f"alias *{excerpt(event.anchor)[1:-1]} refers to a node that contains it; "
+                                   "a catalog cannot be recursive", _at_mark(event))
+                nodes += sizes.get(event.anchor, 1)
+            elif isinstance(event, yaml.ScalarEvent):
+                nodes += 1
+                if event.anchor:
+                    sizes[event.anchor] = 1
+            elif isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+                nodes += 1
+                stack.append((nodes - 1, event.anchor))
+                if len(stack) > max_depth:
+                    return nodes, (f"nested more than {max_depth} levels deep; a catalog is about 6", _at_mark(event))
+            elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+                start, anchor = stack.pop()
+                if anchor:
+                    sizes[anchor] = nodes - start
+            if nodes > budget:
+                return nodes, (f"holds more than {budget} YAML nodes (each alias counted at the size of what it "
+                               "repeats); an alias bomb, or a catalog to split", _at_mark(event))
+    finally:
+        loader.dispose()
+    return nodes, None
+
+
+def _at_mark(event: Any) -> tuple[int, int]:
+    mark = event.start_mark
+    return (mark.line + 1, mark.column + 1) if mark else (0, 0)
+
+
+def _walk(node: yaml.Node, path: tuple, positions: dict, found: list[tuple[tuple, str]]) -> None:
+    """Record where every value starts; note duplicate keys (PyYAML would silently merge them) and non-finite numbers.
+
+    `_measure` bounded the expanded size and the depth, so this recursion is bounded too.
+    """
     positions[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
-    dup: list[tuple[tuple, str]] = []
     if isinstance(node, yaml.MappingNode):
         seen: set = set()
         for key_node, value_node in node.value:
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.start_mark)
             if key in seen:
                 positions[path + (key,)] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-                dup.append((path + (key,), f"key {key!r} appears twice in the same mapping; only one can count"))
+                found.append((path + (key,), f"key {excerpt(key)} appears twice in the same mapping; only one can count"))
                 continue
             seen.add(key)
-            dup.extend(_walk(value_node, path + (key,), positions))
+            _walk(value_node, path + (key,), positions, found)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            dup.extend(_walk(item, path + (i,), positions))
-    return dup
+            _walk(item, path + (i,), positions, found)
+    elif node.tag == "tag:yaml.org,2002:float":
+        try:
+            value = _CONSTRUCTOR.construct_yaml_float(node)
+        except (ValueError, TypeError):
+            return  # construct_document reports it
+        if not math.isfinite(value):
+            # NaN passes every "at least"/"at most" (it compares false), and
+            # inf ends in an overflow wherever it is added to a clock.
+            found.append((path, f"{excerpt(node.value)[1:-1]} is not a finite number; "
+                                "no number in a catalog may be .nan or .inf"))
 
 
 def _kind(value: Any) -> str:
@@ -287,12 +546,12 @@ def _kind(value: Any) -> str:
     if isinstance(value, (int, float)):
         return f"a number ({value})"
     if isinstance(value, str):
-        return f"a string ({value!r})"
+        return f"a string ({excerpt(value)})"
     if isinstance(value, list):
         return "a list"
     if isinstance(value, dict):
         return "a mapping"
-    return f"a {type(value).__name__} ({value})"
+    return f"a {type(value).__name__} ({excerpt(value)})"
 
 
 _JSON_TYPES = {"object": "a mapping", "array": "a list", "string": "a string", "integer": "an integer",
@@ -336,24 +595,36 @@ def _explain(error) -> list[tuple[tuple, str]]:
         for key in extra:
             close = difflib.get_close_matches(str(key), allowed, n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"expected one of {', '.join(allowed)}"
-            out.append((path + (key,), f"unknown field {key!r}; {hint}"))
+            out.append((path + (key,), f"unknown field {excerpt(key)}; {hint}"))
         return out
     if v == "const":
         return [(path, f"expected {error.validator_value!r}, got {_kind(inst)}")]
     if v == "pattern":
         what = error.schema.get("description") or f"a value matching {error.validator_value}"
-        return [(path, f"{inst!r} is not allowed here: expected {what[0].lower() + what[1:] if what else what}".rstrip(".")
+        return [(path, f"{excerpt(inst)} is not allowed here: expected {what[0].lower() + what[1:] if what else what}".rstrip(".")
                  + f" (pattern {error.validator_value})")]
     if v == "propertyNames":
-        return [(path + (inst,) if isinstance(inst, str) else path, f"{error.message}")]
+        return [(path + (inst,) if isinstance(inst, str) else path, _short_message(error))]
     if v == "minItems":
         return [(path, f"needs at least {error.validator_value} item{'s' if error.validator_value != 1 else ''}")]
     if v in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
         words = {"minimum": "at least", "maximum": "at most", "exclusiveMinimum": "greater than", "exclusiveMaximum": "less than"}
-        return [(path, f"expected a number {words[v]} {error.validator_value}, got {inst}")]
+        return [(path, f"expected a number {words[v]} {error.validator_value}, got {excerpt(inst)}")]
     if v == "minLength":
         return [(path, "must not be empty")]
-    return [(path, error.message)]
+    if v == "maxLength":
+        return [(path, f"is longer than {error.validator_value} characters")]
+    if v == "maxItems":
+        return [(path, f"has more than {error.validator_value} items")]
+    return [(path, _short_message(error))]
+
+
+def _short_message(error) -> str:
+    # jsonschema's own messages start with the instance's repr, which may be a
+    # whole mapping of the file: say what is wrong without it.
+    message = str(error.message)
+    text = repr(error.instance)
+    return message.replace(text, excerpt(error.instance)) if len(text) > EXCERPT else message
 
 
 # --- documents into models --------------------------------------------------
@@ -380,6 +651,32 @@ def _model(raw: Mapping[str, Any], origin: Origin) -> Model:
         name=raw["name"], profiles=profiles, source=raw.get("source") or raw["name"],
         aliases=tuple(raw.get("aliases") or ()), replicas=replicas, idle_timeout=idle, origin=origin,
     )
+
+
+def _lenient_model(raw: Mapping[str, Any], origin: Origin, bad: list[tuple]) -> Model:
+    """A stand-in for a model the schema found broken, so the other rules can still run on what is fine in it.
+
+    A field with an error at or under it is replaced by something no rule
+    objects to (a default, a name nothing else can have); it is never in force,
+    since the catalog it belongs to is rejected anyway.
+    """
+    def fine(*path) -> bool:
+        return not any(p[:len(path)] == path for p in bad)
+
+    stand_in = f"\0broken:{origin.file}:{origin.path}"
+    clean = {k: v for k, v in raw.items() if isinstance(k, str) and fine(k)}
+    clean["name"] = raw["name"] if fine("name") and isinstance(raw.get("name"), str) else stand_in
+    aliases = raw.get("aliases") if fine("aliases") or isinstance(raw.get("aliases"), list) else []
+    clean["aliases"] = [a if fine("aliases", i) and isinstance(a, str) else f"{stand_in}:{i}"
+                        for i, a in enumerate(aliases if isinstance(aliases, list) else [])]
+    profiles = raw.get("profiles") if isinstance(raw.get("profiles"), list) else []
+    clean["profiles"] = [
+        {k: v for k, v in p.items() if isinstance(k, str) and fine("profiles", j, k)}
+        | {"name": p.get("name") if fine("profiles", j, "name") and isinstance(p.get("name"), str) else f"{stand_in}:{j}",
+           "engine": p.get("engine") if fine("profiles", j, "engine") and isinstance(p.get("engine"), str) else "fake"}
+        if isinstance(p, dict) else {"name": f"{stand_in}:{j}", "engine": "fake"}
+        for j, p in enumerate(profiles)] or [{"name": stand_in, "engine": "fake"}]
+    return _model(clean, origin)
 
 
 def _profile(raw: Mapping[str, Any]) -> Profile:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import string
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -25,6 +26,72 @@ KIND = "Catalog"
 # Placeholders an engine command template may use; anything else in braces is a
 # typo that would otherwise reach the engine's command line verbatim.
 TEMPLATE_FIELDS = frozenset({"source", "port", "host", "model", "gpus"})
+# Programs whose `-c STRING` is shell code. A placeholder there is filled
+# shlex-quoted (llmgwctl.engines.custom), since `source: "x; touch INJECTED #"`
+# would otherwise run as a second command; everywhere else a placeholder only
+# ever fills one argv element, which no shell reads.
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox"})
+
+
+def shell_strings(command: Iterable[str]) -> frozenset[int]:
+    """Indexes of the elements of `command` that a shell runs as code: what follows `-c` (or `-ec`, `-lc`...) after a shell."""
+    command = list(command)
+    out: set[int] = set()
+    shell_at = None
+    for i, part in enumerate(command):
+        if shell_at is None:
+            if part.rsplit("/", 1)[-1] in SHELLS:
+                shell_at = i
+            continue
+        if part.startswith("-") and not part.startswith("--") and "c" in part[1:] and i + 1 < len(command):
+            out.add(i + 1)
+            shell_at = None
+    return frozenset(out)
+
+
+def _quoted_fields(part: str) -> list[str]:
+    """Placeholders of a shell string that sit inside quotes, where a shlex-quoted value would break out again."""
+    out, state, escaped = [], None, False
+    for literal, name, _, _ in string.Formatter().parse(part):
+        for ch in literal:
+            if escaped:
+                escaped = False
+            elif state == "'":
+                state = None if ch == "'" else state
+            elif ch == "\\":
+                escaped = True
+            elif state == '"':
+                state = None if ch == '"' else state
+            elif ch in "'\"":
+                state = ch
+        if name is not None and state is not None:
+            out.append(name)
+    return out
+
+# Bounds on every number a catalog holds. The catalog repository is trusted to
+# describe the fleet, not to crash it: placement and the reconciler do work per
+# wanted replica, so an unbounded count is unbounded work on the event loop.
+# They are repeated in schemas/catalog.schema.json (editors show them); these
+# are what holds when a Catalog is built in code.
+#
+# 1000 replicas of one model need at least 1000 GPUs (500 H100 boxes of 8 is a
+# big fleet for one gateway), and a reconcile pass over 1000 wanted replicas
+# takes milliseconds; past that the number is a typo, not a plan.
+MAX_REPLICAS = 1000
+# ...and the whole catalog wants at most this many: 1000 models scaling to 100
+# each. It bounds a pass's work however many files a catalog is split into.
+MAX_TOTAL_REPLICAS = 100_000
+# The widest GPU count one replica spans: tensor parallelism across 8 nodes of 8.
+MAX_GPUS = 64
+# Weights are ratios between profiles; a million to one is already "never the
+# other", and a bound keeps sums of weights far from float overflow.
+MAX_WEIGHT = 1e6
+# Priorities only order profiles; ±1e6 leaves room for any numbering scheme and
+# stays exact in every int and float a metric or JSON reader uses.
+PRIORITY_RANGE = (-1_000_000, 1_000_000)
+# An idle timeout past a year is "never" (write null), and a bound keeps clock
+# arithmetic (now + timeout) exact in floats.
+MAX_IDLE_TIMEOUT = 365 * 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +233,16 @@ class Catalog:
         index: dict[str, Model] = {}
         # name -> where it was first used, so the second use can point back at the first
         first_use: dict[str, tuple[str, tuple[str | int, ...], str]] = {}
+        total = 0
         for model in models:
             problems.extend(_check_model(model, all_engines))
+            if isinstance(model.replicas.max, int) and not isinstance(model.replicas.max, bool):
+                total += model.replicas.max
+                if total > MAX_TOTAL_REPLICAS:
+                    problems.append(_at(model.origin, ("replicas",), (
+                        f"the catalog's models want more than {MAX_TOTAL_REPLICAS} replicas together "
+                        f"(replicas.max summed up to here: {total}); lower some max")))
+                    total = -(1 << 62)  # said once is enough
             for key, what, path in _names_of(model):
                 path = model.origin.path + path
                 if key in first_use:
@@ -248,9 +323,48 @@ def _names_of(model: Model):
             yield alias, "alias", ("aliases", i)
 
 
+def _bounded(value: object, low: float, high: float, *, integer: bool = False) -> str | None:
+    """Why `value` is not a number in [low, high] (None when it is)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        return f"expected {'an integer' if integer else 'a number'} from {low:g} to {high:g}, got {type(value).__name__}"
+    if not math.isfinite(value):
+        return f"expected a finite number from {low:g} to {high:g}, got {value}"
+    if not low <= value <= high:
+        return f"expected a number from {low:g} to {high:g}, got {value:g}" if isinstance(value, float) else \
+            f"expected a number from {low:g} to {high:g}, got {value}"
+    return None
+
+
+def _check_numbers(model: Model) -> Iterable[tuple[tuple[str | int, ...], str]]:
+    """Every number of a model finite and in range, so no later pass can overflow or loop on it."""
+    for key in ("min", "max"):
+        why = _bounded(getattr(model.replicas, key), 0, MAX_REPLICAS, integer=True)
+        if why:
+            yield ("replicas", key) if model.replicas.min != model.replicas.max else ("replicas",), \
+                why + f" (at most {MAX_REPLICAS} replicas of one model)"
+            break
+    if model.idle_timeout is not None:
+        why = _bounded(model.idle_timeout, 0, MAX_IDLE_TIMEOUT)
+        if why:
+            yield ("idle_timeout",), why.replace(f"{MAX_IDLE_TIMEOUT:g}", "31536000 (365d)") + \
+                " seconds; omit it or write null to never scale down"
+    for i, profile in enumerate(model.profiles):
+        for key, low, high, integer in (("gpus", 0, MAX_GPUS, True), ("priority", *PRIORITY_RANGE, True),
+                                        ("weight", 0, MAX_WEIGHT, False)):
+            value = getattr(profile, key)
+            why = _bounded(value, low, high, integer=integer)
+            if why is None and key == "weight" and value <= 0:
+                why = f"expected a number greater than 0, got {value:g}"
+            if why:
+                yield ("profiles", i, key), why
+
+
 def _check_model(model: Model, engines: Mapping[str, EngineSpec]) -> Iterable[Problem]:
     file, base = model.origin.file, model.origin.path
-    if model.replicas.min > model.replicas.max:
+    for path, message in _check_numbers(model):
+        yield Problem(file, base + path, message)
+    if isinstance(model.replicas.min, int) and isinstance(model.replicas.max, int) \
+            and model.replicas.min > model.replicas.max:
         yield Problem(file, base + ("replicas",), f"min ({model.replicas.min}) is greater than max ({model.replicas.max})")
     for i, alias in enumerate(model.aliases):
         if alias == model.name:
@@ -285,6 +399,11 @@ def _check_engine(spec: EngineSpec) -> Iterable[tuple[tuple[str | int, ...], str
         if unknown:
             yield ("command", i), (f"unknown placeholder {{{unknown[0]}}}; expected one of "
                                    + ", ".join("{" + f + "}" for f in sorted(TEMPLATE_FIELDS)))
+        elif i in shell_strings(spec.command):
+            quoted = _quoted_fields(part)
+            if quoted:
+                yield ("command", i), (f"placeholder {{{quoted[0]}}} is inside quotes in a shell string; write it "
+                                       "bare: llmgw fills it shell-quoted, and a quote around that would undo it")
     for key in ("health", "metrics"):
         value = getattr(spec, key)
         if value is not None and not value.startswith("/"):

@@ -8,6 +8,19 @@ everything written while git holds its index lock: one checkout, one swap.
 A rejected state is remembered (time and every problem) for `status`, and the
 catalog in force stays as it was.
 
+A file rewritten in place (an editor that truncates and writes, `cp`, a
+copy over a slow link) is half written for a while: its events are followed
+until the directory has been quiet for QUIET_MS before it is validated, so a
+writer pausing mid-file never gets its half swapped in. A file renamed into
+place (`catalog apply`, most editors, a ConfigMap's `..data` swap) is
+complete when it appears and is taken at once.
+
+`run()` is supervised: whatever one reload raises is logged with its
+traceback, counted in `failures` (and /metrics), shown in status, and the
+loop goes on from the catalog in force; it never stops anything but itself.
+Reads run on a daemon thread with a time bound, so a hung filesystem can
+neither stall the loop nor keep `serve` from exiting.
+
 `reload()` is the one-pass entry point tests drive directly; `run()` only calls
 it when the filesystem says something changed.
 """
@@ -18,13 +31,14 @@ import logging
 import os
 import threading
 import time
+import traceback
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from .diff import CatalogDiff, diff
 from .errors import CatalogError, Problem
 from .live import Live
-from .loader import FileCache, is_catalog_file, load_dir
+from .loader import DEFAULT_LIMITS, FileCache, Limits, is_catalog_file, load_dir
 from .model import Catalog
 
 log = logging.getLogger("llmgw.catalog")
@@ -45,6 +59,23 @@ DEBOUNCE_MS = 1000
 # under a second even on a slow disk; a lock older than 10 s was left by a git
 # that died (git never clears it), and the watcher stops waiting and says so.
 GIT_LOCK_WAIT = 10.0
+# A file written in place is validated once no event touched it for this
+# long. Writers pause mid-file for tens to hundreds of ms (descheduled, a
+# buffer flushed in chunks, a pipe waiting on its producer: 20-200 ms were
+# seen); 2 s is ten times the longest of those, and an in-place save taking
+# effect 2 s later is still "live" to a person. A rename into place does not
+# wait. A writer that stalls longer should write a temp file and rename it,
+# as `catalog apply` does.
+QUIET_MS = 2000
+# How long one load (read + validate the whole directory) may take before it
+# is given up and reported: a load within the loader's limits takes ~3 s at
+# worst; past 30 s the filesystem is hung (a dead NFS server), and waiting
+# longer would only hide that from status.
+LOAD_TIMEOUT = 30.0
+# After watching the directory failed (it was removed, inotify ran out of
+# watches), try again this often: soon enough that an edit after the
+# directory is back is not missed for long, rarely enough not to spin.
+REWATCH_EVERY = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,20 +100,28 @@ class Outcome:
 class CatalogWatcher:
     def __init__(self, directory: str | os.PathLike, live: Live, *,
                  wall_clock: Callable[[], float] = time.time,
-                 step_ms: int = STEP_MS, debounce_ms: int = DEBOUNCE_MS, force_polling: bool = False):
+                 step_ms: int = STEP_MS, debounce_ms: int = DEBOUNCE_MS, force_polling: bool = False,
+                 quiet_ms: int = QUIET_MS, load_timeout: float = LOAD_TIMEOUT, limits: Limits = DEFAULT_LIMITS):
         self.directory = os.fspath(directory)
         self.live = live
         self._wall = wall_clock
         self._step_ms, self._debounce_ms, self._force_polling = step_ms, debounce_ms, force_polling
+        self._quiet_ms, self._load_timeout, self._limits = quiet_ms, load_timeout, limits
         self._cache = FileCache()
         # Loads run on worker threads; two overlapping loads would race on the
-        # cache and could swap an older state over a newer one.
+        # cache and could swap an older state over a newer one. Taken with a
+        # timeout: a load stuck on a hung filesystem must not stall every next one.
         self._lock = threading.Lock()
         self.last_rejection: Rejection | None = None
         self.directory_valid = True
         self.swapped_at: float | None = None
         self.swaps = 0
         self.rejections = 0
+        # Reloads that raised something no rule expected (a bug, a hung read),
+        # and the last one: /metrics counts them, status shows the watcher degraded.
+        self.failures = 0
+        self.last_failure: dict[str, Any] | None = None
+        self.degraded = False
 
     def load_initial(self) -> Catalog:
         """Load the directory and put it in force; CatalogError if it is invalid.
@@ -92,7 +131,7 @@ class CatalogWatcher:
         start empty and tear down every running replica).
         """
         with self._lock:
-            catalog = load_dir(self.directory, cache=self._cache)
+            catalog = load_dir(self.directory, cache=self._cache, limits=self._limits)
             self.live.swap(catalog)
             self.swapped_at = self._wall()
             log.info("catalog %s loaded from %s: %d models", catalog.version, self.directory, len(catalog))
@@ -103,13 +142,17 @@ class CatalogWatcher:
         return self._apply(self._load())
 
     def _load(self) -> Catalog | tuple[Problem, ...]:
-        with self._lock:
-            try:
-                return load_dir(self.directory, cache=self._cache)
-            except CatalogError as exc:
-                return exc.problems
-            except OSError as exc:  # the directory itself vanished or became unreadable
-                return (Problem(self.directory, (), f"cannot read the catalog directory: {exc.strerror or exc}"),)
+        if not self._lock.acquire(timeout=self._load_timeout):
+            return (Problem(self.directory, (), f"an earlier read of the catalog directory has not finished after "
+                                                f"{self._load_timeout:.0f} s; is its filesystem hung?"),)
+        try:
+            return load_dir(self.directory, cache=self._cache, limits=self._limits)
+        except CatalogError as exc:
+            return exc.problems
+        except OSError as exc:  # the directory itself vanished or became unreadable
+            return (Problem(self.directory, (), f"cannot read the catalog directory: {exc.strerror or exc}"),)
+        finally:
+            self._lock.release()
 
     def _apply(self, loaded: Catalog | tuple[Problem, ...]) -> Outcome:
         if not isinstance(loaded, Catalog):
@@ -139,19 +182,57 @@ class CatalogWatcher:
     async def reload_async(self) -> Outcome:
         # Parsing and validating a big directory must not stall the event loop
         # (the router shares it); the swap is one assignment back on the loop.
-        return self._apply(await asyncio.to_thread(self._load))
+        return self._apply(await self._load_off_loop())
+
+    async def _load_off_loop(self) -> Catalog | tuple[Problem, ...]:
+        """`_load` on a daemon thread, given up after the load timeout.
+
+        Not `asyncio.to_thread`: the default executor's threads are joined at
+        exit, so one stuck in a read on a hung filesystem would keep `serve`
+        from ever exiting on SIGTERM. A daemon thread is left behind instead.
+        """
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+
+        def settle(method: str, value: object) -> None:
+            if not done.done():
+                getattr(done, method)(value)
+
+        def work() -> None:
+            try:
+                result = self._load()
+            except BaseException as exc:  # noqa: BLE001 -- handed to the loop, which reports it
+                loop.call_soon_threadsafe(settle, "set_exception", exc)
+            else:
+                loop.call_soon_threadsafe(settle, "set_result", result)
+
+        threading.Thread(target=work, name="catalog-load", daemon=True).start()
+        try:
+            return await asyncio.wait_for(asyncio.shield(done), self._load_timeout)
+        except asyncio.TimeoutError:
+            return (Problem(self.directory, (), f"reading and validating the catalog directory took longer than "
+                                                f"{self._load_timeout:.0f} s; is its filesystem hung?"),)
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        self.failures += 1
+        self.degraded = True
+        self.last_failure = {"at": self._wall(), "what": what, "error": f"{type(exc).__name__}: {exc}"[:500]}
+        log.error("catalog watcher: %s failed; keeping %s in force and watching on:\n%s", what,
+                  self.live.current.version, "".join(traceback.format_exception(exc)).rstrip(),
+                  extra={"event": "catalog-watcher-failed"})
 
     async def run(self, stop_event: asyncio.Event | None = None, on_batch: Callable[[Outcome], None] | None = None) -> None:
-        """Reload whenever the directory changes, until `stop_event` is set."""
+        """Reload whenever the directory changes, until `stop_event` is set. Never raises but on cancel."""
         import watchfiles
 
         stop_event = stop_event or asyncio.Event()
         batches: asyncio.Queue = asyncio.Queue()
+        halt = asyncio.Event()    # ends our own watch; the caller's stop_event is only ever read
 
         async def follow() -> None:
             async for changes in watchfiles.awatch(
                 self.directory, watch_filter=_relevant, step=self._step_ms, debounce=self._debounce_ms,
-                stop_event=stop_event, force_polling=self._force_polling, recursive=True,
+                stop_event=halt, force_polling=self._force_polling, recursive=True,
             ):
                 batches.put_nowait(changes)
 
@@ -163,25 +244,65 @@ class CatalogWatcher:
                 await asyncio.wait({getter, stopped, follower}, return_when=asyncio.FIRST_COMPLETED)
                 if not getter.done():
                     getter.cancel()
-                    if follower.done():
-                        follower.result()  # re-raise why watching stopped (directory gone...)
-                    break
-                await self._until_git_is_done(stop_event)
-                while not batches.empty():  # one load covers every batch already queued
-                    batches.get_nowait()
-                loaded = await asyncio.to_thread(self._load)
-                if not batches.empty():
-                    # More of the same burst arrived while we validated (a slow
-                    # checkout): that state is already stale, so don't swap it
-                    # in only to swap again; the next pass loads the newer one.
+                    if stop_event.is_set():
+                        break
+                    # Watching stopped (the directory removed, out of inotify
+                    # watches): say why, and watch again once it can be.
+                    exc = follower.exception() if not follower.cancelled() else None
+                    self._failed("watching the directory", exc or RuntimeError("the watch ended"))
+                    await asyncio.wait({stopped}, timeout=REWATCH_EVERY)
+                    follower = asyncio.create_task(follow())
+                    batches.put_nowait(set())   # what changed meanwhile was not seen: load once
                     continue
-                outcome = self._apply(loaded)
-                if on_batch:
-                    on_batch(outcome)
+                try:
+                    outcome = await self._settle_and_load(getter.result(), batches, stop_event)
+                    if outcome is not None:
+                        self.degraded = False
+                        if on_batch:
+                            on_batch(outcome)
+                except Exception as exc:  # noqa: BLE001 -- supervised: one bad pass must not end the watch
+                    self._failed("reloading the catalog", exc)
         finally:
-            stop_event.set()
+            halt.set()
             stopped.cancel()
             await asyncio.gather(follower, return_exceptions=True)
+
+    async def _settle_and_load(self, changes: set, batches: asyncio.Queue, stop_event: asyncio.Event) -> Outcome | None:
+        """Wait until a write in place is done and git has finished, then load and apply; None if stale or stopped."""
+        await self._until_quiet(changes, batches, stop_event)
+        await self._until_git_is_done(stop_event)
+        while not batches.empty():  # one load covers every batch already queued
+            batches.get_nowait()
+        if stop_event.is_set():
+            return None
+        loaded = await self._load_off_loop()
+        if not batches.empty():
+            # More of the same burst arrived while we validated (a slow
+            # checkout): that state is already stale, so don't swap it
+            # in only to swap again; the next pass loads the newer one.
+            return None
+        return self._apply(loaded)
+
+    async def _until_quiet(self, changes: set, batches: asyncio.Queue, stop_event: asyncio.Event) -> None:
+        """While catalog files are being written in place, wait until none was touched for the quiet window.
+
+        Batches that arrive meanwhile are taken here (the load after covers
+        them); only a write in place restarts the wait, a rename does not.
+        """
+        if not _written_in_place(changes):
+            return
+        loop = asyncio.get_running_loop()
+        quiet_until = loop.time() + self._quiet_ms / 1000
+        while not stop_event.is_set():
+            left = quiet_until - loop.time()
+            if left <= 0:
+                return
+            try:
+                more = await asyncio.wait_for(batches.get(), left)
+            except asyncio.TimeoutError:
+                return
+            if _written_in_place(more):
+                quiet_until = loop.time() + self._quiet_ms / 1000
 
     async def _until_git_is_done(self, stop_event: asyncio.Event) -> None:
         """Wait while a git command holds the index lock of the repository the directory is in."""
@@ -204,6 +325,10 @@ class CatalogWatcher:
             "swapped_at": self.swapped_at, "swaps": self.swaps, "rejections": self.rejections,
             "directory_valid": self.directory_valid,
             "last_rejection": self.last_rejection.to_dict() if self.last_rejection else None,
+            # "degraded": the last reload failed for a reason no rule covers
+            # (see last_failure); the catalog in force is the last good one.
+            "watcher": "degraded" if self.degraded else "ok", "failures": self.failures,
+            "last_failure": self.last_failure,
         }
 
 
@@ -228,6 +353,15 @@ def git_index_lock(directory: str) -> str | None:
         if parent == path:
             return None
         path = parent
+
+
+def _written_in_place(changes: set) -> bool:
+    # watchfiles reports a rename into place as `added` (and the old name as
+    # `deleted`); data written into a file that stays open is `modified`.
+    import watchfiles
+
+    return any(change == watchfiles.Change.modified and is_catalog_file(os.path.basename(path))
+               for change, path in changes)
 
 
 def _relevant(change: object, path: str) -> bool:

@@ -133,12 +133,19 @@ class CatalogStatus:
     rejections: int
     directory_valid: bool           # False while the directory holds an edit that was rejected
     last_rejection: Mapping[str, Any] | None = None   # the rejection's own JSON (catalog.watcher.Rejection)
+    # Reloads that raised what no rule expected; `degraded` while the last one did.
+    # The catalog in force is then still the last good one.
+    failures: int = 0
+    degraded: bool = False
+    last_failure: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"directory": self.directory, "version": self.version, "models": self.models,
                 "swapped_at": self.swapped_at, "swaps": self.swaps, "rejections": self.rejections,
                 "directory_valid": self.directory_valid,
-                "last_rejection": dict(self.last_rejection) if self.last_rejection is not None else None}
+                "last_rejection": dict(self.last_rejection) if self.last_rejection is not None else None,
+                "watcher": "degraded" if self.degraded else "ok", "failures": self.failures,
+                "last_failure": dict(self.last_failure) if self.last_failure is not None else None}
 
 
 @dataclass(frozen=True, slots=True)

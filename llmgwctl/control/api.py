@@ -34,7 +34,7 @@ from ..contracts import ReportError
 from ..observability.metrics import CONTENT_TYPE_LATEST, ControlMetrics
 from ..reconciler import LONG_POLL
 from . import schemas
-from .apply import ApplyError, plan, validate_with, write_atomically
+from .apply import ApplyError, decode_content, plan, validate_with, write_atomically
 from .auth import ControlAuth
 from .controller import Controller
 
@@ -142,9 +142,9 @@ class ControlAPI:
             return _error(400, "body must be {\"filename\": \"x.yaml\", \"content\": \"<yaml text>\"}")
         dry_run = request.query.get("dry_run", "").lower() in ("1", "true", "yes")
         directory = self.c.watcher.directory
-        content = body["content"].encode("utf-8")
         current = self.c.live.current
         try:
+            content = decode_content(body["content"])
             new = await asyncio.to_thread(validate_with, directory, body["filename"], content)
         except ApplyError as exc:
             return _error(400, str(exc))

@@ -6,16 +6,17 @@ lets the watcher take it like any other edit: one path for every change.
 """
 from __future__ import annotations
 
+import logging
 import os
-import shutil
-import tempfile
 from typing import Any
 
 from .. import fsutil
 from ..catalog import Catalog, CatalogError, Problem, load_dir
 from ..catalog.diff import diff
-from ..catalog.loader import catalog_files, is_catalog_file
+from ..catalog.loader import is_catalog_file
 from .errors import ControlError
+
+log = logging.getLogger("llmgw.control")
 
 
 class ApplyError(ControlError, ValueError):
@@ -29,25 +30,31 @@ def check_filename(filename: str) -> str:
     return name
 
 
+def decode_content(content: str) -> bytes:
+    """The UTF-8 bytes of a posted document; ApplyError for text JSON allows but UTF-8 cannot hold (a lone surrogate)."""
+    try:
+        return content.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ApplyError(f"content is not valid Unicode text: {exc.reason} at character {exc.start}") from None
+
+
 def validate_with(directory: str, filename: str, content: bytes) -> Catalog:
-    """The catalog `directory` would hold with `filename` set to `content`; CatalogError naming real paths."""
+    """The catalog `directory` would hold with `filename` set to `content`; CatalogError naming real paths.
+
+    The directory is read as the watcher reads it (same limits, same refusal
+    of FIFOs and links out of it), with `content` in place of the file, so
+    nothing is copied and a FIFO in the directory cannot block the copy.
+    """
     name = check_filename(filename)
-    with tempfile.TemporaryDirectory(prefix="llmgw-apply-") as scratch:
-        for path in catalog_files(directory):
-            if os.path.basename(path) != name:
-                try:
-                    shutil.copyfile(path, os.path.join(scratch, os.path.basename(path)))
-                except OSError:
-                    continue  # vanished meanwhile, or a broken link: the watcher reports those
-        with open(os.path.join(scratch, name), "wb") as f:
-            f.write(content)
-        try:
-            return load_dir(scratch)
-        except CatalogError as exc:
-            # Errors name the files as the operator knows them, not our scratch copy.
-            real = directory.rstrip(os.sep) or os.sep
-            raise CatalogError(Problem(p.file.replace(scratch, real, 1), p.path, p.message.replace(scratch, real),
-                                       p.line, p.column) for p in exc.problems) from None
+    try:
+        return load_dir(directory, replace={name: content})
+    except CatalogError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- a bug in a rule must answer 422 with a reason, not a bare 500
+        log.exception("validating %s for catalog apply failed unexpectedly", name)
+        raise CatalogError([Problem(os.path.join(directory, name), (),
+                                    f"could not be validated ({type(exc).__name__}: {str(exc)[:200]}); "
+                                    "this is a bug in llmgw, the server log has the traceback")]) from None
 
 
 def write_atomically(directory: str, filename: str, content: bytes) -> str:

@@ -98,7 +98,8 @@ class Controller:
         catalog = CatalogStatus(
             directory=w.directory, version=current.version, models=len(current), swapped_at=w.swapped_at,
             swaps=w.swaps, rejections=w.rejections, directory_valid=w.directory_valid,
-            last_rejection=w.last_rejection.to_dict() if w.last_rejection else None)
+            last_rejection=w.last_rejection.to_dict() if w.last_rejection else None,
+            failures=w.failures, degraded=w.degraded, last_failure=w.last_failure)
         return ControlStatus(catalog=catalog, routers=self.usage.routers(),
                              fleet=self.reconciler.fleet_status(self.usage.usage_snapshot()))
 

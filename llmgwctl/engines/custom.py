@@ -2,7 +2,11 @@
 
 The catalog checked the template's placeholders when it loaded ({source}
 {port} {host} {model} {gpus}); here they are filled with `str.format`, one
-argv element at a time, so a value with spaces stays one argument.
+argv element at a time, so a value with spaces stays one argument. Inside a
+shell string (`sh -c "..."`, see `catalog.model.shell_strings`) a value is
+filled `shlex.quote`d: a catalog's `source: "x; touch INJECTED #"` is then
+one word to the shell, not a second command. (The catalog refuses a
+placeholder written inside quotes there, where quoting would be undone.)
 
 We cannot know what a catalog-defined engine prints on /metrics, so its page
 is read with each built-in adapter in turn: an engine that speaks vLLM's,
@@ -12,8 +16,11 @@ any other yields None and is routed by request counts alone.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 from typing import Sequence
+
+from ..catalog.model import shell_strings
 
 from .base import replica_env
 from .errors import LaunchError
@@ -40,8 +47,10 @@ class TemplateDriver:
         if not self.command:
             raise LaunchError(f"engine {self.name!r} has no command; a catalog-defined engine needs one")
         fields = {"source": spec.source, "port": port, "host": host, "model": spec.model, "gpus": spec.gpus}
+        quoted = {key: shlex.quote(str(value)) for key, value in fields.items()}
+        shell = shell_strings(self.command)
         try:
-            argv = tuple(part.format(**fields) for part in self.command)
+            argv = tuple(part.format(**(quoted if i in shell else fields)) for i, part in enumerate(self.command))
         except (KeyError, IndexError, ValueError) as exc:
             raise LaunchError(f"engine {self.name!r}: cannot fill command template {list(self.command)}: "
                               f"{exc!r}; placeholders are {{source}} {{port}} {{host}} {{model}} {{gpus}}") from None

@@ -25,7 +25,8 @@ Router (hot path first):
 Control plane (all read at scrape from `Controller.state()`, a typed
 `contracts.ControlStatus`, except the pass duration and the API's request counter):
 
-    llmgw_catalog_swaps_total, llmgw_catalog_rejections_total counters
+    llmgw_catalog_swaps_total, llmgw_catalog_rejections_total,
+    llmgw_catalog_watcher_failures_total                      counters
     llmgw_catalog_info{version}, llmgw_catalog_directory_valid, llmgw_catalog_models
     llmgw_reconcile_pass_duration_seconds                     histogram
     llmgw_reconcile_passes_total                              counter
@@ -421,6 +422,10 @@ class _ControlCollector:
         yield CounterMetricFamily("llmgw_catalog_swaps", "Catalogs swapped in since start.", value=cat.swaps)
         yield CounterMetricFamily("llmgw_catalog_rejections", "Catalog directory states rejected since start.",
                                   value=cat.rejections)
+        # A reload that raised what no rule expected: the watcher went on from
+        # the catalog in force, and this is how an alert learns of it.
+        yield CounterMetricFamily("llmgw_catalog_watcher_failures", "Catalog reloads that failed unexpectedly since start.",
+                                  value=cat.failures)
         info = GaugeMetricFamily("llmgw_catalog_info", "The catalog in force.", labels=("version",))
         info.add_metric((cat.version,), 1)
         yield info

@@ -42,8 +42,11 @@ def test_symlinked_files_are_followed_like_a_kubernetes_configmap(tmp_path):
     assert [m.name for m in load_dir(tmp_path).models] == ["a"]
 
 
-def test_empty_directory_is_an_empty_catalog(tmp_path):
-    assert len(load_dir(tmp_path)) == 0
+def test_empty_directory_is_rejected_like_an_empty_file(tmp_path):
+    # Removing the last file (a bad `git rm`, a sync half done) must not tear
+    # every model down; issue 13 item 12 turned this from "0 models" to an error.
+    with pytest.raises(CatalogError, match="holds no \\*.yaml or \\*.yml catalog file"):
+        load_dir(tmp_path)
 
 
 def test_files_and_directories_together(tmp_path, write):
