@@ -32,8 +32,7 @@ import aiohttp
 from aiohttp import web
 
 from llmgwctl.catalog import Catalog
-from llmgwctl.contracts import AgentReport, Endpoint, EngineAvailability, ReplicaSpec, ReplicaState
-from llmgwctl.contracts.report import ReportedReplica
+from llmgwctl.contracts import AgentReport, Endpoint, EngineAvailability, ReplicaSpec, ReplicaState, ReportedReplica
 from llmgwctl.control.api import ControlAPI
 from llmgwctl.control.controller import Controller
 
