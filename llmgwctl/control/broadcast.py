@@ -19,6 +19,10 @@ class Broadcast:
         # have handed out (that would take more than one change a millisecond).
         self.version = int(wall_clock() * 1000)
         self._event = asyncio.Event()
+        # Long-polls held on the current version right now: what a change
+        # would wake at once. Public so a test can see a poll held before it
+        # changes anything, instead of sleeping and hoping it is.
+        self.waiting = 0
 
     def bump(self) -> None:
         self.version += 1
@@ -30,5 +34,9 @@ class Broadcast:
         """The version once it differs from `after`, or the current one after `timeout`."""
         if self.version != after:
             return self.version
-        await sleep_unless(timeout, self._event)
+        self.waiting += 1
+        try:
+            await sleep_unless(timeout, self._event)
+        finally:
+            self.waiting -= 1
         return self.version

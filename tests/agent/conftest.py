@@ -1,16 +1,25 @@
-"""Agent test fixtures: a recording controller, agent processes, and no engine left behind."""
+"""Agent test fixtures: the real controller (recording what agents send it), agent processes, and no engine left behind."""
 from __future__ import annotations
 
 import socket
 
 import pytest
 
-from .harness import AgentProcess, RecordingController, kill_engines_under
+from ..controlplane import ControlPlaneThread
+from .harness import AgentProcess, kill_engines_under
+
+
+# Long-polls held 3 s, not the real 30 s: a test sees several polls, and a
+# poll held when a test makes the controller fail ends within seconds.
+HOLD = 3.0
 
 
 @pytest.fixture
-def controller():
-    c = RecordingController()
+def controller(tmp_path):
+    """The real control API on loopback, its loops not started: a test sets desired lists itself."""
+    catalogs = tmp_path / "catalogs"
+    catalogs.mkdir()
+    c = ControlPlaneThread(catalogs, hold=HOLD)
     yield c
     c.close()
 

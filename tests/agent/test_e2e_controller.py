@@ -1,15 +1,18 @@
-"""End to end, controller mode: the agent long-polls a recording controller for
+"""End to end, controller mode: the agent long-polls the real control API for
 its desired replicas and converges on every new answer; a failing controller
 changes nothing on the node."""
 from __future__ import annotations
 
+from llmgwctl.contracts import ReplicaSpec
+
 from ..support import wait_until
 from .harness import group_alive, replicas_by_id
 
+NODE = "cpu-1"
 
-def spec(rid: str, model: str, *args: str) -> dict:
-    return {"id": rid, "model": model, "profile": "cpu", "engine": "fake", "source": model, "gpus": 0,
-            "args": list(args)}
+
+def spec(rid: str, model: str, *args: str) -> ReplicaSpec:
+    return ReplicaSpec(id=rid, model=model, profile="cpu", engine="fake", source=model, gpus=0, args=args)
 
 
 def latest_with(controller, predicate, what):
@@ -19,7 +22,7 @@ def latest_with(controller, predicate, what):
 def test_agent_follows_the_controller(tmp_path, agents, controller, port_range):
     token = tmp_path / "token"
     token.write_text("s3cret\n")
-    agent = agents("--controller", controller.url, "--node", "cpu-1", "--gpus", "none", "--ports", port_range,
+    agent = agents("--controller", controller.url, "--node", NODE, "--gpus", "none", "--ports", port_range,
                    "--token-file", str(token), "--grace", "10")
 
     # Nothing desired yet: the agent polls from version 0 and reports an empty node.
@@ -29,20 +32,20 @@ def test_agent_follows_the_controller(tmp_path, agents, controller, port_range):
     assert report["replicas"] == [] and report["gpus"] == []
     assert controller.report_headers[0]["Authorization"] == "Bearer s3cret"
 
-    # Version 1: one replica.
-    controller.set_desired([spec("a", "m-a")])
+    # A first version: one replica.
+    first = controller.set_desired(NODE, [spec("a", "m-a")])
     report = latest_with(controller, lambda reps: reps.get("a", {}).get("state") == "ready", "a ready")
     a = replicas_by_id(report)["a"]
     assert a["profile"] == "cpu" and a["gpu_indices"] == []
-    wait_until(lambda: {"after": "1"} in controller.polls, "a poll after version 1")
+    wait_until(lambda: {"after": str(first)} in controller.polls, "a poll after the first version")
 
-    # Version 2: a second replica joins, the first is untouched.
-    controller.set_desired([spec("a", "m-a"), spec("b", "m-b")])
+    # The next version: a second replica joins, the first is untouched.
+    controller.set_desired(NODE, [spec("a", "m-a"), spec("b", "m-b")])
     report = latest_with(controller, lambda reps: reps.get("b", {}).get("state") == "ready", "b ready")
     assert replicas_by_id(report)["a"]["pid"] == a["pid"]
 
-    # Version 3: a's spec changes (new args -> new spec hash): it is replaced.
-    controller.set_desired([spec("a", "m-a", "--default-max-tokens", "4"), spec("b", "m-b")])
+    # The next: a's spec changes (new args -> new spec hash): it is replaced.
+    controller.set_desired(NODE, [spec("a", "m-a", "--default-max-tokens", "4"), spec("b", "m-b")])
     report = latest_with(controller, lambda reps: reps.get("a", {}).get("state") == "ready"
                          and reps["a"]["spec_hash"] != a["spec_hash"], "a replaced")
     new_a = replicas_by_id(report)["a"]
@@ -56,8 +59,8 @@ def test_agent_follows_the_controller(tmp_path, agents, controller, port_range):
     assert group_alive(new_a["pid"]) and group_alive(b_pid)
     controller.fail_status = None
 
-    # Version 4: nothing desired: both stopped, nothing of their groups left.
-    controller.set_desired([])
+    # The last: nothing desired: both stopped, nothing of their groups left.
+    controller.set_desired(NODE, [])
     latest_with(controller, lambda reps: reps == {}, "both stopped")
     assert group_alive(new_a["pid"]) == [] and group_alive(b_pid) == []
     assert "keeping the last desired list" in agent.log()

@@ -1,5 +1,5 @@
 """End to end, desired list from a file: a real agent process starting real
-fake-engine processes on 127.0.0.1, reporting to a recording controller.
+fake-engine processes on 127.0.0.1, reporting to the real control API.
 
 One scenario, because each step needs the state the previous one left: two
 replicas come up on their own GPUs and serve; an engine killed with -9 is

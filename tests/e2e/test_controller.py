@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 import requests
@@ -239,8 +238,12 @@ def test_idle_model_scales_to_zero_and_a_request_wakes_it(fleet):
     (fleet.catalogs / "lazy.yaml").write_text(
         "apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n  - name: lazy\n    replicas: {min: 0, max: 1}\n"
         "    idle_timeout: 3s\n    profiles: [{engine: fake, gpus: 0, pool: a100, args: [--startup-delay, '0.5']}]\n")
-    wait_until(lambda: any(m["name"] == "lazy" for m in fleet.status()["models"]), "lazy in the catalog")
-    time.sleep(1.0)
+    seen = wait_until(lambda: (s := fleet.status())["settled"] and any(m["name"] == "lazy" for m in s["models"]) and s,
+                      "lazy in the catalog")
+    # A pass runs whole on the controller's loop, between two status answers:
+    # one numbered past this status began with lazy in the catalog, and decided
+    # about it. Two such passes, so a start put off by one pass shows too.
+    wait_until(lambda: fleet.status()["passes"] > seen["passes"] + 1, "two reconcile passes with lazy in the catalog")
     assert fleet.replicas("lazy") == [], "a min-0 model nobody asked for was started"
     reply = fleet.chat("lazy", timeout=60)   # held by the router through the cold start
     assert reply.status_code == 200, reply.text

@@ -11,14 +11,15 @@ import textwrap
 import aiohttp
 import openai
 import pytest
-from aiohttp import web
 
-from llmgwctl.catalog import Catalog, Model, Profile
+from llmgwctl.catalog import Catalog, Model, Profile, Replicas
 from llmgwctl.contracts import Endpoint
 from llmgwctl.router import Router
 from llmgwctl.router.static import EndpointFileError, parse_endpoints
 from llmgwctl.router.watch import BACKOFF_FIRST, BACKOFF_MAX, ControllerWatch, WatchError
 
+from ..controlplane import ControlPlane, ControlPlaneThread
+from ..support import until
 from .harness import _readline, catalog, wait_until
 
 CATALOG_YAML = """\
@@ -131,55 +132,6 @@ def test_cli_rejects_bad_files_with_the_reason(router_process, tmp_path):
     assert done.returncode == 2 and "not both" in done.stderr
 
 
-class FakeController:
-    """Stands in for the controller's watch endpoint, as the watch module's docstring specifies it."""
-
-    def __init__(self) -> None:
-        self.version = 0
-        self.catalog = Catalog()
-        self.endpoints: list[Endpoint] = []
-        self.changed = asyncio.Event()
-        self.wakes: list[str] = []
-        self.hold = 30.0
-        self.runner: web.AppRunner | None = None
-        self.url = ""
-        self.port = 0
-
-    def publish(self, cat: Catalog, endpoints: list[Endpoint]) -> None:
-        self.catalog, self.endpoints = cat, endpoints
-        self.version += 1
-        self.changed.set()
-        self.changed = asyncio.Event()
-
-    async def watch(self, request: web.Request) -> web.Response:
-        after = int(request.query["after"])
-        if after == self.version:
-            try:
-                await asyncio.wait_for(self.changed.wait(), self.hold)
-            except asyncio.TimeoutError:
-                pass
-        return web.json_response({"version": self.version, "catalog": self.catalog.to_dict(),
-                                  "endpoints": [e.to_dict() for e in self.endpoints]})
-
-    async def wake(self, request: web.Request) -> web.Response:
-        self.wakes.append((await request.json())["model"])
-        return web.Response(status=202)
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_get("/api/v1/watch/endpoints", self.watch)
-        app.router.add_post("/api/v1/wake", self.wake)
-        self.runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", self.port)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    async def stop(self) -> None:
-        await self.runner.cleanup()
-
-
 def test_watch_backoff_grows_to_its_cap_and_is_jittered():
     watch = ControllerWatch(Router(), "http://127.0.0.1:9", session=None, rand=lambda: 0.75)
     assert [watch.backoff.ceiling(n) for n in (1, 2, 3, 4, 30)] == [BACKOFF_FIRST, 1.0, 2.0, 4.0, BACKOFF_MAX]
@@ -187,50 +139,57 @@ def test_watch_backoff_grows_to_its_cap_and_is_jittered():
     assert watch.failures == 3
 
 
-async def test_watch_follows_the_controller_and_keeps_the_last_list_while_it_is_away():
-    controller = FakeController()
-    await controller.start()
+NODE = "n1"     # the node whose agent reports the engines behind the endpoints
+
+
+async def test_watch_follows_the_controller_and_keeps_the_last_list_while_it_is_away(tmp_path):
+    plane = ControlPlane(tmp_path)
+    await plane.start()
     router = Router()
-    cat = catalog(("m", ("alias",)))
+    # Two replicas wanted: the controller keeps both once both are reported.
+    cat = catalog(Model(name="m", aliases=("alias",), source="org/m", replicas=Replicas(2, 2),
+                        profiles=(Profile(name="default", engine="fake", gpus=0),)))
     ep = Endpoint("r1", "m", "default", "fake", "http://127.0.0.1:9")
-    controller.publish(cat, [ep])
+    await plane.serve(cat, NODE, [ep])
+    assert [e.replica_id for e in plane.endpoints] == ["r1"]
     async with aiohttp.ClientSession() as session:
-        watch = ControllerWatch(router, controller.url, session)
+        watch = ControllerWatch(router, plane.url, session)
         assert await watch.poll_once() is True
-        assert router.catalog == cat and watch.version == 1
+        assert router.catalog == cat and watch.version == plane.controller.watch.version
         assert router.usage_snapshot() == {"r1": (None, 0)}
         # Nothing new: the controller holds the poll, then answers the same version.
-        controller.hold = 0.05
+        plane.hold = 0.05
         assert await watch.poll_once() is False
         # A change wakes the held poll at once.
-        controller.hold = 30
+        plane.hold = 30
         pending = asyncio.create_task(watch.poll_once())
-        await asyncio.sleep(0.05)
+        await until(lambda: plane.controller.watch.waiting == 1, "the router's poll to be held")
         ep2 = Endpoint("r2", "m", "default", "fake", "http://127.0.0.1:10")
-        controller.publish(cat, [ep, ep2])
+        await plane.serve(cat, NODE, [ep, ep2])
         assert await asyncio.wait_for(pending, 10) is True
         assert set(router.usage_snapshot()) == {"r1", "r2"}
         # The controller goes away: the round fails, the router keeps what it had.
-        await controller.stop()
+        await plane.stop()
         with pytest.raises(WatchError):
             await watch.poll_once()
         assert set(router.usage_snapshot()) == {"r1", "r2"} and router.catalog == cat
-        # It comes back (restarted: its version starts over) and the router follows it.
-        controller2 = FakeController()
-        controller2.port = controller.port
-        await controller2.start()
+        # It comes back (restarted: a new series of versions, knowing only what
+        # its agents report again) and the router follows it.
+        plane2 = ControlPlane(tmp_path, port=plane.port)
+        await plane2.start()
         cat2 = catalog(("m", ("alias", "another")))
-        controller2.publish(cat2, [ep2])
+        await plane2.serve(cat2, NODE, [ep2])
         assert await watch.poll_once() is True
         assert router.catalog == cat2 and set(router.usage_snapshot()) == {"r2"}
-        await controller2.stop()
+        assert watch.version == plane2.controller.watch.version
+        await plane2.stop()
 
 
-async def test_watch_run_reconnects_with_backoff():
-    controller = FakeController()
-    await controller.start()
-    port = controller.port
-    await controller.stop()         # not there at first
+async def test_watch_run_reconnects_with_backoff(tmp_path):
+    plane = ControlPlane(tmp_path)
+    await plane.start()
+    port = plane.port
+    await plane.stop()         # not there at first
     router = Router()
     sleeps: list[float] = []
     restarted = asyncio.Event()
@@ -246,14 +205,10 @@ async def test_watch_run_reconnects_with_backoff():
         watch = ControllerWatch(router, f"http://127.0.0.1:{port}", session, sleep=sleep, rand=lambda: 0.0)
         running = asyncio.create_task(watch.run())
         await asyncio.wait_for(restarted.wait(), 10)
-        back = FakeController()
-        back.port = port
+        back = ControlPlane(tmp_path, port=port)
         await back.start()
-        back.publish(catalog(("m", ())), [Endpoint("r1", "m", "default", "fake", "http://127.0.0.1:9")])
-        for _ in range(500):
-            if router.usage_snapshot():
-                break
-            await asyncio.sleep(0.01)
+        await back.serve(catalog(("m", ())), NODE, [Endpoint("r1", "m", "default", "fake", "http://127.0.0.1:9")])
+        await until(router.usage_snapshot, "the router to take the controller's endpoints")
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
         await back.stop()
@@ -261,31 +216,19 @@ async def test_watch_run_reconnects_with_backoff():
     assert set(router.usage_snapshot()) == {"r1"} and watch.failures == 0
 
 
-def test_cli_controller_mode_follows_the_watch_and_wakes_through_it(engines, router_process):
+def test_cli_controller_mode_follows_the_watch_and_wakes_through_it(engines, router_process, tmp_path):
     engine = engines("m", "r1")
-    controller = FakeController()
-    loop = asyncio.new_event_loop()
-    import threading
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    def on_loop(coro):
-        return asyncio.run_coroutine_threadsafe(coro, loop).result(10)
-
-    async def publish(cat, eps):
-        controller.publish(cat, eps)
+    plane = ControlPlaneThread(tmp_path)
     try:
-        on_loop(controller.start())
-        on_loop(publish(catalog(("m", ("alias",)), ("cold", ())), [engine.endpoint()]))
-        proc, url = router_process("--controller", controller.url, "--cold-timeout", "0.5")
+        plane.serve(catalog(("m", ("alias",)), ("cold", ())), NODE, [engine.endpoint()])
+        proc, url = router_process("--controller", plane.url, "--cold-timeout", "0.5")
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=30)
         assert client.completions.create(model="alias", prompt="x", max_tokens=2).model == "m"
         with pytest.raises(openai.InternalServerError, match="starting"):
             client.completions.create(model="cold", prompt="x", max_tokens=2)
-        wait_until(lambda: controller.wakes == ["cold"], what="the wake to reach the controller")
+        wait_until(lambda: plane.wakes == ["cold"], what="the wake to reach the controller")
         # The controller goes away; the router keeps serving what it knew.
-        on_loop(controller.stop())
+        plane.stop()
         assert client.completions.create(model="alias", prompt="x", max_tokens=2).model == "m"
     finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
+        plane.close()
