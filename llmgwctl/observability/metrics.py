@@ -16,6 +16,11 @@ Router (hot path first):
     llmgw_router_inflight_requests{model,endpoint}            gauge (read at scrape)
     llmgw_router_ready_endpoints{model}                       gauge (read at scrape)
     llmgw_router_endpoint_metrics_age_seconds{endpoint}       gauge, age of the last load reading (+Inf: none yet)
+    llmgw_router_endpoint_running_requests{endpoint}          gauge, the engine's running count in that reading
+    llmgw_router_endpoint_waiting_requests{endpoint}          gauge, the engine's queue in that reading
+    llmgw_router_endpoint_kv_cache_usage_ratio{endpoint}      gauge, 0-1, when the engine reports its KV cache
+                                                              (the last three: what the balancer weighs, absent
+                                                              until a first reading)
     llmgw_router_cold_queue_length{model}                     gauge (read at scrape)
     llmgw_router_cold_wait_seconds{model,outcome}             histogram, time a request waited for a replica
     llmgw_router_catalog_info{version}                        gauge, 1
@@ -367,12 +372,26 @@ class _RouterCollector:
                                      labels=("model", "endpoint"))
         age = GaugeMetricFamily("llmgw_router_endpoint_metrics_age_seconds", "Seconds since the endpoint's last "
                                 "successful /metrics poll (+Inf: none yet).", labels=("endpoint",))
+        # The reading the balancer holds, as it holds it: an operator (and the
+        # real-engine tests) can see what a pick was weighed by.
+        running = GaugeMetricFamily("llmgw_router_endpoint_running_requests", "Requests running on the endpoint's "
+                                    "engine, as its last load reading said.", labels=("endpoint",))
+        queued = GaugeMetricFamily("llmgw_router_endpoint_waiting_requests", "Requests waiting in the endpoint's "
+                                   "engine, as its last load reading said.", labels=("endpoint",))
+        kv = GaugeMetricFamily("llmgw_router_endpoint_kv_cache_usage_ratio", "Share of the endpoint's KV cache in "
+                               "use, as its last load reading said (absent if the engine does not report it).",
+                               labels=("endpoint",))
         ready: dict[str, int] = {}
         for st in p.states():
             model = st.endpoint.model
             inflight.add_metric((model, st.replica_id), st.inflight)
             if st.endpoint.metrics_path is not None:
                 age.add_metric((st.replica_id,), now - st.load_at if math.isfinite(st.load_at) else math.inf)
+            if st.load is not None:
+                running.add_metric((st.replica_id,), st.load.running)
+                queued.add_metric((st.replica_id,), st.load.waiting)
+                if st.load.kv_cache is not None:
+                    kv.add_metric((st.replica_id,), st.load.kv_cache)
             ready[model] = ready.get(model, 0) + 1
         version, models = p.catalog()
         ready_g = GaugeMetricFamily("llmgw_router_ready_endpoints", "Ready endpoints per model.", labels=("model",))
@@ -385,7 +404,7 @@ class _RouterCollector:
         info = GaugeMetricFamily("llmgw_router_catalog_info", "The catalog version the router resolves against.",
                                  labels=("version",))
         info.add_metric((version,), 1)
-        return [inflight, age, ready_g, queue, info]
+        return [inflight, age, running, queued, kv, ready_g, queue, info]
 
 
 class ControlMetrics:

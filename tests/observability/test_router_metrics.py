@@ -87,6 +87,12 @@ def test_in_flight_and_poll_staleness_are_read_at_scrape_time(engines, routers):
     holder.start()
     inflight = key("llmgw_router_inflight_requests", model=MODEL, endpoint="obs-slow")
     wait_until(lambda: scrape(rt.url + "/metrics").get(inflight) == 1, timeout=10, what="one request in flight")
+    # The reading the balancer weighs this endpoint by, as the engine's page said it.
+    running = key("llmgw_router_endpoint_running_requests", endpoint="obs-slow")
+    wait_until(lambda: scrape(rt.url + "/metrics").get(running) == 1, timeout=10, what="the engine's running count")
+    now = scrape(rt.url + "/metrics")
+    assert now[key("llmgw_router_endpoint_waiting_requests", endpoint="obs-slow")] == 0
+    assert 0 < now[key("llmgw_router_endpoint_kv_cache_usage_ratio", endpoint="obs-slow")] < 1
 
     slow.kill()     # the poller gets no more readings: the age keeps growing
     first = scrape(rt.url + "/metrics")[age]
