@@ -122,7 +122,10 @@ def main() -> None:
         (directory / "base.yaml").write_text(HEADER + model_yaml("base", "b"))
         raw = asyncio.run(raw_events(directory, args.edits))
         live = asyncio.run(in_force(directory, args.edits))
-    ms = lambda s: f"{s * 1000:7.1f}"
+
+    def ms(s: float) -> str:
+        return f"{s * 1000:7.1f}"
+
     print(f"edit -> in force, {args.edits} edits each (write temp file, rename over the catalog file)")
     print(f"{'':28}{'p50 ms':>8}{'p99 ms':>8}")
     print(f"{'raw inotify via watchfiles':28}{ms(pct(raw, .5))} {ms(pct(raw, .99))}")

@@ -122,16 +122,17 @@ def main() -> int:
         rng = random.Random(args.seed)
         nodes, cat = fleet(n_nodes, rng), catalog(n_models, rng)
         wanted = {m.name: rng.randint(m.replicas.min, m.replicas.max) for m in cat.models}
-        full_s, plan = timed(lambda: place(cat, nodes, [], wanted), args.repeat)
+        full_s, plan = timed(lambda cat=cat, nodes=nodes, wanted=wanted: place(cat, nodes, [], wanted), args.repeat)
         running = applied(plan, [])
-        noop_s, again = timed(lambda: place(cat, nodes, running, wanted), args.repeat)
+        noop_s, again = timed(lambda cat=cat, nodes=nodes, running=running, wanted=wanted: place(cat, nodes, running, wanted),
+                               args.repeat)
         if again.start or again.stop:
             print(f"BUG: the no-op pass at {n_nodes} nodes was not empty: "
                   f"{len(again.start)} starts, {len(again.stop)} stops", file=sys.stderr)
             return 1
-        floor_s, _ = timed(lambda: floor(nodes, running), args.repeat)
+        floor_s, _ = timed(lambda nodes=nodes, running=running: floor(nodes, running), args.repeat)
         # Once: it is the slow one, and its spread is small next to the ratio it shows.
-        scan_s, _ = timed(lambda: scan(cat, nodes, wanted), 1)
+        scan_s, _ = timed(lambda cat=cat, nodes=nodes, wanted=wanted: scan(cat, nodes, wanted), 1)
         rows.append((n_nodes, n_models, sum(wanted.values()), len(plan.start), len(plan.unplaceable),
                      full_s, noop_s, floor_s, scan_s))
 

@@ -204,7 +204,7 @@ class ControlAPI:
         # none in the first moment -- and the router would drop every endpoint
         # it serves. It keeps its own until the adopted list is complete (or the
         # hold runs out, for a settling window longer than a long-poll).
-        while after and not self.c.reconciler.settled and loop.time() < deadline:
+        while after and not self.c.reconciler.settled and loop.time() < deadline:  # noqa: ASYNC110 -- a flag the reconciler sets, polled for a few seconds after a start only
             await asyncio.sleep(SETTLED_POLL)
         version = self.c.watch.version
         return web.json_response({"version": version, "catalog": self.c.live.current.to_dict(),

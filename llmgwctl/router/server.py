@@ -42,7 +42,7 @@ from .balancer import Balancer, EndpointState
 from .coldstart import ColdStart, ColdTimeout, QueueFull, Waker
 from ..contracts import Endpoint
 from ..httpserver import ConnectionGuard, bound_port, server_options
-from .config import RouterConfig
+from .config import DEFAULTS, RouterConfig
 from .limits import DepthError, check_depth
 from .poller import LoadPoller, ParseLoad, parse_with_drivers
 from .upstream import BadEndpointURL, ConnectFailed, Pool, Response, UpstreamError, UpstreamTimeout, parse_target
@@ -108,7 +108,7 @@ _SMALL_WRITE = 16384
 
 class Router:
     def __init__(self, catalog: Catalog | None = None, *, waker: Waker | None = None,
-                 config: RouterConfig = RouterConfig(), clock: Callable[[], float] = time.monotonic,
+                 config: RouterConfig = DEFAULTS, clock: Callable[[], float] = time.monotonic,
                  parse_load: ParseLoad = parse_with_drivers):
         self.config = config
         self._parse_load = parse_load

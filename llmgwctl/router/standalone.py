@@ -25,7 +25,7 @@ import aiohttp
 
 from ..aio import sleep_unless
 from ..catalog import Live
-from .config import RouterConfig
+from .config import DEFAULTS, RouterConfig
 from .server import Router, start
 from .static import EndpointFileError, load_endpoints
 from .watch import ControllerWaker, ControllerWatch, UsageReporter, WatchError
@@ -34,7 +34,7 @@ log = logging.getLogger("llmgw.router")
 
 
 async def run(host: str, port: int, *, endpoints_file: str | None = None, catalogs_dir: str | None = None,
-              controller: str | None = None, token: str | None = None, config: RouterConfig = RouterConfig(),
+              controller: str | None = None, token: str | None = None, config: RouterConfig = DEFAULTS,
               on_listening: Callable[[int], None] | None = None, stop: asyncio.Event | None = None,
               api_keys: str | None = None) -> None:
     """Serve until SIGTERM/SIGINT (or `stop`). CatalogError / EndpointFileError / KeyFileError if the files are bad."""

@@ -69,7 +69,7 @@ def test_half_written_and_hostile_edits_cost_nothing(fleet, tmp_path):
             tmp.write_text(CATALOG.replace("first", f"marker{int(pause * 1000)}").split("  - name: second")[0])
             os.rename(tmp, marker)
             meant.add(load_dir(fleet.catalogs).version)
-            wait_until(lambda: catalog_status(fleet)["swaps"] > start["swaps"], f"the marker after a {pause}s pause")
+            wait_until(lambda start=start: catalog_status(fleet)["swaps"] > start["swaps"], f"the marker after a {pause}s pause")
             healthz_answers(fleet)
             assert catalog_status(fleet)["rejections"] == start["rejections"], "the half file was validated"
 
@@ -89,7 +89,7 @@ def test_half_written_and_hostile_edits_cost_nothing(fleet, tmp_path):
         for name, make, words in edits:
             start = catalog_status(fleet)
             make(fleet.catalogs / name)
-            wait_until(lambda: catalog_status(fleet)["rejections"] > start["rejections"], f"{name} rejected")
+            wait_until(lambda start=start: catalog_status(fleet)["rejections"] > start["rejections"], f"{name} rejected")
             healthz_answers(fleet)
             status = catalog_status(fleet)
             errors = "\n".join(status["last_rejection"]["errors"])

@@ -72,7 +72,7 @@ class Fleet:
                                 env=env, start_new_session=True, cwd=self.root)
 
     def start_controller(self, *extra: str, keep_ports: bool = False) -> None:
-        for attempt in range(3):
+        for _attempt in range(3):
             self.controller = self._spawn("controller", [
                 "serve", "--no-local-agent", "--catalogs", str(self.catalogs),
                 "--listen", f"127.0.0.1:{self.router_port}", "--control", f"127.0.0.1:{self.control_port}",

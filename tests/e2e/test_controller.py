@@ -49,7 +49,7 @@ def pids(fleet):
 
 def test_catalog_converges_on_the_right_pools(fleet):
     for model in ("big", "small", "anywhere"):
-        wait_until(lambda: fleet.ready(model), f"{model} ready")
+        wait_until(lambda model=model: fleet.ready(model), f"{model} ready")
     (big,), (small,) = fleet.ready("big"), fleet.ready("small")
     assert big["node"] == "n1" and len(big["gpus"]) == 2
     assert small["node"] == "n2" and len(small["gpus"]) == 1

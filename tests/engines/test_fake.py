@@ -195,7 +195,7 @@ def test_open_stream_count_matches_running(fake_engine):
             streams.append(requests.post(f"{engine.url}/v1/completions", stream=True, timeout=30,
                                          json={"model": MODEL, "prompt": "p", "max_tokens": 100,
                                                "ignore_eos": True, "stream": True}))
-            wait_until(lambda: gauges(engine.url)["vllm:num_requests_running"] == expected, what=f"{expected} running")
+            wait_until(lambda expected=expected: gauges(engine.url)["vllm:num_requests_running"] == expected, what=f"{expected} running")
         streams.pop().close()
         wait_until(lambda: gauges(engine.url)["vllm:num_requests_running"] == 3, what="3 running after one closed")
     finally:

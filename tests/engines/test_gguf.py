@@ -122,7 +122,7 @@ def test_the_wrapper_becomes_the_engine_with_the_directory_in_its_argv(model, tm
                             stdout=subprocess.PIPE, text=True, env=dict(os.environ, LLMGW_CACHE_DIR=str(cache)))
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
-    line = next(l for l in out.splitlines() if l.startswith("engine "))
+    line = next(ln for ln in out.splitlines() if ln.startswith("engine "))
     # Same pid: what the agent recorded at spawn is the engine, for adoption and for stopping.
     assert line == f"engine {proc.pid} {['--model', str(done), '--port', '1']}"
 

@@ -72,7 +72,7 @@ def test_100_swaps_under_streaming_load_fail_no_request_to_a_model_that_stayed(f
                 assert resp.status_code == 200, resp.text
             else:
                 write_atomically(fleet.catalogs, "models.yaml", text)
-            wait_until(lambda: requests.get(fleet.control + "/api/v1/catalog", timeout=5).json()["version"] == version,
+            wait_until(lambda version=version: requests.get(fleet.control + "/api/v1/catalog", timeout=5).json()["version"] == version,
                        f"swap {i} in force", every=0.01)
         swapping = time.monotonic() - started
         load.wait_for(20)   # and a little after the last swap, while the last drain finishes
