@@ -23,8 +23,9 @@ def test_agent_follows_the_controller(tmp_path, agents, controller, port_range):
 
     # Nothing desired yet: the agent polls from version 0 and reports an empty node.
     wait_for("a first long-poll", lambda: controller.polls)
-    assert controller.polls[0] == {"after": "0"}
     report = wait_for("a first report", controller.latest)
+    # Each poll says which agent process asks: the controller answers only the one speaking for the node.
+    assert controller.polls[0] == {"after": "0", "instance": report["instance_id"]}
     assert report["replicas"] == [] and report["gpus"] == []
     assert controller.report_headers[0]["Authorization"] == "Bearer s3cret"
 
@@ -33,7 +34,7 @@ def test_agent_follows_the_controller(tmp_path, agents, controller, port_range):
     report = latest_with(controller, lambda reps: reps.get("a", {}).get("state") == "ready", "a ready")
     a = replicas_by_id(report)["a"]
     assert a["profile"] == "cpu" and a["gpu_indices"] == []
-    wait_for("a poll after version 1", lambda: {"after": "1"} in controller.polls)
+    wait_for("a poll after version 1", lambda: any(p["after"] == "1" for p in controller.polls))
 
     # Version 2: a second replica joins, the first is untouched.
     controller.set_desired([spec("a", "m-a"), spec("b", "m-b")])

@@ -16,7 +16,7 @@ from openai import OpenAI
 
 from .harness import environ_of, group_alive, replicas_by_id, wait_for, write_desired
 
-REPORT_KEYS = {"node", "boot_id", "agent_version", "pools", "engines", "gpus", "replicas", "advertise_host"}
+REPORT_KEYS = {"node", "boot_id", "instance_id", "agent_version", "pools", "engines", "gpus", "replicas", "advertise_host"}
 REPLICA_KEYS = {"id", "spec_hash", "model", "profile", "engine", "gpu_indices", "port", "pid", "state",
                 "restarts", "last_exit", "last_log", "url"}
 
@@ -25,11 +25,11 @@ R2 = {"id": "r2", "model": "m-two", "engine": "fake", "gpus": 1}          # the 
 NOPE = {"id": "r3", "model": "m-three", "engine": "vllm", "gpus": 1}     # vllm is not installed here
 
 
-def ready(controller, ids, boot_id=None):
-    """The latest report, if it shows every id ready (from the given agent run)."""
+def ready(controller, ids, instance_id=None):
+    """The latest report, if it shows every id ready (from an agent run other than `instance_id`)."""
     def check():
         report = controller.latest()
-        if report is None or (boot_id and report["boot_id"] == boot_id):
+        if report is None or (instance_id and report["instance_id"] == instance_id):
             return None
         reps = replicas_by_id(report)
         return report if all(reps.get(i, {}).get("state") == "ready" for i in ids) else None
@@ -59,7 +59,7 @@ def test_agent_from_a_desired_file(tmp_path, agents, controller, port_range):
     assert reps["r1"]["port"] != reps["r2"]["port"]
     assert environ_of(reps["r1"]["pid"])["CUDA_VISIBLE_DEVICES"] == "0"
     assert environ_of(reps["r2"]["pid"])["CUDA_VISIBLE_DEVICES"] == "1"
-    boot1 = report["boot_id"]
+    boot1 = report["instance_id"]
 
     # -- one of them answers a streaming chat request -------------------------------
     client = OpenAI(base_url=reps["r1"]["url"] + "/v1", api_key="unused", timeout=30)
@@ -91,7 +91,7 @@ def test_agent_from_a_desired_file(tmp_path, agents, controller, port_range):
     agent.sigkill()
     assert all(os.path.exists(f"/proc/{pid}") for pid in pids.values())
     agent = agents(*args)
-    report = wait_for("the restarted agent reports both ready", ready(controller, ["r1", "r2"], boot_id=boot1))
+    report = wait_for("the restarted agent reports both ready", ready(controller, ["r1", "r2"], instance_id=boot1))
     reps = replicas_by_id(report)
     assert {i: r["pid"] for i, r in reps.items()} == pids, "adopted, not restarted"
     assert reps["r1"]["restarts"] == 1 and reps["r2"]["restarts"] == 0
