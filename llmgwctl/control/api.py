@@ -126,7 +126,10 @@ def replica_url_problem(body: Any, remote: str | None) -> str | None:
             port = parts.port
         except (ValueError, TypeError):
             return f"{field}: {str(url)[:100]!r} is not an http://host:port URL"
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        # Nothing but scheme, host and port: user info, a path or a query could
+        # be read differently by the router's own URL handling than here.
+        if (parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc
+                or parts.path not in ("", "/") or parts.query or parts.fragment):
             return f"{field}: {url[:100]!r} is not an http://host:port URL"
         if _host(parts.hostname) != expected:
             return f"{field}: {url[:100]!r} is not on {where}; a node's replicas must be served from the node"
