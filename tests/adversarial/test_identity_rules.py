@@ -5,6 +5,8 @@ are in test_identity.py. Time here is a fake clock, so "unreachable" is exact.
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from llmgwctl.control.api import replica_url_problem
@@ -188,3 +190,19 @@ def test_a_replica_url_off_the_node_is_refused_naming_the_field(body, remote, wa
 ])
 def test_a_replica_url_on_the_node_is_fine(body, remote):
     assert replica_url_problem(body, remote) is None
+
+
+def test_llmgwctl_token_node_prints_a_token_the_controller_takes(tmp_path):
+    from click.testing import CliRunner
+
+    from llmgwctl.cli import main
+    (tmp_path / "agent.token").write_text(AGENT + "\n")
+    os.chmod(tmp_path / "agent.token", 0o600)
+    out = CliRunner().invoke(main, ["token", "node", "gpu-07", "--agent-token-file", str(tmp_path / "agent.token")])
+    assert out.exit_code == 0, out.output
+    token = out.output.strip()
+    auth = ControlAuth(ADMIN, AGENT)
+    assert auth.allowed("/api/v1/agents/gpu-07/report", f"Bearer {token}")
+    assert auth.check("/api/v1/agents/gpu-08/report", f"Bearer {token}").status == 403
+    bad = CliRunner().invoke(main, ["token", "node", "a b", "--agent-token-file", str(tmp_path / "agent.token")])
+    assert bad.exit_code == 2 and "cannot be a node name" in bad.output
