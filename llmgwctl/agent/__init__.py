@@ -22,7 +22,7 @@ It must not know about the catalog, placement or the router: what to run
 arrives as `ReplicaSpec`s, and engines are known only through their drivers.
 """
 from .core import FAILED, READY, STARTING, STOPPING, Agent, Replica
-from .errors import AgentError, DesiredError, GpuSpecError, PortRangeError
+from .errors import AgentError, DesiredError, GpuSpecError, PortRangeError, StateLockedError
 from .gpus import discover, parse_nvidia_smi, parse_spec
 from .ports import PortRange
 from .run import AgentConfig, main, run_agent
@@ -30,5 +30,5 @@ from .run import AgentConfig, main, run_agent
 __all__ = [
     "Agent", "AgentConfig", "AgentError", "DesiredError", "FAILED", "GpuSpecError", "PortRange",
     "PortRangeError", "READY", "Replica", "STARTING", "STOPPING", "discover", "main", "parse_nvidia_smi",
-    "parse_spec", "run_agent",
+    "parse_spec", "run_agent", "StateLockedError",
 ]

@@ -58,10 +58,14 @@ class DesiredSink(Protocol):
 
 
 class ControllerClient:
-    def __init__(self, base_url: str, node: str, session: aiohttp.ClientSession, token: str | None = None):
+    def __init__(self, base_url: str, node: str, session: aiohttp.ClientSession, token: str | None = None,
+                 instance_id: str = ""):
         self.base = base_url.rstrip("/") + f"/api/v1/agents/{node}"
         self.session = session
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # Sent with every long-poll: the controller gives the node's replicas only
+        # to the agent process that speaks for it (a second one gets 409).
+        self.instance_id = instance_id
 
     async def post_report(self, body: dict[str, Any]) -> None:
         try:
@@ -81,7 +85,8 @@ class ControllerClient:
         """
         url = self.base + "/desired"
         try:
-            async with self.session.get(url, params={"after": str(after)}, headers=self.headers,
+            params = {"after": str(after), **({"instance": self.instance_id} if self.instance_id else {})}
+            async with self.session.get(url, params=params, headers=self.headers,
                                         timeout=aiohttp.ClientTimeout(total=LONG_POLL_TIMEOUT)) as resp:
                 if resp.status in (204, 304):
                     return None

@@ -128,9 +128,12 @@ class Agent:
         self.grace = grace
         self.on_change = on_change
         self.clock = clock
-        # Changes on every agent start: a controller seeing a new one knows this
-        # report is a fresh, complete picture rather than the next heartbeat.
-        self.boot_id = uuid.uuid4().hex
+        # Which agent process this is: new on every start, so the controller can
+        # tell a second agent claiming this node from this one's next heartbeat.
+        self.instance_id = uuid.uuid4().hex
+        # The instance that last used this state directory (read in adopt()):
+        # sent so the controller lets this agent take over at once after a restart.
+        self.previous_instance_id = ""
         self.machine_boot = procs.boot_id()
         self.replicas: dict[str, Replica] = {}
         self.desired: tuple[ReplicaSpec, ...] | None = None
@@ -171,6 +174,7 @@ class Agent:
         dead engine left in its own group (see _clear_leftovers), never a
         process that merely reuses its pid. Returns adopted ids.
         """
+        self.previous_instance_id = await asyncio.to_thread(state.previous_instance, self.state_dir)
         records = await asyncio.to_thread(state.load, self.state_dir, self.machine_boot)
         adopted = []
         now = self.clock()
@@ -188,6 +192,9 @@ class Agent:
             log.info("replica %s: adopted pid %d on port %d", rec.spec.id, rec.pid, rec.port)
         if adopted:
             self._changed()
+        # Claim the state directory for this instance at once, so a crash before
+        # the first pass still lets the next agent prove it succeeds this one.
+        await self._save_state()
         return adopted
 
     async def _clear_leftovers(self, rec: state.Record) -> None:
@@ -472,13 +479,16 @@ class Agent:
         docs = [rec.to_dict() for rec in records]
         if docs == self._saved:
             return
-        await asyncio.to_thread(state.save, self.state_dir, self.machine_boot, records)
+        await asyncio.to_thread(state.save, self.state_dir, self.machine_boot, records, self.instance_id)
         self._saved = docs
 
     def report(self) -> AgentReport:
         """The report the controller receives: who this node is and everything it runs."""
         return AgentReport(
-            node=self.node, boot_id=self.boot_id, agent_version=__version__, advertise_host=self.host,
+            node=self.node, agent_version=__version__, advertise_host=self.host,
+            # Identity (see inventory.Inventory._claim): which process speaks for
+            # the node, on which machine boot, succeeding which process.
+            instance_id=self.instance_id, boot_id=self.machine_boot, previous_instance_id=self.previous_instance_id,
             pools=self.pools, engines=MappingProxyType(dict(sorted(self.engines.items()))), gpus=self.gpus,
             replicas=tuple(self._replica_report(r) for r in sorted(self.replicas.values(), key=lambda r: r.spec.id)),
         )

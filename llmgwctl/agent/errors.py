@@ -5,12 +5,16 @@
      ├ PortRangeError            --ports that is not LOW-HIGH inside 1-65535
      ├ DesiredError              a desired-replicas document that cannot be used (file or controller);
      │                           the agent keeps the last good desired list and says why
+     ├ StateLockedError          another live agent holds this --state-dir; the agent does not start
      └ ControllerError           the controller could not be reached or did not answer as the protocol says
+                                 (a 409: another agent process speaks for this node)
 
-The first three name what to change; waiting does not fix them. A
+The first four name what to change; waiting does not fix them. A
 ControllerError is the one waiting can fix: the loops back off and retry it,
-and the engines keep running meanwhile. An engine that cannot be launched is
-the engines' `LaunchError`, reported as the replica's failure, not raised here.
+and the engines keep running meanwhile (a refused second agent keeps trying,
+and takes the node over once the first one stops reporting). An engine that
+cannot be launched is the engines' `LaunchError`, reported as the replica's
+failure, not raised here.
 """
 from __future__ import annotations
 
@@ -29,6 +33,10 @@ class PortRangeError(AgentError, ValueError):
 
 class DesiredError(AgentError, ValueError):
     pass
+
+
+class StateLockedError(AgentError):
+    """Another live agent process holds the state directory (its flock); this one must not touch its engines."""
 
 
 class ControllerError(AgentError):

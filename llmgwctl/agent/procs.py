@@ -95,6 +95,14 @@ def signal_group(pgid: int, sig: int) -> bool:
     return True
 
 
+def _private(path: str, flags: int) -> int:
+    """An `open` opener creating files 0600, and tightening one an older agent made looser."""
+    fd = os.open(path, flags, 0o600)
+    if os.fstat(fd).st_mode & 0o077:
+        os.fchmod(fd, 0o600)
+    return fd
+
+
 @dataclass(frozen=True, slots=True)
 class Spawned:
     popen: subprocess.Popen
@@ -110,8 +118,10 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path
     is opened O_APPEND so that after rotate_log truncates it the engine's next
     write lands at the new end instead of leaving a hole of zeros.
     """
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab", buffering=0) as out:
+    log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # 0600: an engine's log holds what it prints about requests (prompts, in
+    # some engines' debug output) and tracebacks; only the agent's user reads it.
+    with open(log_path, "ab", buffering=0, opener=_private) as out:
         popen = subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=out,
                                  stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
                                  cwd=cwd)
@@ -133,7 +143,7 @@ def rotate_log(path: Path, cap: int = LOG_CAP_BYTES) -> bool:
     try:
         if path.stat().st_size <= cap:
             return False
-        with open(path, "rb") as src, open(path.with_name(path.name + ".1"), "wb") as dst:
+        with open(path, "rb") as src, open(path.with_name(path.name + ".1"), "wb", opener=_private) as dst:
             while chunk := src.read(1 << 20):
                 dst.write(chunk)
         os.truncate(path, 0)

@@ -19,6 +19,7 @@ from .. import aio
 from ..contracts import ReplicaSpec
 from ..engines.spec import Driver
 from .controller import HEARTBEAT, ControllerClient, desired_loop, file_loop, report_loop
+from . import state
 from .core import START_TIMEOUT, STOP_GRACE, TICK, Agent
 from .desired import DesiredFile
 from .gpus import discover
@@ -54,6 +55,16 @@ def _default_drivers() -> tuple[Callable[[ReplicaSpec], Driver], Callable[[], Ma
 async def run_agent(cfg: AgentConfig, stop: asyncio.Event | None = None) -> None:
     """Run until `stop` is set (or SIGTERM/SIGINT when run by `main`). Engines keep running after."""
     stop = stop or asyncio.Event()
+    # First: a second agent on this state directory would adopt and signal the
+    # same engines as the first (StateLockedError, before anything is touched).
+    held = await asyncio.to_thread(state.lock, cfg.state_dir)
+    try:
+        await _run(cfg, stop)
+    finally:
+        held.close()
+
+
+async def _run(cfg: AgentConfig, stop: asyncio.Event) -> None:
     driver_for, available_engines = _default_drivers()
     gpus = await asyncio.to_thread(discover, cfg.gpus, cfg.node)
     engines = await asyncio.to_thread(available_engines)
@@ -75,7 +86,7 @@ async def run_agent(cfg: AgentConfig, stop: asyncio.Event | None = None) -> None
                 agent.set_desired(first)
             tasks.append(asyncio.create_task(file_loop(follow, agent, stop), name="desired-file"))
         if cfg.controller is not None:
-            client = ControllerClient(cfg.controller, cfg.node, session, cfg.token)
+            client = ControllerClient(cfg.controller, cfg.node, session, cfg.token, agent.instance_id)
             tasks.append(asyncio.create_task(report_loop(client, agent.report, changed, stop, cfg.heartbeat), name="report"))
             if cfg.desired_file is None:
                 tasks.append(asyncio.create_task(desired_loop(client, agent, stop), name="desired"))

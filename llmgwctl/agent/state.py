@@ -2,11 +2,16 @@
 
 Owns the record of each engine the agent started (its spec, and the pid, start
 time and group that identify the process) and writing it so that a crash at
-any moment leaves either the old file or the new one, never half of one. It
-must not know how processes are started or probed.
+any moment leaves either the old file or the new one, never half of one; the
+instance id of the agent that wrote it (so its successor can prove to the
+controller it is the same node restarting); and the lock that keeps a second
+agent out of a state directory in use. The directory is private (0700): engine
+logs hold prompts and tracebacks. It must not know how processes are started
+or probed.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -16,11 +21,46 @@ from typing import Any
 
 from ..contracts import ReplicaSpec
 from ..fsutil import write_atomically
+from .errors import StateLockedError
 
 log = logging.getLogger("llmgw.agent.state")
 
 FORMAT = 1
 FILENAME = "replicas.json"
+LOCKNAME = "agent.lock"
+
+
+def private_dir(path: Path) -> None:
+    """Create `path` (and parents) so only this user can read it; tighten it if it is looser."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_mode & 0o077:
+        os.chmod(path, 0o700)
+
+
+def lock(state_dir: Path):
+    """Hold the state directory for this process's life; StateLockedError if another agent does.
+
+    An flock, not a pid file: the kernel drops it when the holder dies, even by
+    SIGKILL, so a restarted agent never waits for a stale lock, and engines
+    never hold it (our file descriptors are not inherited). Returns the open
+    file; the lock lasts while it stays open.
+    """
+    private_dir(state_dir)
+    f = open(state_dir / LOCKNAME, "a+", encoding="utf-8")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip()[:40]
+        f.close()
+        raise StateLockedError(f"{state_dir} is in use by another agent (pid {holder or 'unknown'}); "
+                               "one agent per state directory -- stop that one, or give this one its own "
+                               "--state-dir and --node") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,11 +87,23 @@ class Record:
                    restarts=int(data.get("restarts", 0)), health_path=str(data.get("health_path", "/health")))
 
 
-def save(state_dir: Path, boot_id: str, records: list[Record]) -> None:
+def save(state_dir: Path, boot_id: str, records: list[Record], instance_id: str = "") -> None:
     """Write the records atomically: temp file in the same directory, fsync, rename, fsync the dir."""
-    state_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(state_dir)
     doc = {"format": FORMAT, "boot_id": boot_id, "replicas": [r.to_dict() for r in records]}
+    if instance_id:
+        doc["instance_id"] = instance_id
     write_atomically(state_dir / FILENAME, json.dumps(doc, indent=1, sort_keys=True).encode())
+
+
+def previous_instance(state_dir: Path) -> str:
+    """The instance id of the agent that last wrote the state file; "" if none is recorded."""
+    try:
+        doc = json.loads((state_dir / FILENAME).read_text())
+    except (OSError, ValueError):
+        return ""
+    value = doc.get("instance_id") if isinstance(doc, dict) else None
+    return value if isinstance(value, str) else ""
 
 
 def load(state_dir: Path, boot_id: str) -> list[Record]:

@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "router": "llmgwctl.cli.router",
     "serve": "llmgwctl.cli.serve",
     "status": "llmgwctl.cli.status",
+    "token": "llmgwctl.cli.token",
 }
 
 

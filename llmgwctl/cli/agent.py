@@ -51,7 +51,8 @@ def _gpus(ctx: click.Context, param: click.Parameter, value: str) -> str:
               help="Port range engines listen on.")
 @click.option("--desired", "desired_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Follow a YAML/JSON file {replicas: [...]} instead of the controller's desired list.")
-@click.option("--token-file", type=click.File("r"), help="Bearer token for the controller, read from this file.")
+@click.option("--token-file", type=click.File("r"),
+              help="This node's token for the controller (llmgwctl token node NAME), read from this file.")
 @click.option("--grace", type=click.FloatRange(min=0), default=STOP_GRACE, show_default=True,
               help="Seconds between SIGTERM and SIGKILL when stopping an engine.")
 @click.option("--start-timeout", type=click.FloatRange(min=1), default=START_TIMEOUT, show_default=True,
@@ -63,7 +64,7 @@ def _gpus(ctx: click.Context, param: click.Parameter, value: str) -> str:
 def command(controller, node, gpus, pools, state_dir, advertise_host, ports, desired_file, token_file, grace,
             start_timeout, heartbeat, verbose, log_format) -> None:
     """Run the node agent: start, watch and stop this machine's engines."""
-    from ..agent import AgentConfig, main
+    from ..agent import AgentConfig, StateLockedError, main
 
     if controller is None and desired_file is None:
         raise click.UsageError("give --controller URL, or --desired FILE to run without a controller")
@@ -71,6 +72,9 @@ def command(controller, node, gpus, pools, state_dir, advertise_host, ports, des
     if token_file and not token:
         raise click.BadParameter(f"{token_file.name} is empty", param_hint="--token-file")
     setup_logging(2 if verbose else 0, log_format)
-    main(AgentConfig(node=node, state_dir=state_dir, ports=ports, gpus=gpus, pools=tuple(pools),
-                     host=advertise_host, controller=controller, desired_file=desired_file, token=token,
-                     grace=grace, start_timeout=start_timeout, heartbeat=heartbeat))
+    try:
+        main(AgentConfig(node=node, state_dir=state_dir, ports=ports, gpus=gpus, pools=tuple(pools),
+                         host=advertise_host, controller=controller, desired_file=desired_file, token=token,
+                         grace=grace, start_timeout=start_timeout, heartbeat=heartbeat))
+    except StateLockedError as exc:
+        raise click.ClickException(str(exc)) from None

@@ -69,6 +69,12 @@ def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node
         cfg.state_dir = state_dir
     if node:
         cfg.node = node
+    if local_agent and agent_token:
+        from ..control.auth import check_node_name
+        try:
+            check_node_name(cfg.node)     # the local agent's node token names it
+        except TokenError as exc:
+            raise click.BadParameter(str(exc), param_hint="--node") from None
     if not Path(catalogs).is_dir():
         raise click.BadParameter(f"{catalogs!r} is not a directory", param_hint="--catalogs")
     raise_fd_limit()

@@ -73,6 +73,9 @@ def render(status: dict, now: float | None = None, events: int = 8) -> str:
             (_cut(n["name"], 16), n["state"], _cut(",".join(n["pools"]) or "-", 16), f"{n['gpus_used']}/{n['gpus']}",
              _cut(",".join(n["engines"]) or "-", 24), _ago(n["last_seen_seconds"]))
             for n in status["nodes"]]))
+        for n in status["nodes"]:
+            if n.get("conflict"):
+                out.extend(_wrap(f"{n['name']} conflict: {n['conflict']}"))
     if status.get("events") and events:
         out.append("")
         out.append("RECENT EVENTS")

@@ -7,7 +7,7 @@ API checks the schema first, and `from_dict` is the second line for what a
 schema cannot say (a state the agent may not report) and for callers that
 skip the API (the tests, `serve`'s in-process agent through the same route).
 
-    AgentReport
+    AgentReport                          node; instance_id, boot_id, previous_instance_id (who speaks for it)
      ├ gpus: Gpu...                      index, uuid, name, memory
      ├ engines: {name: EngineAvailability}   (available, reason with the fix)
      └ replicas: ReportedReplica...      id, spec hash, state, port, pid, ... and its whole ReplicaSpec
@@ -116,7 +116,14 @@ class AgentReport:
     """Everything an agent knows about its node, sent on every change and as a heartbeat."""
 
     node: str
-    boot_id: str = ""               # new on every agent start: this report is a fresh, complete picture
+    # Identity (see inventory.Inventory._claim): which agent process speaks for
+    # the node (new on every agent start), on which machine boot (the kernel's
+    # boot id), succeeding which process (the instance that last used its state
+    # directory). All "" when unknown: an agent older than instance ids sent only
+    # a boot_id, new on every agent start, which from_dict takes as its instance.
+    instance_id: str = ""
+    boot_id: str = ""
+    previous_instance_id: str = ""
     agent_version: str = ""
     advertise_host: str = ""        # where this node's engines are reached
     pools: tuple[str, ...] = ()
@@ -126,7 +133,8 @@ class AgentReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "node": self.node, "boot_id": self.boot_id, "agent_version": self.agent_version,
+            "node": self.node, "instance_id": self.instance_id, "boot_id": self.boot_id,
+            "previous_instance_id": self.previous_instance_id, "agent_version": self.agent_version,
             "pools": list(self.pools),
             "engines": {name: {"available": e.available, "reason": e.reason}
                         for name, e in sorted(self.engines.items())},
@@ -158,7 +166,9 @@ class AgentReport:
             if not isinstance(engines, Mapping):
                 raise TypeError("engines must be an object")
             return cls(
-                node=name, boot_id=str(body.get("boot_id") or ""), agent_version=str(body.get("agent_version") or ""),
+                node=name, instance_id=_instance(body), boot_id=str(body.get("boot_id") or ""),
+                previous_instance_id=str(body.get("previous_instance_id") or ""),
+                agent_version=str(body.get("agent_version") or ""),
                 advertise_host=str(body.get("advertise_host") or ""),
                 pools=tuple(str(p) for p in _list(body, "pools")),
                 engines=MappingProxyType({str(k): EngineAvailability(bool(v.get("available")), str(v.get("reason") or ""))
@@ -168,6 +178,17 @@ class AgentReport:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ReportError(f"malformed report: {exc!r}") from None
+
+
+def _instance(body: Mapping[str, Any]) -> str:
+    """The agent process a report comes from.
+
+    Agents before instance_id sent a `boot_id` that was new on every agent
+    start, which is what an instance id is, so theirs stands in for it (and
+    such an agent never sends a previous_instance_id, so it cannot pass for
+    the successor of another).
+    """
+    return str(body.get("instance_id") or body.get("boot_id") or "")
 
 
 def _list(body: Mapping[str, Any], key: str) -> list[Any]:

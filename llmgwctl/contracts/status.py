@@ -12,7 +12,7 @@ record for both, so the metrics and the status page cannot disagree.
      └ fleet: FleetStatus            settled, passes
         ├ models: ModelStatus...     min, max, desired, ready, why unplaceable
         ├ replicas: ReplicaStatus... state, node, GPUs, url, in flight, idle
-        ├ nodes: NodeStatus...       reachable, pools, GPUs used, engines (missing ones with why)
+        ├ nodes: NodeStatus...       reachable, pools, GPUs used, engines (missing ones with why), conflict
         └ events: Event...
 """
 from __future__ import annotations
@@ -92,6 +92,9 @@ class NodeStatus:
     engines_missing: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))   # engine -> why not
     last_seen_seconds: float = 0.0
     reports: int = 0
+    # Why a second agent process claiming this node is being refused, while it
+    # keeps trying; None when no other agent claims it (see inventory.ConflictError).
+    conflict: str | None = None
 
     @property
     def state(self) -> str:
@@ -101,7 +104,7 @@ class NodeStatus:
         return {"name": self.name, "state": self.state, "pools": list(self.pools), "gpus": self.gpus,
                 "gpus_used": self.gpus_used, "gpu_models": list(self.gpu_models), "engines": list(self.engines),
                 "engines_missing": dict(self.engines_missing), "last_seen_seconds": self.last_seen_seconds,
-                "reports": self.reports}
+                "reports": self.reports, "conflict": self.conflict}
 
 
 @dataclass(frozen=True, slots=True)

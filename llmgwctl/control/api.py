@@ -6,8 +6,10 @@
     GET  /api/v1/catalog                   {"version", "directory", "catalog": Catalog.to_dict()}
     POST /api/v1/catalog[?dry_run=1]       {"filename": "x.yaml", "content": "<yaml>"} -> plan; 422 with
                                            {"errors": ["file:line:col: path: message", ...]} when invalid
-    POST /api/v1/agents/{node}/report      an agent's report (see llmgwctl.agent.core.Agent.report)
-    GET  /api/v1/agents/{node}/desired?after=V   long-poll: {"version", "replicas": [ReplicaSpec...]}; 204 if not yet known
+    POST /api/v1/agents/{node}/report      an agent's report (see llmgwctl.agent.core.Agent.report); 409 when
+                                           another agent process speaks for the node
+    GET  /api/v1/agents/{node}/desired?after=V[&instance=ID]   long-poll: {"version", "replicas": [ReplicaSpec...]};
+                                           204 if not yet known; 409 for an agent that is not the node's
     GET  /api/v1/watch/endpoints?after=V   long-poll: {"version", "catalog", "endpoints"} (llmgwctl.router.watch)
     GET  /api/v1/watch/catalog?after=V     long-poll: {"version", "catalog"}
     POST /api/v1/wake                      {"model": NAME} -> 202
@@ -16,21 +18,26 @@
 
 With a token configured (`auth.ControlAuth`), every route but /healthz and
 /readyz needs `Authorization: Bearer <token>`; a missing or wrong one is 401
-before any handler runs.
+before any handler runs, and `/api/v1/agents/{node}/...` needs the admin token
+or `{node}`'s own node token (403 otherwise).
 
 Errors are JSON `{"error": {"message", "type", "code"}}` like the router's.
 """
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import os
+from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from ..catalog import CatalogError
 from ..contracts import ReportError
+from ..inventory import ConflictError
 from ..observability.metrics import CONTENT_TYPE_LATEST, ControlMetrics
 from ..reconciler import LONG_POLL
 from . import schemas
@@ -87,6 +94,49 @@ def _poll_timeout(request: web.Request) -> float:
         return max(0.0, min(LONG_POLL, float(request.query.get("timeout", LONG_POLL))))
     except ValueError:
         return LONG_POLL
+
+
+def _host(value: str) -> str:
+    host = value.strip().strip("[]").lower()
+    try:
+        return ipaddress.ip_address(host).compressed
+    except ValueError:
+        return host.rstrip(".")
+
+
+def replica_url_problem(body: Any, remote: str | None) -> str | None:
+    """Why a report's replica URLs cannot be trusted, naming the field; None when every one is fine.
+
+    Each must be http(s) on the host the node advertises (`advertise_host`) or,
+    when it advertises none, the address the report came from, and on the
+    port it reports: a node may offer traffic to its own engines only, never
+    point the router at another machine. (Run after the schema check.)
+    """
+    if not isinstance(body, Mapping) or not isinstance(body.get("replicas"), list):
+        return None
+    advertised = body.get("advertise_host") or ""
+    expected = _host(advertised) if advertised else _host(remote or "")
+    where = f"the node's advertise_host {advertised!r}" if advertised else f"the address the report came from ({remote})"
+    for i, rep in enumerate(body["replicas"]):
+        if not isinstance(rep, Mapping) or rep.get("url") is None:
+            continue
+        field = f"replicas[{i}].url"
+        url = rep["url"]
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except (ValueError, TypeError):
+            return f"{field}: {str(url)[:100]!r} is not an http://host:port URL"
+        # Nothing but scheme, host and port: user info, a path or a query could
+        # be read differently by the router's own URL handling than here.
+        if (parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc
+                or parts.path not in ("", "/") or parts.query or parts.fragment):
+            return f"{field}: {url[:100]!r} is not an http://host:port URL"
+        if _host(parts.hostname) != expected:
+            return f"{field}: {url[:100]!r} is not on {where}; a node's replicas must be served from the node"
+        if rep.get("port") is not None and port != rep.get("port"):
+            return f"{field}: {url[:100]!r} is not on the replica's reported port {rep.get('port')}"
+    return None
 
 
 class ControlAPI:
@@ -179,14 +229,27 @@ class ControlAPI:
         wrong = schemas.problems("agent-report", body)
         if wrong:
             return _error(400, "report does not follow schemas/api/agent-report.schema.json: " + "; ".join(wrong))
+        wrong_url = replica_url_problem(body, request.remote)
+        if wrong_url:
+            return _error(400, wrong_url)
         try:
             self.c.agent_reported(request.match_info["node"], body)
+        except ConflictError as exc:
+            return _error(409, str(exc), kind="conflict_error")
         except ReportError as exc:
             return _error(400, str(exc))
         return web.json_response({"ok": True})
 
     async def desired(self, request: web.Request) -> web.Response:
         node = request.match_info["node"]
+        # Only the agent process that speaks for the node is told what to run: a
+        # second one started with the same --node would start every replica again.
+        # Agents older than instance ids send none and are not checked.
+        instance = request.query.get("instance")
+        holder = self.c.inventory.holder(node)
+        if instance and holder is not None and instance != holder:
+            return _error(409, f"node {node!r} has another running agent (instance {holder[:12]}); this one "
+                               f"(instance {instance[:12]}) is not given its replicas", kind="conflict_error")
         answer = await self.c.desired.wait(node, _after(request), _poll_timeout(request))
         if answer is None:
             return web.Response(status=204)

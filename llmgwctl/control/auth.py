@@ -10,18 +10,31 @@ The rules (`llmgwctl serve --control HOST:PORT --token-file F [--agent-token-fil
 - With a token, every request needs `Authorization: Bearer <token>`, except
   `/healthz` and `/readyz`, which say only "up" and "settled" and are what
   load balancers and orchestrators probe without credentials.
-- Agents (and standalone routers) may present their own token
-  (`--agent-token-file`), so a node holds a credential that can report and
-  follow its desired list but cannot apply a catalog or read status. The
-  admin token works on those routes too.
-- A missing or wrong token gets 401 before any handler runs, so it changes
-  nothing. Tokens are compared with `hmac.compare_digest` against every
+- The agent token (`--agent-token-file`) is the fleet's shared secret. As a
+  bearer token it is what standalone routers present: it may follow the watch
+  streams, report usage and wake models, but not apply a catalog, read status,
+  or act as a node.
+- A node authenticates as *itself* with a node token,
+  `llmgwn.<node>.<hex HMAC-SHA256(agent secret, "node:" + node)>`, minted by the
+  operator (`llmgwctl token node NAME --agent-token-file F`, see `node_token`).
+  The controller keeps no database, so it verifies one by recomputing the MAC
+  for the node the token names: nothing to store, nothing to sync, and a
+  stolen node token speaks for that one node only. It is good on
+  `/api/v1/agents/{node}/...` of its own node and nowhere else; for another
+  node it gets 403 saying whose token it is. The plain agent token there gets
+  403 too, with how to mint the node token: it used to be accepted, and a
+  silent 401 would leave an operator upgrading a fleet guessing. Revoking one
+  node means rotating the agent secret (every node token changes with it).
+- The admin token works on every route, the agents' included.
+- The scheme is case-insensitive (RFC 9110 11.1): `bearer x` is `Bearer x`.
+- A missing or wrong token gets 401 (a token not good for its node 403)
+  before any handler runs, so it changes nothing. Tokens are compared with `hmac.compare_digest` against every
   configured token (no early exit that would tell which one nearly matched),
   and are never logged: a refusal logs the route, the address and whether a
   token was sent at all.
 
-It must not know what the routes do; `FLEET_PREFIXES` names the ones agents
-and routers use.
+It must not know what the routes do; `ROUTER_PREFIXES` and `NODE_PREFIX` name
+the ones routers and agents use.
 """
 from __future__ import annotations
 
@@ -30,6 +43,7 @@ import ipaddress
 import logging
 import os
 import stat
+from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from aiohttp import web
@@ -39,9 +53,14 @@ from .errors import ControlError
 log = logging.getLogger("llmgw.control.auth")
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
-# Routes an agent or a standalone router calls: reports, the desired long-poll,
-# the watch streams and wake.
-FLEET_PREFIXES = ("/api/v1/agents/", "/api/v1/watch/", "/api/v1/wake")
+# Routes a standalone router calls with the agent token: the watch streams,
+# its usage reports (idle stop and drain count its traffic) and wake.
+ROUTER_PREFIXES = ("/api/v1/watch/", "/api/v1/wake", "/api/v1/usage")
+# `/api/v1/agents/{node}/...`: reports and the desired long-poll, one node's each.
+NODE_PREFIX = "/api/v1/agents/"
+# Every route an agent or a router may call (kept for readers of the old name).
+FLEET_PREFIXES = (NODE_PREFIX, *ROUTER_PREFIXES)
+NODE_TOKEN_PREFIX = "llmgwn."
 # Shorter than this is guessable by someone who can reach the port and try; 16
 # characters of `openssl rand -hex 32` output are already 64 bits.
 MIN_TOKEN_LENGTH = 16
@@ -87,6 +106,47 @@ def read_token_file(path: str | os.PathLike, option: str = "--token-file") -> st
     return token
 
 
+def check_node_name(node: str) -> None:
+    """TokenError unless `node` can be a node's name: one URL path segment, printable, no spaces."""
+    if not node or len(node) > 253 or any(c in node for c in "/\\?#%") or not node.isprintable() \
+            or any(c.isspace() for c in node):
+        raise TokenError(f"{node!r} cannot be a node name: use letters, digits, '.', '-' or '_' "
+                         "(a host name is what --node defaults to)")
+
+
+def _node_mac(secret: bytes, node: str) -> str:
+    # "node:" keeps these MACs apart from any other use of the secret later
+    # (another kind of token signed with it cannot pass for a node token).
+    return hmac.new(secret, b"node:" + node.encode("utf-8", "surrogateescape"), "sha256").hexdigest()
+
+
+def node_token(agent_secret: str, node: str) -> str:
+    """The token that lets an agent act as `node`: `llmgwn.<node>.<hex MAC>`."""
+    check_node_name(node)
+    return f"{NODE_TOKEN_PREFIX}{node}.{_node_mac(agent_secret.encode(), node)}"
+
+
+def _split_bearer(authorization: str | None) -> bytes | None:
+    if not authorization:
+        return None
+    scheme, _, value = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        return None
+    return value.strip().encode("utf-8", "surrogateescape")
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a request may not run: 401 (no credential good here) or 403 (a good one, not for this)."""
+
+    status: int
+    message: str
+
+
+_NEED_TOKEN = Refusal(401, "a valid token is required: send 'Authorization: Bearer <token>' "
+                           "(llmgwctl reads it from $LLMGW_TOKEN or $LLMGW_TOKEN_FILE)")
+
+
 class ControlAuth:
     """The tokens in force. `admin=None` means no authentication at all (loopback only)."""
 
@@ -101,18 +161,54 @@ class ControlAuth:
     def enabled(self) -> bool:
         return self._admin is not None
 
-    def allowed(self, path: str, authorization: str | None) -> bool:
+    def allowed(self, path: str, authorization: str | None, node: str | None = None) -> bool:
+        return self.check(path, authorization, node) is None
+
+    def check(self, path: str, authorization: str | None, node: str | None = None) -> Refusal | None:
+        """None when the request may run; else what to answer.
+
+        `node` is the `{node}` of an `/api/v1/agents/{node}/...` route (the
+        router's match, already decoded); without it the path's own segment is used.
+        """
         if self._admin is None or path in OPEN_PATHS:
-            return True
-        if not authorization or not authorization.startswith("Bearer "):
-            return False
-        presented = authorization[7:].strip().encode("utf-8", "surrogateescape")
+            return None
+        presented = _split_bearer(authorization)
+        if presented is None:
+            return _NEED_TOKEN
         # Both comparisons always run: which token nearly matched must not show in the timing.
         admin_ok = hmac.compare_digest(presented, self._admin)
         agent_ok = self._agent is not None and hmac.compare_digest(presented, self._agent)
         if admin_ok:
-            return True
-        return agent_ok and path.startswith(FLEET_PREFIXES)
+            return None
+        if path.startswith(NODE_PREFIX):
+            target = node if node is not None else path[len(NODE_PREFIX):].split("/", 1)[0]
+            if agent_ok:
+                return Refusal(403, "the agent token cannot act as a node: give each agent its own node token "
+                                    f"(llmgwctl token node {target or 'NAME'} --agent-token-file FILE) "
+                                    "in its --token-file")
+            claimed = self._node_of(presented)
+            if claimed is None:
+                return _NEED_TOKEN
+            if claimed != target:
+                return Refusal(403, f"this is node {claimed!r}'s token; it may not report or read node "
+                                    f"{target!r} (each agent reports as the node its token names)")
+            return None
+        if agent_ok and path.startswith(ROUTER_PREFIXES):
+            return None
+        return _NEED_TOKEN
+
+    def _node_of(self, presented: bytes) -> str | None:
+        """The node a well-formed, genuine node token names; None for anything else."""
+        if self._agent is None or not presented.startswith(NODE_TOKEN_PREFIX.encode()):
+            return None
+        node_b, _, mac = presented[len(NODE_TOKEN_PREFIX):].rpartition(b".")
+        try:
+            node = node_b.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if not node or not hmac.compare_digest(mac, _node_mac(self._agent, node).encode()):
+            return None
+        return node
 
     def middleware(self, count: Callable[[str, int], None] = lambda route, code: None):
         """aiohttp middleware: 401 before the handler when the token is missing or wrong; counts every request."""
@@ -122,16 +218,17 @@ class ControlAuth:
             resource = request.match_info.route.resource
             route = resource.canonical if resource is not None else "unmatched"
             header = request.headers.get("Authorization")
-            if not self.allowed(request.path, header):
+            refusal = self.check(request.path, header, request.match_info.get("node"))
+            if refusal is not None:
                 log.warning("refused %s %s from %s: %s", request.method, request.path, request.remote,
-                            "no bearer token" if not header else "wrong token",
+                            "no bearer token" if not header else
+                            "wrong token" if refusal.status == 401 else "token not good for this route",
                             extra={"event": "control-unauthorized"})
-                count(route, 401)
-                return web.json_response(
-                    {"error": {"message": "a valid token is required: send 'Authorization: Bearer <token>' "
-                                           "(llmgwctl reads it from $LLMGW_TOKEN or $LLMGW_TOKEN_FILE)",
-                               "type": "authentication_error", "code": 401}},
-                    status=401, headers={"WWW-Authenticate": "Bearer"})
+                count(route, refusal.status)
+                kind = "authentication_error" if refusal.status == 401 else "permission_error"
+                return web.json_response({"error": {"message": refusal.message, "type": kind, "code": refusal.status}},
+                                         status=refusal.status,
+                                         headers={"WWW-Authenticate": "Bearer"} if refusal.status == 401 else None)
             try:
                 resp = await handler(request)
             except web.HTTPException as exc:

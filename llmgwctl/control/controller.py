@@ -15,7 +15,7 @@ from typing import Any, Callable
 from ..catalog import Catalog, Live
 from ..catalog.watcher import CatalogWatcher
 from ..contracts import CatalogStatus, ControlStatus
-from ..inventory import Inventory
+from ..inventory import ConflictError, Inventory
 from ..reconciler import DesiredStore, Reconciler
 from ..reconciler import run as run_reconciler
 from .broadcast import Broadcast
@@ -72,7 +72,13 @@ class Controller:
         self.wake_event.set()
 
     def agent_reported(self, node: str, body: dict) -> None:
-        _, came_back = self.inventory.report(node, body)
+        """Take a report (ReportError if malformed, ConflictError if another agent speaks for the node)."""
+        try:
+            _, came_back = self.inventory.report(node, body)
+        except ConflictError as exc:
+            if exc.first:
+                self.reconciler.event("node-conflict", str(exc))
+            raise
         if came_back:
             self.reconciler.event("node-back", f"node {node} reports again")
         self.wake_event.set()

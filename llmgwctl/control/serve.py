@@ -11,9 +11,10 @@ nothing and wait for its engines to stop (bounded), then the rest. Engines of
 remote agents are left running: a restarted controller adopts them.
 
 Security (see `auth`): the control API refuses to bind beyond loopback without
-a token; with one, the local agent presents the agent token (or the admin
-token). Router API keys (`api_keys`) are loaded before the router listens, so
-it never serves a moment open, and followed for edits.
+a token; with one, the local agent presents its node's token (minted from the
+agent token; the admin token when there is none). Router API keys
+(`api_keys`) are loaded before the router listens, so it never serves a
+moment open, and followed for edits.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from aiohttp import web
 from ..observability.metrics import ControlMetrics
 from ..httpserver import MAX_CONNECTIONS_PER_CLIENT, ConnectionGuard, bound_port, server_options
 from .api import ControlAPI
-from .auth import ControlAuth, check_bind
+from .auth import ControlAuth, check_bind, node_token
 from .controller import Controller
 from .errors import ControlError
 
@@ -72,7 +73,7 @@ class ServeConfig:
     tick: float | None = None
     stop_engines_on_exit: bool = True
     token: str | None = None                # the control API's admin token; None: open, loopback only
-    agent_token: str | None = None          # a token that may only report, follow and wake
+    agent_token: str | None = None          # routers' token (watch, usage, wake) and the secret node tokens are signed with
     api_keys: str | None = None             # the router's API key file; None: the router is open
     router: "RouterConfig | None" = None    # the data plane's knobs (access log included); None: the defaults
 
@@ -146,14 +147,21 @@ class Server:
         self._tasks.append(asyncio.create_task(self.controller.run(self.stop_event, self.cfg.tick), name="controller"))
 
     async def _run_local_agent(self) -> None:
+        from ..agent.errors import StateLockedError
         from ..agent.ports import PortRange
         from ..agent.run import AgentConfig, run_agent
 
         host = self.cfg.control[0] if self.cfg.control[0] not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        # In-process, but it speaks the agent protocol like any other agent: as
+        # its node, with the node token the agent secret mints for it.
+        token = node_token(self.cfg.agent_token, self.cfg.node) if self.cfg.agent_token else self.cfg.token
         cfg = AgentConfig(node=self.cfg.node, state_dir=Path(self.cfg.state_dir), ports=PortRange.parse(self.cfg.ports),
                           gpus=self.cfg.gpus, pools=tuple(self.cfg.pools),
-                          controller=f"http://{host}:{self.control_port}", token=self.cfg.agent_token or self.cfg.token)
-        await run_agent(cfg, self._agent_stop)
+                          controller=f"http://{host}:{self.control_port}", token=token)
+        try:
+            await run_agent(cfg, self._agent_stop)
+        except StateLockedError as exc:
+            log.error("no local agent: %s", exc)
 
     async def stop(self) -> None:
         router_runner = self._runners[0] if self._runners else None

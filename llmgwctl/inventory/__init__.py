@@ -4,6 +4,10 @@ Owns the controller's picture of the fleet, fed only by agent reports: each
 node's pools, GPUs, the engines its agent can run, the replicas it reports, and
 when it last reported. A node that misses reports becomes `unreachable`.
 
+It also holds which agent process speaks for each node (see `Inventory.report`
+and `ConflictError`): one at a time, so two agents started with the same
+`--node` cannot both be given the node's replicas.
+
 It must not know about catalogs, placement or the router; it is plain state
 with an injected clock, so heartbeat timeouts are tested without sleeping.
 What a report holds, and how it is parsed, is the contract's
@@ -38,10 +42,38 @@ class Node:
     reports: int = 0
     reachable: bool = True
     unreachable_since: float | None = None
+    # The agent process that speaks for this node (its report's instance_id)
+    # and the last other one refused, for status.
+    instance_id: str = ""
+    conflict: "Refusal | None" = None
 
     @property
     def available_engines(self) -> frozenset[str]:
         return frozenset(n for n, (ok, _) in self.engines.items() if ok)
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The last agent process refused a node (for `llmgwctl status` and for one event per claimant)."""
+
+    instance: str
+    message: str
+    at: float
+
+
+class ConflictError(ReportError):
+    """A second agent process claims a node another one speaks for; the agent gets a 409 with this text.
+
+    A ReportError, because it refuses the report; raised here, not in the
+    contract, because whether a report may speak for its node depends on the
+    reports before it. Retrying helps once the node's agent is gone: the claim
+    is taken over when the node is unreachable (its agent stopped reporting).
+    """
+
+    def __init__(self, message: str, node: str, instance: str, first: bool):
+        super().__init__(message)
+        self.node, self.instance = node, instance
+        self.first = first          # the first refusal of this instance: worth an event
 
 
 class Inventory:
@@ -62,7 +94,9 @@ class Inventory:
         node = self._nodes.get(node_name)
         if node is None:
             node = self._nodes[node_name] = Node(node_name, first_seen=now)
+        self._claim(node, report, now)
         came_back = not node.reachable
+        node.instance_id = report.instance_id
         node.boot_id = report.boot_id
         node.pools, node.gpus = frozenset(report.pools), report.gpus
         node.engines = report.engines
@@ -72,6 +106,56 @@ class Inventory:
         node.reports += 1
         node.reachable, node.unreachable_since = True, None
         return node, came_back
+
+    def _claim(self, node: Node, report: AgentReport, now: float) -> None:
+        """ConflictError unless the agent process that sent `report` may speak for `node` now.
+
+        The one that holds it may; so may any once the node is unreachable (its
+        agent stopped reporting: crashed, stopped, or its machine is gone); and
+        so may the holder's own successor -- an agent restarted on the same
+        machine before the node timed out -- which proves it is one by sending
+        the holder's instance id, read from the state directory the holder
+        wrote (`previous_instance_id`), and the same machine boot id. Two
+        agents cannot share a state directory at once (the agent locks it), so
+        a live holder is never displaced by a second agent.
+        """
+        holder, instance = node.instance_id, report.instance_id
+        # Nothing to compare when either side has no instance: a report built
+        # without one (an old agent's boot_id already stands in for it, see
+        # contracts.report), or the node's first report.
+        if not holder or not instance or instance == holder:
+            return
+        if (not self._reachable_now(node, now)
+                or (report.previous_instance_id == holder and report.boot_id and report.boot_id == node.boot_id)):
+            node.conflict = None      # taken over: whatever was refused before is this agent now
+            return
+        # One event per claimant, not one per heartbeat it keeps trying.
+        last = node.conflict
+        first = last is None or last.instance != instance or now - last.at > self.unreachable_after
+        message = (f"node {node.name!r} already has a running agent (instance {holder[:12]}, last report "
+                   f"{now - node.last_seen:.1f}s ago); this agent (instance {instance[:12]}) is refused until "
+                   f"that one stops reporting for {self.unreachable_after:.0f}s. Two agents with the same "
+                   "--node would run the same replicas twice: give each machine its own --node")
+        node.conflict = Refusal(instance, message, now)
+        raise ConflictError(message, node.name, instance, first)
+
+    def conflict(self, node: Node) -> str | None:
+        """What was last refused for `node`, while the refused agent is still trying; else None."""
+        if node.conflict is None or self._clock() - node.conflict.at > self.unreachable_after:
+            return None
+        return node.conflict.message
+
+    def _reachable_now(self, node: Node, now: float) -> bool:
+        # Not only the flag check() sets once a pass: a holder silent for the
+        # timeout has lost its claim even if no pass has run since.
+        return node.reachable and now - node.last_seen <= self.unreachable_after
+
+    def holder(self, name: str) -> str | None:
+        """The instance id of the agent process speaking for node `name`, None if none (or unreachable)."""
+        node = self._nodes.get(name)
+        if node is None or not node.instance_id or not self._reachable_now(node, self._clock()):
+            return None
+        return node.instance_id
 
     def check(self) -> list[Node]:
         """Mark nodes that missed their reports unreachable; returns the ones that just became so."""

@@ -115,6 +115,8 @@ class Reconciler:
         # Ids of replicas given up on (their node was lost too long): if the node
         # comes back still running them, they are not adopted again but stopped.
         self._forgotten: set[str] = set()
+        # (replica id, node) pairs already said to be claimed by a second node.
+        self._double_claims: set[tuple[str, str]] = set()
         self._scale: dict[str, _ModelScale] = {}
         self.unplaceable: dict[str, str] = {}
         self.events: collections.deque[Event] = collections.deque(maxlen=EVENTS)
@@ -190,6 +192,9 @@ class Reconciler:
                 continue
             for rep in node.replicas.values():
                 rec = self.replicas.get(rep.id)
+                if rec is not None and rec.node != node.name:
+                    self._claimed_twice(rec, node.name)
+                    continue
                 if rec is None:
                     rec = self._adopt(catalog, node, rep, now)
                     if rec is None:
@@ -213,6 +218,16 @@ class Reconciler:
                     del self.replicas[rid]
             if self.desired.get(node.name) is None and self.settled:
                 self.desired.set(node.name, ())
+
+    def _claimed_twice(self, rec: Replica, other: str) -> None:
+        # A replica id is handed to one node once and never reused, so another
+        # node reporting it is a copied state directory or a second agent: the
+        # record stays with the node it was adopted on or placed on, and the
+        # claim is said once (not per pass) in the events.
+        if (rec.spec.id, other) not in self._double_claims:
+            self._double_claims.add((rec.spec.id, other))
+            self.event("replica-conflict", f"{rec.spec.id} is reported by node {other} too, but runs on "
+                       f"{rec.node}; not adopted twice (is a state directory shared or copied?)")
 
     def _adopt(self, catalog: Catalog, node: Node, rep: ReportedReplica, now: float) -> Replica | None:
         """A replica an agent runs that we have no record of: keep it if the catalog still has a place for it."""
@@ -451,6 +466,7 @@ class Reconciler:
                 engines=tuple(sorted(node.available_engines)),
                 engines_missing={n: why for n, (ok, why) in sorted(node.engines.items()) if not ok},
                 last_seen_seconds=round(now - node.last_seen, 1), reports=node.reports,
+                conflict=self.inventory.conflict(node),
             ))
         return FleetStatus(settled=self.settled, passes=self.passes, models=tuple(models),
                            replicas=tuple(replicas), nodes=tuple(nodes), events=tuple(self.events))

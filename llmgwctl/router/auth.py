@@ -99,7 +99,8 @@ class ApiKeys:
 
     def lookup(self, authorization: str | None) -> ApiKey | None:
         """The key behind an `Authorization: Bearer ...` header value, or None."""
-        if not authorization or not authorization.startswith("Bearer "):
+        # The scheme is case-insensitive (RFC 9110 11.1): "bearer KEY" is "Bearer KEY".
+        if not authorization or authorization[:7].lower() != "bearer ":
             return None
         secret = authorization[7:].strip()
         if not secret:

@@ -27,8 +27,10 @@ def test_agent_follows_the_controller(tmp_path, agents, controller, port_range):
 
     # Nothing desired yet: the agent polls from version 0 and reports an empty node.
     wait_until(lambda: controller.polls, "a first long-poll")
-    assert controller.polls[0] == {"after": "0"}
     report = wait_until(controller.latest, "a first report")
+    # Each poll says which agent process asks: the controller answers only the one speaking for the node.
+    instance = report["instance_id"]
+    assert instance and controller.polls[0] == {"after": "0", "instance": instance}
     assert report["replicas"] == [] and report["gpus"] == []
     assert controller.report_headers[0]["Authorization"] == "Bearer s3cret"
 
@@ -37,7 +39,7 @@ def test_agent_follows_the_controller(tmp_path, agents, controller, port_range):
     report = latest_with(controller, lambda reps: reps.get("a", {}).get("state") == "ready", "a ready")
     a = replicas_by_id(report)["a"]
     assert a["profile"] == "cpu" and a["gpu_indices"] == []
-    wait_until(lambda: {"after": str(first)} in controller.polls, "a poll after the first version")
+    wait_until(lambda: {"after": str(first), "instance": instance} in controller.polls, "a poll after the first version")
 
     # The next version: a second replica joins, the first is untouched.
     controller.set_desired(NODE, [spec("a", "m-a"), spec("b", "m-b")])

@@ -17,7 +17,8 @@ from openai import OpenAI
 from ..support import wait_until
 from .harness import environ_of, group_alive, replicas_by_id, write_desired
 
-REPORT_KEYS = {"node", "boot_id", "agent_version", "pools", "engines", "gpus", "replicas", "advertise_host"}
+REPORT_KEYS = {"node", "boot_id", "instance_id", "previous_instance_id", "agent_version", "pools", "engines", "gpus",
+               "replicas", "advertise_host"}
 REPLICA_KEYS = {"id", "spec_hash", "model", "profile", "engine", "gpu_indices", "port", "pid", "state",
                 "restarts", "last_exit", "last_log", "url"}
 
@@ -29,11 +30,11 @@ NOPE = {"id": "r3", "model": "m-three", "engine": "mylmdeploy", "gpus": 1,
         "command": ["no-such-llmgw-test-engine", "--port", "{port}"]}
 
 
-def ready(controller, ids, boot_id=None):
-    """The latest report, if it shows every id ready (from the given agent run)."""
+def ready(controller, ids, instance_id=None):
+    """The latest report, if it shows every id ready (from an agent run other than `instance_id`)."""
     def check():
         report = controller.latest()
-        if report is None or (boot_id and report["boot_id"] == boot_id):
+        if report is None or (instance_id and report["instance_id"] == instance_id):
             return None
         reps = replicas_by_id(report)
         return report if all(reps.get(i, {}).get("state") == "ready" for i in ids) else None
@@ -63,7 +64,7 @@ def test_agent_from_a_desired_file(tmp_path, agents, controller, port_range):
     assert reps["r1"]["port"] != reps["r2"]["port"]
     assert environ_of(reps["r1"]["pid"])["CUDA_VISIBLE_DEVICES"] == "0"
     assert environ_of(reps["r2"]["pid"])["CUDA_VISIBLE_DEVICES"] == "1"
-    boot1 = report["boot_id"]
+    first_run = report["instance_id"]
 
     # -- one of them answers a streaming chat request -------------------------------
     client = OpenAI(base_url=reps["r1"]["url"] + "/v1", api_key="unused", timeout=30)
@@ -95,7 +96,10 @@ def test_agent_from_a_desired_file(tmp_path, agents, controller, port_range):
     agent.sigkill()
     assert all(os.path.exists(f"/proc/{pid}") for pid in pids.values())
     agent = agents(*args)
-    report = wait_until(ready(controller, ["r1", "r2"], boot_id=boot1), "the restarted agent reports both ready")
+    report = wait_until(ready(controller, ["r1", "r2"], instance_id=first_run), "the restarted agent reports both ready")
+    # It names the run before it (read from the state directory), so the
+    # controller took its report at once instead of refusing a second agent.
+    assert report["previous_instance_id"] == first_run
     reps = replicas_by_id(report)
     assert {i: r["pid"] for i, r in reps.items()} == pids, "adopted, not restarted"
     assert reps["r1"]["restarts"] == 1 and reps["r2"]["restarts"] == 0

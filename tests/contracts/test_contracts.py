@@ -23,7 +23,10 @@ def wire_replica(**over):
 
 
 def wire_report(**over):
-    doc = {"node": "n1", "boot_id": "b", "agent_version": "0", "pools": ["l4"],
+    # As an agent sends it since node identities (issue 13): instance_id and
+    # previous_instance_id beside the machine's boot_id.
+    doc = {"node": "n1", "instance_id": "i-2", "boot_id": "b", "previous_instance_id": "i-1",
+           "agent_version": "0", "pools": ["l4"],
            "engines": {"fake": {"available": True, "reason": ""}, "vllm": {"available": False, "reason": "pip it"}},
            "gpus": [{"index": 0, "uuid": "GPU-0", "name": "L4-24GB", "memory_mib": 24576}],
            "replicas": [wire_replica()], "advertise_host": "127.0.0.1"}
@@ -49,6 +52,19 @@ def test_a_report_round_trips_unchanged_on_the_wire():
     assert (ok, why) == (False, "pip it")
     rep = report.replicas[0]
     assert rep.state is ReplicaState.READY and rep.spec == spec() and rep.gpu_indices == (0,)
+
+
+def test_a_report_says_which_agent_process_speaks_for_the_node():
+    report = AgentReport.from_dict(wire_report(), node="n1")
+    assert (report.instance_id, report.boot_id, report.previous_instance_id) == ("i-2", "b", "i-1")
+
+
+def test_an_agent_before_instance_ids_is_known_by_its_per_start_boot_id():
+    # Such an agent sent a boot_id new on every start: that is what an instance is.
+    doc = wire_report()
+    del doc["instance_id"], doc["previous_instance_id"]
+    report = AgentReport.from_dict(doc, node="n1")
+    assert (report.instance_id, report.previous_instance_id) == ("b", "")
 
 
 def test_a_minimal_report_takes_the_defaults():

@@ -12,12 +12,13 @@ import requests
 from click.testing import CliRunner
 
 from llmgwctl.cli import main as cli_main
-from llmgwctl.control.auth import ControlAuth, TokenError, check_bind, is_loopback, read_token_file
+from llmgwctl.control.auth import ControlAuth, TokenError, check_bind, is_loopback, node_token, read_token_file
 from tests.e2e.fleet import Fleet, wait_until
 
 ADMIN = "admin-" + "1f" * 16
 AGENT = "agent-" + "2e" * 16
 WRONG = "wrong-" + "3d" * 16
+GOOD_NODE = node_token(AGENT, "tok-good")      # agents authenticate as their node
 
 CATALOG = """\
 apiVersion: llmgw/v1
@@ -45,7 +46,8 @@ def fleet(tmp_path_factory):
     root = tmp_path_factory.mktemp("tok-fleet")
     fleet = Fleet(root)
     (fleet.catalogs / "models.yaml").write_text(CATALOG)
-    for name, token in (("admin.token", ADMIN), ("agent.token", AGENT), ("wrong.token", WRONG)):
+    for name, token in (("admin.token", ADMIN), ("agent.token", AGENT), ("wrong.token", WRONG),
+                        ("tok-good.token", GOOD_NODE)):
         (root / name).write_text(token + "\n")
         os.chmod(root / name, 0o600)
     try:
@@ -113,7 +115,7 @@ def test_the_admin_token_applies_a_catalog(fleet):
 
 
 def test_agents_with_their_token_join_and_with_a_wrong_one_do_not(fleet):
-    start_agent(fleet, "tok-good", "agent.token")
+    start_agent(fleet, "tok-good", "tok-good.token")
     start_agent(fleet, "tok-bad", "wrong.token")
     wait_until(lambda: any(n["name"] == "tok-good" and n["reports"] >= 3 for n in status(fleet)["nodes"]),
                "the agent with the agent token to report three times")
@@ -143,7 +145,7 @@ def test_tokens_never_reach_the_logs(fleet):
     # Runs after the refusals above: they were logged, the tokens were not.
     text = "".join(fleet.log(name) for name in ("controller", "agent-tok-good", "agent-tok-bad", "router-0"))
     assert "refused" in text
-    for token in (ADMIN, AGENT, WRONG):
+    for token in (ADMIN, AGENT, WRONG, GOOD_NODE):
         assert token not in text
 
 
@@ -175,11 +177,19 @@ def test_token_files_must_hold_a_real_token(tmp_path):
         ControlAuth(None, AGENT)
 
 
-def test_the_agent_token_is_good_only_on_fleet_routes():
+def test_the_agent_token_is_good_only_on_router_routes_and_a_node_token_on_its_node():
+    # Changed on purpose (issue 13): the agent token no longer acts as any node.
     auth = ControlAuth(ADMIN, AGENT)
-    for path in ("/api/v1/agents/n1/report", "/api/v1/agents/n1/desired", "/api/v1/watch/endpoints", "/api/v1/wake"):
+    node = node_token(AGENT, "n1")
+    for path in ("/api/v1/agents/n1/report", "/api/v1/agents/n1/desired"):
+        assert auth.allowed(path, f"Bearer {node}") and auth.allowed(path, f"Bearer {ADMIN}")
+        assert auth.check(path, f"Bearer {AGENT}").status == 403
+        assert not auth.allowed(path, f"Bearer {WRONG}") and not auth.allowed(path, None)
+    for path in ("/api/v1/watch/endpoints", "/api/v1/wake", "/api/v1/usage"):
         assert auth.allowed(path, f"Bearer {AGENT}") and auth.allowed(path, f"Bearer {ADMIN}")
+        assert not auth.allowed(path, f"Bearer {node}")
         assert not auth.allowed(path, f"Bearer {WRONG}") and not auth.allowed(path, None)
     for path in ("/api/v1/status", "/api/v1/catalog", "/metrics"):
-        assert not auth.allowed(path, f"Bearer {AGENT}") and auth.allowed(path, f"Bearer {ADMIN}")
+        assert not auth.allowed(path, f"Bearer {AGENT}") and not auth.allowed(path, f"Bearer {node}")
+        assert auth.allowed(path, f"Bearer {ADMIN}")
     assert ControlAuth().allowed("/api/v1/catalog", None)        # loopback without a token: open
