@@ -571,7 +571,9 @@ def _schema_errors(document: dict) -> list[tuple[tuple, str]]:
     out: list[tuple[tuple, str]] = []
     for error in _validator().iter_errors(document):
         out.extend(_explain(error))
-    return out
+    # Once each: jsonschema raises one `required` error per missing field,
+    # and each is explained as every field that mapping lacks.
+    return list(dict.fromkeys(out))
 
 
 def _explain(error) -> list[tuple[tuple, str]]:
