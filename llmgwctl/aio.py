@@ -60,7 +60,7 @@ def run(main: Coroutine[object, object, T]) -> T:
     return uvloop.run(main)
 
 
-async def follow_file(path: str | os.PathLike, stop: asyncio.Event, *, recheck: float | None = None,
+async def follow_file(path: str | os.PathLike[str], stop: asyncio.Event, *, recheck: float | None = None,
                       step_ms: int = STEP_MS, debounce_ms: int = DEBOUNCE_MS,
                       force_polling: bool = False) -> AsyncIterator[None]:
     """Yield each time `path` may have changed -- written, created, replaced, removed -- until `stop` is set.
@@ -78,8 +78,10 @@ async def follow_file(path: str | os.PathLike, stop: asyncio.Event, *, recheck: 
     import watchfiles
 
     directory, name = os.path.split(os.path.abspath(os.fspath(path)))
-    extra = {} if recheck is None else {"rust_timeout": max(1, int(recheck * 1000)), "yield_on_timeout": True}
+    # rust_timeout=None is awatch's own default (wait for an event or stop only).
+    timeout_ms = None if recheck is None else max(1, int(recheck * 1000))
     async for _ in watchfiles.awatch(directory, watch_filter=lambda change, p: os.path.basename(p) == name,
                                      step=step_ms, debounce=debounce_ms, stop_event=stop, recursive=False,
-                                     force_polling=force_polling, **extra):
+                                     force_polling=force_polling, rust_timeout=timeout_ms,
+                                     yield_on_timeout=recheck is not None):
         yield

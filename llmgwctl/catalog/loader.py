@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence, cast
 
 import yaml
 
@@ -120,7 +120,7 @@ def is_catalog_file(name: str) -> bool:
     return name.endswith(SUFFIXES) and not name.startswith((".", "#"))
 
 
-def catalog_files(directory: str | os.PathLike) -> list[str]:
+def catalog_files(directory: str | os.PathLike[str]) -> list[str]:
     """The files of a catalog directory, sorted so errors and merges come in a stable order."""
     with os.scandir(directory) as entries:
         return sorted(os.path.normpath(os.path.join(directory, e.name)) for e in entries if is_catalog_file(e.name))
@@ -160,7 +160,7 @@ class FileCache:
             del self._entries[path]
 
 
-def load_dir(directory: str | os.PathLike, cache: FileCache | None = None, *,
+def load_dir(directory: str | os.PathLike[str], cache: FileCache | None = None, *,
              limits: Limits = DEFAULT_LIMITS, replace: Mapping[str, bytes] | None = None) -> Catalog:
     """The catalog a directory holds; CatalogError with every problem if it is not valid.
 
@@ -170,7 +170,7 @@ def load_dir(directory: str | os.PathLike, cache: FileCache | None = None, *,
     return load_paths([directory], cache=cache, limits=limits, replace=replace)
 
 
-def load_paths(paths: Sequence[str | os.PathLike], cache: FileCache | None = None, *,
+def load_paths(paths: Sequence[str | os.PathLike[str]], cache: FileCache | None = None, *,
                limits: Limits = DEFAULT_LIMITS, replace: Mapping[str, bytes] | None = None) -> Catalog:
     """One catalog from files and directories together (their union, as a directory's files are)."""
     files: list[tuple[str, str | None]] = []   # (path, the directory its links must stay in, or None)
@@ -179,7 +179,7 @@ def load_paths(paths: Sequence[str | os.PathLike], cache: FileCache | None = Non
     for path in paths:
         path = os.fspath(path)
         if os.path.isdir(path):
-            root = os.path.realpath(path)
+            real = os.path.realpath(path)
             names = {os.path.basename(f) for f in catalog_files(path)}
             listed = [os.path.normpath(os.path.join(path, n)) for n in sorted(names | set(replace))]
             if not listed:
@@ -187,7 +187,7 @@ def load_paths(paths: Sequence[str | os.PathLike], cache: FileCache | None = Non
                 # (a bad `git rm`, a half-done sync) must not tear down every model.
                 problems.append(Problem(path, (), "holds no *.yaml or *.yml catalog file: write one, or point "
                                                   "llmgw at the directory that holds them"))
-            files.extend((f, root) for f in listed)
+            files.extend((f, real) for f in listed)
         elif os.path.exists(path):
             files.append((path, None))
         elif os.path.islink(path):
@@ -370,11 +370,11 @@ def _load_file(file: str, data: bytes, limits: Limits = DEFAULT_LIMITS, node_bud
         line = data.count(b"\n", 0, exc.start) + 1
         col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
         return _FileResult(problems=(Problem(file, (), f"not UTF-8: byte 0x{data[exc.start]:02x} cannot be decoded; save the file as UTF-8", line, col),))
-    bad = _NON_PRINTABLE.search(text)
-    if bad:
-        code = ord(bad.group())
-        line = text.count("\n", 0, bad.start()) + 1
-        col = bad.start() - (text.rfind("\n", 0, bad.start()) + 1) + 1
+    control = _NON_PRINTABLE.search(text)
+    if control:
+        code = ord(control.group())
+        line = text.count("\n", 0, control.start()) + 1
+        col = control.start() - (text.rfind("\n", 0, control.start()) + 1) + 1
         name = f" ({_CONTROL_NAMES[code]})" if code in _CONTROL_NAMES else ""
         return _FileResult(problems=(Problem(file, (), f"control character U+{code:04X}{name} is not allowed in YAML; "
                                                        "remove it (a binary file, or a paste gone wrong?)", line, col),))
@@ -477,10 +477,13 @@ def _measure(text: str, budget: int, max_depth: int) -> tuple[int, tuple[str, tu
         while loader.check_event():
             event = loader.get_event()
             if isinstance(event, yaml.AliasEvent):
-                if any(anchor == event.anchor for _, anchor in stack):
-                    return nodes, (f"alias *{excerpt(event.anchor)[1:-1]} refers to a node that contains it; "
+                # An alias always names its anchor (the scanner refuses a bare
+                # `*`); only the stubs' shared NodeEvent type allows None.
+                alias = cast(str, event.anchor)
+                if any(anchor == alias for _, anchor in stack):
+                    return nodes, (f"alias *{excerpt(alias)[1:-1]} refers to a node that contains it; "
                                    "a catalog cannot be recursive", _at_mark(event))
-                nodes += sizes.get(event.anchor, 1)
+                nodes += sizes.get(alias, 1)
             elif isinstance(event, yaml.ScalarEvent):
                 nodes += 1
                 if event.anchor:
@@ -526,7 +529,8 @@ def _walk(node: yaml.Node, path: tuple, positions: dict, found: list[tuple[tuple
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             _walk(item, path + (i,), positions, found)
-    elif node.tag == "tag:yaml.org,2002:float":
+    elif isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:float":
+        # (`!!float {a: 1}` is a mapping node with this tag: construct_document rejects it.)
         try:
             value = _CONSTRUCTOR.construct_yaml_float(node)
         except (ValueError, TypeError):
@@ -558,11 +562,18 @@ _JSON_TYPES = {"object": "a mapping", "array": "a list", "string": "a string", "
                "number": "a number", "boolean": "true or false", "null": "null"}
 
 
+def _json_type(name: str) -> str:
+    """How a message names a JSON Schema type; a type this table lacks is named as the schema spells it."""
+    return _JSON_TYPES.get(name, name)
+
+
 def _schema_errors(document: dict) -> list[tuple[tuple, str]]:
     out: list[tuple[tuple, str]] = []
     for error in _validator().iter_errors(document):
         out.extend(_explain(error))
-    return out
+    # Once each: jsonschema raises one `required` error per missing field,
+    # and each is explained as every field that mapping lacks.
+    return list(dict.fromkeys(out))
 
 
 def _explain(error) -> list[tuple[tuple, str]]:
@@ -576,12 +587,12 @@ def _explain(error) -> list[tuple[tuple, str]]:
         deeper = [e for e in error.context if e.validator != "type"]
         if deeper:
             return [x for e in deeper for x in _explain(e)]
-        types = [_JSON_TYPES.get(t, t) for e in error.context if e.validator == "type"
+        types = [_json_type(t) for e in error.context if e.validator == "type"
                  for t in (e.validator_value if isinstance(e.validator_value, list) else [e.validator_value])]
         return [(path, f"expected {' or '.join(dict.fromkeys(types))}, got {_kind(inst)}")]
     if v == "type":
         wanted = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
-        msg = f"expected {' or '.join(_JSON_TYPES.get(t, t) for t in wanted)}, got {_kind(inst)}"
+        msg = f"expected {' or '.join(_json_type(t) for t in wanted)}, got {_kind(inst)}"
         if "string" in wanted and isinstance(inst, (bool, int, float, type(None))) or hasattr(inst, "isoformat"):
             msg += "; quote it to make it a string"
         return [(path, msg)]
@@ -669,7 +680,8 @@ def _lenient_model(raw: Mapping[str, Any], origin: Origin, bad: list[tuple]) -> 
     aliases = raw.get("aliases") if fine("aliases") or isinstance(raw.get("aliases"), list) else []
     clean["aliases"] = [a if fine("aliases", i) and isinstance(a, str) else f"{stand_in}:{i}"
                         for i, a in enumerate(aliases if isinstance(aliases, list) else [])]
-    profiles = raw.get("profiles") if isinstance(raw.get("profiles"), list) else []
+    raw_profiles = raw.get("profiles")
+    profiles = raw_profiles if isinstance(raw_profiles, list) else []
     clean["profiles"] = [
         {k: v for k, v in p.items() if isinstance(k, str) and fine("profiles", j, k)}
         | {"name": p.get("name") if fine("profiles", j, "name") and isinstance(p.get("name"), str) else f"{stand_in}:{j}",

@@ -98,7 +98,7 @@ class Outcome:
 
 
 class CatalogWatcher:
-    def __init__(self, directory: str | os.PathLike, live: Live, *,
+    def __init__(self, directory: str | os.PathLike[str], live: Live, *,
                  wall_clock: Callable[[], float] = time.time,
                  step_ms: int = STEP_MS, debounce_ms: int = DEBOUNCE_MS, force_polling: bool = False,
                  quiet_ms: int = QUIET_MS, load_timeout: float = LOAD_TIMEOUT, limits: Limits = DEFAULT_LIMITS):

@@ -25,7 +25,7 @@ import signal
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -85,8 +85,12 @@ class Server:
         from ..router import Router, RouterConfig
 
         self.cfg = cfg
-        options = {k: v for k, v in (("settle", cfg.settle), ("drain_grace", cfg.drain_grace),
-                                     ("node_timeout", cfg.node_timeout), ("replace_after", cfg.replace_after)) if v is not None}
+        # Only what was set: an option left None keeps the reconciler's own default.
+        # Typed Any, as Controller's **reconciler_options are: mypy checks a
+        # **dict[str, float] against every keyword of Controller, its clocks too.
+        options: dict[str, Any] = {
+            k: v for k, v in (("settle", cfg.settle), ("drain_grace", cfg.drain_grace),
+                              ("node_timeout", cfg.node_timeout), ("replace_after", cfg.replace_after)) if v is not None}
         self.router = Router(waker=self, config=cfg.router or RouterConfig())
         self.controller = Controller(cfg.catalogs, router=self.router, **options)
         self.stop_event = asyncio.Event()       # stops the controller's loops: set last

@@ -53,7 +53,7 @@ def fake_argv(*, model: str, host: str, port: int, replica_id: str = "") -> tupl
 class FakeProcess:
     """A running fake engine started by `spawn()`. Stop it with `stop()` (also on failure)."""
 
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     host: str
     port: int
 
@@ -98,7 +98,7 @@ def spawn(model: str, *args: str, host: str = "127.0.0.1", timeout: float = 30.0
     return FakeProcess(proc, host, port)
 
 
-def _read_port(proc: subprocess.Popen, timeout: float, clock: Callable[[], float]) -> int:
+def _read_port(proc: subprocess.Popen[bytes], timeout: float, clock: Callable[[], float]) -> int:
     assert proc.stdout is not None
     deadline = clock() + timeout
     line = b""
@@ -107,7 +107,7 @@ def _read_port(proc: subprocess.Popen, timeout: float, clock: Callable[[], float
         while not line.endswith(b"\n"):
             left = deadline - clock()
             if left <= 0:
-                raise TimeoutError(f"fake engine did not report its port within {timeout:.0f}s: {proc.args}")
+                raise TimeoutError(f"fake engine did not report its port within {timeout:.0f}s: {proc.args!r}")
             if not sel.select(min(left, 0.5)):
                 if proc.poll() is not None:
                     break
@@ -117,7 +117,7 @@ def _read_port(proc: subprocess.Popen, timeout: float, clock: Callable[[], float
                 break
             line += chunk
     if not line.endswith(b"\n"):
-        raise RuntimeError(f"fake engine exited with {proc.wait()} before listening: {proc.args}")
+        raise RuntimeError(f"fake engine exited with {proc.wait()} before listening: {proc.args!r}")
     # "fake engine serving MODEL on http://HOST:PORT"
     return int(line.decode().rstrip().rsplit(":", 1)[1])
 

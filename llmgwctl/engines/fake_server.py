@@ -193,26 +193,26 @@ class FakeEngine:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, "text")
 
-    async def _gate(self, request: web.Request) -> tuple[dict[str, Any] | None, web.Response | None]:
-        """Common checks: loading, body, model, injected failure. Returns (body, error)."""
+    async def _gate(self, request: web.Request) -> dict[str, Any] | web.Response:
+        """Common checks: loading, body, model, injected failure. Returns the body, or the error to send."""
         if not self.ready():
-            return None, error_response(503, "The engine is still loading the model.", "ServiceUnavailableError")
+            return error_response(503, "The engine is still loading the model.", "ServiceUnavailableError")
         try:
             body = await self.read_body(request)
         except BadRequest as exc:
-            return None, error_response(400, str(exc), "BadRequestError", exc.param)
+            return error_response(400, str(exc), "BadRequestError", exc.param)
         wrong = self.check_model(body)
         if wrong is not None:
-            return None, wrong
+            return wrong
         if self.should_fail():
-            return None, error_response(500, f"injected failure (--fail-rate {self.config.fail_rate})",
-                                        "InternalServerError")
-        return body, None
+            return error_response(500, f"injected failure (--fail-rate {self.config.fail_rate})",
+                                  "InternalServerError")
+        return body
 
     async def _complete(self, request: web.Request, kind: str) -> web.StreamResponse:
-        body, error = await self._gate(request)
-        if error is not None:
-            return error
+        body = await self._gate(request)
+        if isinstance(body, web.Response):
+            return body
         try:
             gen = parse_generation(body, kind, model=self.config.model, replica=self.replica,
                                    natural=self.config.default_max_tokens)
@@ -237,7 +237,7 @@ class FakeEngine:
         if gen.kind == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
                       "logprobs": None, "finish_reason": gen.finish_reason, "stop_reason": None}
-            reply = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion"}
+            reply: dict[str, Any] = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion"}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": gen.finish_reason,
                       "stop_reason": None}
@@ -296,9 +296,9 @@ class FakeEngine:
         return response
 
     async def embeddings(self, request: web.Request) -> web.Response:
-        body, error = await self._gate(request)
-        if error is not None:
-            return error
+        body = await self._gate(request)
+        if isinstance(body, web.Response):
+            return body
         items = body.get("input")
         # OpenAI accepts a string, a list of strings, a token list, or a list of token lists.
         if isinstance(items, str) or (isinstance(items, list) and items and all(isinstance(x, int) for x in items)):

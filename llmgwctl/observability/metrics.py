@@ -73,7 +73,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client import ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from ..contracts import ControlStatus, ReplicaState
 
@@ -211,15 +211,16 @@ class _Family:
     def remove(self, *values: str) -> None:
         self.children.pop(values, None)
 
-    def collect(self):
+    def collect(self) -> Metric:
         if self.buckets is None:
-            fam = CounterMetricFamily(self.name, self.help, labels=self.labelnames)
+            counter = CounterMetricFamily(self.name, self.help, labels=self.labelnames)
             for values, child in list(self.children.items()):
-                fam.add_metric(values, child.value)
-            return fam
+                counter.add_metric(values, child.value)
+            return counter
         fam = HistogramMetricFamily(self.name, self.help, labels=self.labelnames)
         for values, child in list(self.children.items()):
-            cumulative, total = [], 0
+            cumulative: list[tuple[str, float]] = []
+            total = 0
             for bound, n in zip(self.buckets, child.counts):
                 total += n
                 cumulative.append((_le(bound), total))
@@ -237,10 +238,10 @@ class _LocalCollector:
     def __init__(self, families: list[_Family]):
         self.families = families
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []
 
-    def collect(self):
+    def collect(self) -> list[Metric]:
         return [f.collect() for f in self.families]
 
 
@@ -362,10 +363,10 @@ class _RouterCollector:
     def __init__(self, probe: RouterProbe):
         self.probe = probe
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []       # names are known only at collect time; nothing to check at register
 
-    def collect(self):
+    def collect(self) -> Iterable[Metric]:
         p = self.probe
         now = p.clock()
         inflight = GaugeMetricFamily("llmgw_router_inflight_requests", "Requests in flight per endpoint.",
@@ -432,10 +433,10 @@ class _ControlCollector:
     def __init__(self, status: Callable[[], ControlStatus]):
         self.status = status
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []
 
-    def collect(self):
+    def collect(self) -> Iterable[Metric]:
         s = self.status()
         cat, fleet = s.catalog, s.fleet
         yield CounterMetricFamily("llmgw_catalog_swaps", "Catalogs swapped in since start.", value=cat.swaps)
