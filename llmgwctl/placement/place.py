@@ -124,7 +124,9 @@ def place(catalog: Catalog, nodes: Sequence[NodeView], running: Sequence[Running
         if stop is not None:
             stops.append(stop)
         reason = explain.why(share.model)
-        unplaceable.extend(Unplaceable(share.model.name, reason) for _ in range(share.missing))
+        # One value repeated, not one built per replica: a catalog at its bounds
+        # can be 100,000 replicas short, and this runs on every pass.
+        unplaceable.extend([Unplaceable(share.model.name, reason)] * share.missing)
 
     stopped = {s.replica_id for s in stops}
     return Plan(start=tuple(starts), stop=tuple(stops),
