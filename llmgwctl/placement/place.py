@@ -24,6 +24,8 @@ The rules, in the order one pass applies them:
 6. Missing replicas are placed round-robin across models (every short model
    gets its next replica before any gets two more), each on its best profile
    that fits: see `Fleet.pick` for spread, best-fit and ties.
+   A node takes at most MAX_REPLICAS_PER_NODE replicas whatever their GPUs
+   (see `fleet`), so GPU-less profiles cannot pile without end on a few nodes.
 7. A replica that fits nowhere is reported once in `unplaceable`, with why.
 
 Applying a plan with no stops and placing again gives an empty plan. A plan
