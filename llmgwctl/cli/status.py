@@ -35,6 +35,22 @@ def _wrap(text: str) -> list[str]:
     return textwrap.wrap(text, width=100, initial_indent="  ", subsequent_indent="    ")
 
 
+def _degraded_loops(status: dict, now: float) -> list[str]:
+    """A line per supervised loop whose last pass failed (which, how often, when), then its error."""
+    reconciler = status.get("reconciler") or {}
+    out = []
+    for name, state, part in (("catalog watcher", status["catalog"].get("watcher"), status["catalog"]),
+                              ("reconciler", reconciler.get("loop"), reconciler)):
+        if state != "degraded":
+            continue
+        last = part.get("last_failure") or {}
+        when = _ago(now - last["at"]) if last.get("at") else "-"
+        out.append(_cut(f"{name} DEGRADED: {part.get('failures', 0)} failed passes, the last {when} "
+                        f"({last.get('what', '?')}); it goes on, the server log has the traceback:", 100))
+        out.append(_cut(f"  {last.get('error', '?')}", 100))
+    return out
+
+
 def render(status: dict, now: float | None = None, events: int = 8) -> str:
     """The status as tables that fit a 100-column terminal."""
     now = time.time() if now is None else now
@@ -49,6 +65,7 @@ def render(status: dict, now: float | None = None, events: int = 8) -> str:
         out.extend(f"  {e}" for e in rejection["errors"][:10])
         if len(rejection["errors"]) > 10:
             out.append(f"  ... {len(rejection['errors']) - 10} more")
+    out.extend(_degraded_loops(status, now))
     out.append("")
     out.append(table(("MODEL", "ALIASES", "DESIRED", "READY", "REPLICAS"), [
         (_cut(m["name"], 40), _cut(",".join(m["aliases"]), 30), m["desired"], m["ready"],

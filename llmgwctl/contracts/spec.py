@@ -34,6 +34,10 @@ class ReplicaSpec:
     command: tuple[str, ...] = ()
     health: str = "/health"
     metrics: str | None = "/metrics"
+    # `spec_hash`, computed on first use: the controller compares every desired
+    # replica's hash on every pass, and a JSON dump + sha256 per replica per
+    # pass was most of a pass over a big fleet. Not a field anything compares.
+    _hash: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def for_profile(cls, replica_id: str, model: Model, profile: Profile, engine: EngineSpec,
@@ -47,6 +51,11 @@ class ReplicaSpec:
 
     @property
     def spec_hash(self) -> str:
+        if self._hash is None:
+            object.__setattr__(self, "_hash", self._compute_hash())   # frozen: set once, on first read
+        return self._hash  # type: ignore[return-value]
+
+    def _compute_hash(self) -> str:
         shape = {
             "model": self.model, "engine": self.engine, "source": self.source, "gpus": self.gpus,
             "args": list(self.args), "env": dict(sorted(self.env.items())),

@@ -9,7 +9,7 @@ record for both, so the metrics and the status page cannot disagree.
     ControlStatus
      ├ catalog: CatalogStatus        version, models, swaps, rejections, directory_valid, last rejection
      ├ routers                       standalone routers reporting usage
-     └ fleet: FleetStatus            settled, passes
+     └ fleet: FleetStatus            settled, passes, failed passes (the loop degraded, and why)
         ├ models: ModelStatus...     min, max, desired, ready, why unplaceable
         ├ replicas: ReplicaStatus... state, node, GPUs, url, in flight, idle
         ├ nodes: NodeStatus...       reachable, pools, GPUs used, engines (missing ones with why), conflict
@@ -117,11 +117,19 @@ class FleetStatus:
     replicas: tuple[ReplicaStatus, ...] = ()
     nodes: tuple[NodeStatus, ...] = ()
     events: tuple[Event, ...] = ()
+    # Passes that raised since start; `degraded` while the last one did (the
+    # loop goes on, from the records that pass left). `last_failure`: at, what, error.
+    failures: int = 0
+    degraded: bool = False
+    last_failure: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"settled": self.settled, "passes": self.passes, "models": [m.to_dict() for m in self.models],
                 "replicas": [r.to_dict() for r in self.replicas], "nodes": [n.to_dict() for n in self.nodes],
-                "events": [e.to_dict() for e in self.events]}
+                "events": [e.to_dict() for e in self.events],
+                # Like the catalog part's `watcher`, `failures`, `last_failure`: which loop is degraded and why.
+                "reconciler": {"loop": "degraded" if self.degraded else "ok", "failures": self.failures,
+                               "last_failure": dict(self.last_failure) if self.last_failure is not None else None}}
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,6 +65,21 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", **ext
 
 
 @web.middleware
+async def _unexpected(request: web.Request, handler):
+    # The last resort: an exception no handler expected (a bug) is logged with
+    # its traceback and answered in the API's JSON error shape, not aiohttp's
+    # bare-text 500, so a client (and `llmgwctl`) can show why.
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- answered, and logged with the traceback
+        log.exception("%s %s failed unexpectedly", request.method, request.path)
+        return _error(500, f"{request.method} {request.path} failed unexpectedly ({type(exc).__name__}); "
+                           "this is a bug in llmgw, the server log has the traceback", kind="server_error")
+
+
+@web.middleware
 async def _undecodable_body(request: web.Request, handler):
     # A body that says Content-Encoding: gzip (or deflate) and does not
     # decompress fails inside request.json(); it is the client's error, which
@@ -150,7 +165,7 @@ class ControlAPI:
         requests = self.metrics.requests
         app = web.Application(client_max_size=MAX_APPLY_BYTES,
                               middlewares=[self.auth.middleware(lambda route, code: requests.labels(route, str(code)).inc()),
-                                           _undecodable_body])
+                                           _unexpected, _undecodable_body])
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/metrics", self.get_metrics)
         app.router.add_get("/readyz", self.readyz)
@@ -202,7 +217,14 @@ class ControlAPI:
             errors = [str(p) for p in exc.problems]
             return _error(422, f"catalog is invalid ({len(errors)} problem{'s' if len(errors) != 1 else ''}); nothing was written",
                           errors=errors)
-        result = plan(current, new, self.c.reconciler.preview(new))
+        try:
+            preview = self.c.reconciler.preview(new)
+        except Exception as exc:  # noqa: BLE001 -- a bug in planning answers with why, and writes nothing
+            log.exception("planning catalog apply of %s failed unexpectedly", body["filename"])
+            return _error(500, f"the catalog is valid, but planning what it changes failed "
+                               f"({type(exc).__name__}: {str(exc)[:200]}); nothing was written. This is a bug in "
+                               "llmgw; the server log has the traceback", kind="server_error")
+        result = plan(current, new, preview)
         result["dry_run"] = dry_run
         if dry_run:
             return web.json_response(result)

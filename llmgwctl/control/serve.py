@@ -6,9 +6,10 @@ control API up (agents can report), local agent in-process, router up, then
 the reconcile loop and the watcher.
 
 Stop order (SIGINT/SIGTERM): stop accepting new requests on the router, let
-requests in flight finish (bounded), then, with a local agent, tell it to run
-nothing and wait for its engines to stop (bounded), then the rest. Engines of
-remote agents are left running: a restarted controller adopts them.
+requests in flight finish (SHUTDOWN_DRAIN), then, with a local agent, tell it
+to run nothing and wait for its engines to stop (SHUTDOWN_ENGINES), then the
+loops (SHUTDOWN_LOOPS): serve is gone within SHUTDOWN_GRACE of the signal.
+Engines of remote agents are left running: a restarted controller adopts them.
 
 Security (see `auth`): the control API refuses to bind beyond loopback without
 a token; with one, the local agent presents its node's token (minted from the
@@ -43,8 +44,18 @@ log = logging.getLogger("llmgw.serve")
 
 # Requests in flight get this long to finish when serve stops: a typical chat
 # completion streams in well under it, and a supervisor's stop timeout (systemd's
-# default is 90 s) leaves room for the engine shutdown that follows.
+# default is 90 s) leaves room for the engine shutdown that follows. Past it the
+# router cancels them (a stream's client sees its connection close).
 SHUTDOWN_DRAIN = 30.0
+# Then the local agent's engines get this long to stop: twice an agent's 15 s
+# between SIGTERM and SIGKILL, so even an engine that ignores SIGTERM is gone.
+SHUTDOWN_ENGINES = 30.0
+# And the loops (reconciler, watcher, agent, key file) this long to end once
+# told: each ends within one wait; past it they are cancelled.
+SHUTDOWN_LOOPS = 5.0
+# So serve exits within this of SIGTERM whatever is in flight: 65 s, inside
+# systemd's default 90 s stop timeout (llmgwctl-serve(1) says so).
+SHUTDOWN_GRACE = SHUTDOWN_DRAIN + SHUTDOWN_ENGINES + SHUTDOWN_LOOPS
 # Open control API connections per client address: agents hold two (report and
 # long-poll) and sit behind NAT in some fleets; the shared cap leaves room for
 # a rack of them while bounding a stranger.
@@ -141,7 +152,8 @@ class Server:
         if self.cfg.local_agent:
             self._tasks.append(asyncio.create_task(self._run_local_agent(), name="local-agent"))
         try:
-            router_runner, self.router_port = await start_router(self.router, *self.cfg.listen)
+            router_runner, self.router_port = await start_router(self.router, *self.cfg.listen,
+                                                                 shutdown_timeout=SHUTDOWN_DRAIN)
         except OSError as exc:
             raise ServeError(f"the router cannot listen on {_address(self.cfg.listen)}: "
                              f"{exc.strerror or exc}") from exc
@@ -173,17 +185,21 @@ class Server:
             # 1. No new requests: close the router's listening socket, let the ones
             #    in flight finish (aiohttp waits for handlers up to the timeout).
             await router_runner.shutdown()
-            await router_runner.cleanup()
+            await _drain(router_runner)
             self._runners.pop(0)
         if self.cfg.local_agent and self.cfg.stop_engines_on_exit:
             await self._stop_local_engines()
         self.stop_event.set()
         self._agent_stop.set()
-        for task in self._tasks:
-            try:
-                await asyncio.wait_for(task, 30)
-            except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - shutting down regardless
+        # All loops at once, bounded together: one that does not end in time is
+        # cancelled, so the exit never waits on the slowest of them in turn.
+        if self._tasks:
+            _, late = await asyncio.wait(self._tasks, timeout=SHUTDOWN_LOOPS)
+            for task in late:
+                log.warning("%s did not stop within %.0f s of being told; cancelling it", task.get_name(), SHUTDOWN_LOOPS)
                 task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=1.0)
         for runner in self._runners:
             await runner.cleanup()
 
@@ -193,13 +209,38 @@ class Server:
         self.controller.reconciler.stop_node(node)
         self.controller.wake_event.set()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + SHUTDOWN_DRAIN
+        deadline = loop.time() + SHUTDOWN_ENGINES
         while loop.time() < deadline:
             reported = self.controller.inventory.get(node)
             if reported is None or not reported.replicas:
                 return
             await asyncio.sleep(0.1)
-        log.warning("local engines still running after %.0fs; leaving them for the next start to adopt", SHUTDOWN_DRAIN)
+        log.warning("local engines still running after %.0fs; leaving them for the next start to adopt", SHUTDOWN_ENGINES)
+
+
+async def _drain(runner: web.AppRunner) -> None:
+    """`runner.cleanup()`, with requests in flight cut once SHUTDOWN_DRAIN is over.
+
+    aiohttp waits its shutdown timeout for handlers to finish, then asks them
+    to stop and waits that long again: a proxied stream waiting on its engine
+    never hears the ask, so alone it would hold the exit for twice the drain.
+    Closing the connections instead cancels their handlers at once (the router
+    runs with handler_cancellation), which also closes their engine requests.
+    """
+    cleanup = asyncio.ensure_future(runner.cleanup())
+    done, _ = await asyncio.wait({cleanup}, timeout=SHUTDOWN_DRAIN + 1.0)
+    if done:
+        return cleanup.result()
+    server = runner.server
+    connections = list(server.connections) if server is not None else []
+    log.warning("%d connection(s) still busy %.0f s after shutdown began; closing them", len(connections),
+                SHUTDOWN_DRAIN)
+    for conn in connections:
+        conn.force_close()
+    done, _ = await asyncio.wait({cleanup}, timeout=SHUTDOWN_LOOPS)
+    if not done:
+        cleanup.cancel()
+        log.warning("the router did not finish stopping %.0f s after its connections were closed", SHUTDOWN_LOOPS)
 
 
 def _address(host_port: tuple[str, int]) -> str:

@@ -34,7 +34,8 @@ Control plane (all read at scrape from `Controller.state()`, a typed
     llmgw_catalog_watcher_failures_total                      counters
     llmgw_catalog_info{version}, llmgw_catalog_directory_valid, llmgw_catalog_models
     llmgw_reconcile_pass_duration_seconds                     histogram
-    llmgw_reconcile_passes_total                              counter
+    llmgw_reconcile_passes_total, llmgw_reconcile_failures_total   counters
+    llmgw_loop_degraded{loop="catalog-watcher|reconciler"}    gauge, 1 while that loop's last pass failed
     llmgw_replicas{model,state}                               gauge, every state of every catalog model (0 included)
     llmgw_nodes{state}                                        gauge, ready | unreachable
     llmgw_gpus{pool,state="used|free|unreachable"}            gauge; a node in two pools counts in both, no pool is "none"
@@ -453,6 +454,15 @@ class _ControlCollector:
                                 value=1 if cat.directory_valid else 0)
         yield GaugeMetricFamily("llmgw_catalog_models", "Models in the catalog in force.", value=cat.models)
         yield CounterMetricFamily("llmgw_reconcile_passes", "Reconcile passes since start.", value=fleet.passes)
+        # A pass that raised: the loop went on from the records it left; no
+        # catalog the rules accept should ever do this, so an alert fires on any.
+        yield CounterMetricFamily("llmgw_reconcile_failures", "Reconcile passes that raised since start.",
+                                  value=fleet.failures)
+        degraded = GaugeMetricFamily("llmgw_loop_degraded", "1 while a supervised loop's last pass failed.",
+                                     labels=("loop",))
+        degraded.add_metric(("catalog-watcher",), 1 if cat.degraded else 0)
+        degraded.add_metric(("reconciler",), 1 if fleet.degraded else 0)
+        yield degraded
         # Every state of every catalog model, 0 included: a dashboard's "failed"
         # panel must show 0, not "no data", while nothing has failed.
         counts: dict[tuple[str, str], int] = {(m.name, st.value): 0 for m in fleet.models for st in ReplicaState}

@@ -16,6 +16,9 @@ index cheap and exact:
   the old bucket is dropped lazily when it reaches the top (its count no longer
   matches). Counts only fall, so a node never comes back to a bucket it left
   and an entry is never duplicated.
+- A node also has a number of replica slots (MAX_REPLICAS_PER_NODE less what
+  it runs), which only fall too; a node out of slots leaves every bucket the
+  same lazy way.
 - If a (pool, engine, gpus) asked for finds no node, no later request in the
   pass can find one either; it is remembered as full.
 
@@ -29,6 +32,14 @@ import heapq
 from typing import Mapping, Sequence
 
 from .model import NodeView
+
+# The most replicas one node runs, whatever their GPUs. Each replica is an
+# engine process on a port of its own, and an agent's default port range
+# (20000-20999) holds 1000; without a cap, profiles needing no GPU fit any node
+# without end, and a catalog at its bounds (100,000 replicas) would pile them
+# all on a few CPU nodes -- records the reconciler walks on every pass for
+# engines that could never start. With it, a pass's work follows the fleet.
+MAX_REPLICAS_PER_NODE = 1000
 
 
 class _Group:
@@ -57,6 +68,9 @@ class Fleet:
                 raise ValueError(f"node {node.name!r} appears twice in the inventory given to placement")
             self.nodes[node.name] = node
         self.free: dict[str, list[int]] = {n.name: sorted(set(n.gpus)) for n in nodes}
+        # Replicas each node may still take (MAX_REPLICAS_PER_NODE less what runs
+        # there); like free GPUs, it only falls during a pass.
+        self.slots: dict[str, int] = {n.name: MAX_REPLICAS_PER_NODE for n in nodes}
         self._by_pool: dict[str, list[str]] | None = None
         self._groups: dict[tuple[str | None, str], _Group] = {}
         self._member_of: dict[str, list[_Group]] = {}
@@ -94,6 +108,7 @@ class Fleet:
         free = self.free.get(name)
         if free is None:
             return
+        self.slots[name] -= 1
         for index in indices:
             pos = bisect.bisect_left(free, index)
             if pos < len(free) and free[pos] == index:
@@ -116,8 +131,8 @@ class Fleet:
             found = None
             while heap:
                 name = heap[0]
-                if len(self.free[name]) != free:
-                    heapq.heappop(heap)        # it moved to a smaller bucket
+                if len(self.free[name]) != free or self.slots[name] <= 0:
+                    heapq.heappop(heap)        # it moved to a smaller bucket, or is full for this pass
                 elif spread.get(name):
                     skipped.append(heapq.heappop(heap))
                 else:
@@ -131,7 +146,7 @@ class Fleet:
         best, best_key = None, None
         for name, count in spread.items():
             free = len(self.free.get(name, ()))
-            if count and name in group.members and free >= gpus:
+            if count and name in group.members and free >= gpus and self.slots[name] > 0:
                 key = (count, free, name)
                 if best_key is None or key < best_key:
                     best, best_key = name, key
@@ -141,6 +156,7 @@ class Fleet:
 
     def take(self, name: str, gpus: int) -> tuple[int, ...]:
         """Take `gpus` free GPUs of `name`: the lowest run of adjacent indices, else the lowest indices."""
+        self.slots[name] -= 1
         if gpus == 0:
             return ()
         free = self.free[name]

@@ -24,6 +24,8 @@ The rules, in the order one pass applies them:
 6. Missing replicas are placed round-robin across models (every short model
    gets its next replica before any gets two more), each on its best profile
    that fits: see `Fleet.pick` for spread, best-fit and ties.
+   A node takes at most MAX_REPLICAS_PER_NODE replicas whatever their GPUs
+   (see `fleet`), so GPU-less profiles cannot pile without end on a few nodes.
 7. A replica that fits nowhere is reported once in `unplaceable`, with why.
 
 Applying a plan with no stops and placing again gives an empty plan. A plan
@@ -124,7 +126,9 @@ def place(catalog: Catalog, nodes: Sequence[NodeView], running: Sequence[Running
         if stop is not None:
             stops.append(stop)
         reason = explain.why(share.model)
-        unplaceable.extend(Unplaceable(share.model.name, reason) for _ in range(share.missing))
+        # One value repeated, not one built per replica: a catalog at its bounds
+        # can be 100,000 replicas short, and this runs on every pass.
+        unplaceable.extend([Unplaceable(share.model.name, reason)] * share.missing)
 
     stopped = {s.replica_id for s in stops}
     return Plan(start=tuple(starts), stop=tuple(stops),

@@ -10,7 +10,7 @@ operator will find once the plan is applied.
 from __future__ import annotations
 
 from ..catalog import Model, Profile
-from .fleet import Fleet
+from .fleet import MAX_REPLICAS_PER_NODE, Fleet
 
 # Naming every node that lacks an engine would bury the point in a big pool;
 # three names say which kind of node it is, the count says how many.
@@ -63,6 +63,9 @@ class Explainer:
         if not able:
             inside = f" in pool {pool}" if pool is not None else ""
             return f"no node{inside} can run engine {engine} ({self._lacking(schedulable, engine)})"
+        if all(fleet.slots[n] <= 0 for n in able):
+            return (f"every node that can run it ({_count(len(able), 'node')}) already runs "
+                    f"{MAX_REPLICAS_PER_NODE} replicas, the most one node runs")
         total = sum(len(fleet.nodes[n].gpus) for n in able)
         free = [fleet.free_count(n) for n in able]
         text = f"{where}: {sum(free)} of {_count(total, 'GPU')} free on {_count(len(able), 'node')}"

@@ -27,11 +27,17 @@ __all__ = ["DRAIN_GRACE", "LONG_POLL", "REPLACE_AFTER", "SETTLE", "TICK", "Desir
 
 
 async def run(reconciler: Reconciler, wake: asyncio.Event, stop: asyncio.Event, tick: float = TICK) -> None:
-    """Run `reconcile_once` on every tick and whenever `wake` is set, until `stop`."""
+    """Run `reconcile_once` on every tick and whenever `wake` is set, until `stop`. Never raises but on cancel.
+
+    Supervised: a pass that raises is logged with its traceback, counted and
+    shown as degraded in status and /metrics (`Reconciler.pass_failed`), and
+    the next tick runs a pass from the records the failed one left: being
+    level-triggered, a later pass redoes whatever the failed one did not.
+    """
     while not stop.is_set():
         wake.clear()
         try:
             reconciler.reconcile_once()
-        except Exception:  # a bug in one pass must not stop the control plane; the next pass retries
-            log.exception("reconcile pass failed")
+        except Exception as exc:  # noqa: BLE001 -- a bug in one pass must not stop the control plane
+            reconciler.pass_failed(exc)
         await sleep_unless(tick, wake, stop)

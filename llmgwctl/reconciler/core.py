@@ -23,9 +23,10 @@ from __future__ import annotations
 import collections
 import logging
 import time
+import traceback
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from ..catalog import Catalog, Live, Model, Profile
 from ..contracts import (Endpoint, Event, FleetStatus, ModelStatus, NodeStatus, ReplicaSpec, ReplicaState,
@@ -127,6 +128,12 @@ class Reconciler:
         self._cordoned: set[str] = set()
         self._expected: tuple[str | None, Mapping[tuple[str, str], str]] = (None, {})
         self.passes = 0
+        # Passes that raised (a bug: no catalog the rules accept should make one
+        # raise), and the last one; `degraded` until a pass completes again.
+        # Set by `run` through `pass_failed`; status and /metrics show them.
+        self.failures = 0
+        self.degraded = False
+        self.last_failure: dict[str, Any] | None = None
         # Told how long each pass took (seconds); the control API's metrics set it.
         self.on_pass: Callable[[float], None] = lambda seconds: None
 
@@ -169,24 +176,59 @@ class Reconciler:
         now = self._clock()
         catalog = self.live.current
         self.passes += 1
-        for node in self.inventory.check():
-            self.event("node-lost", f"node {node.name} missed its reports; its replicas leave the router")
-        self._merge_reports(catalog, now)
-        self._handle_lost_nodes(now)
-        if not self.settled:
-            nodes = list(self.inventory.nodes())
-            heard_twice = nodes and all(n.reports >= 2 for n in nodes)
-            if now - self.started >= self.settle or heard_twice:
-                self.settled = True
-                self.event("settled", f"settling window over: adopted {sum(r.adopted for r in self.replicas.values())} replicas")
-        if self.settled:
-            usage = dict(self.usage.usage_snapshot()) if self.usage else {}
-            self._plan(catalog, now, usage)
-            self._drain(now, usage)
-        self._publish(catalog)
+        try:
+            for node in self.inventory.check():
+                self.event("node-lost", f"node {node.name} missed its reports; its replicas leave the router")
+            self._merge_reports(catalog, now)
+            self._handle_lost_nodes(now)
+            if not self.settled:
+                nodes = list(self.inventory.nodes())
+                heard_twice = nodes and all(n.reports >= 2 for n in nodes)
+                if now - self.started >= self.settle or heard_twice:
+                    self.settled = True
+                    self.event("settled", f"settling window over: adopted {sum(r.adopted for r in self.replicas.values())} replicas")
+            if self.settled:
+                usage = dict(self.usage.usage_snapshot()) if self.usage else {}
+                self._plan(catalog, now, usage)
+                self._drain(now, usage)
+        finally:
+            # Even when planning raised (a bug), what runs is still published:
+            # the router keeps every ready replica and agents their lists, so a
+            # broken pass stalls changes but never takes traffic away.
+            self._publish(catalog)
+        self.degraded = False
         self.on_pass(time.perf_counter() - started)
 
+    def pass_failed(self, exc: BaseException) -> None:
+        """A pass raised: count it and say so (the supervised loop calls this and goes on).
+
+        The traceback is logged for the first failure of a run of them and
+        whenever the error changes; the same error once a second after that
+        is one line, so a persistent bug does not bury the log.
+        """
+        error = f"{type(exc).__name__}: {exc}"[:500]
+        repeat = self.degraded and self.last_failure is not None and self.last_failure["error"] == error
+        self.failures += 1
+        self.degraded = True
+        self.last_failure = {"at": self._wall(), "what": "reconcile pass", "error": error}
+        if repeat:
+            log.error("reconcile pass failed again (%d failures so far): %s", self.failures, error,
+                      extra={"event": "reconcile-failed"})
+        else:
+            log.error("reconcile pass failed; the next pass starts from the state this one left:\n%s",
+                      "".join(traceback.format_exception(exc)).rstrip(), extra={"event": "reconcile-failed"})
+
+    def _by_node(self) -> dict[str, list[tuple[str, Replica]]]:
+        # One walk over the records per pass, not one per node: a pass must stay
+        # proportional to replicas + nodes, not their product (1000 nodes and
+        # 100,000 replicas would be 10^8 steps on the event loop).
+        out: dict[str, list[tuple[str, Replica]]] = collections.defaultdict(list)
+        for rid, rec in self.replicas.items():
+            out[rec.node].append((rid, rec))
+        return out
+
     def _merge_reports(self, catalog: Catalog, now: float) -> None:
+        by_node = self._by_node()
         for node in self.inventory.nodes():
             if not node.reachable:
                 continue
@@ -207,8 +249,8 @@ class Reconciler:
                     rec.state = rep.state if rep.state in (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.FAILED) else rec.state
             # A replica the agent no longer lists: once it had listed it, or once
             # we told it to stop, absence means the engine is gone.
-            for rid, rec in list(self.replicas.items()):
-                if rec.node != node.name or rid in node.replicas:
+            for rid, rec in by_node.get(node.name, ()):
+                if rid in node.replicas or self.replicas.get(rid) is not rec:
                     continue
                 if rec.state == ReplicaState.STOPPING or (rec.seen and rec.state != ReplicaState.PENDING):
                     if rec.state != ReplicaState.STOPPING:
@@ -249,12 +291,12 @@ class Reconciler:
         return rec
 
     def _handle_lost_nodes(self, now: float) -> None:
+        by_node = None
         for node in self.inventory.nodes():
             if node.reachable:
                 continue
-            for rid, rec in list(self.replicas.items()):
-                if rec.node != node.name:
-                    continue
+            by_node = by_node if by_node is not None else self._by_node()
+            for rid, rec in by_node.get(node.name, ()):
                 if rec.state != ReplicaState.LOST:
                     rec.state = ReplicaState.LOST
                 if node.unreachable_since is not None and now - node.unreachable_since >= self.replace_after:
@@ -432,9 +474,14 @@ class Reconciler:
         catalog = self.live.current
         usage = usage or {}
         now = self._clock()
+        by_model: dict[str, list[Replica]] = collections.defaultdict(list)
+        gpus_used: dict[str, set[int]] = collections.defaultdict(set)
+        for rec in self.replicas.values():
+            by_model[rec.spec.model].append(rec)
+            gpus_used[rec.node].update(rec.spec.gpu_indices)
         models = []
         for model in catalog.models:
-            recs = [r for r in self.replicas.values() if r.spec.model == model.name]
+            recs = by_model.get(model.name, [])
             scale = self._scale.get(model.name)
             models.append(ModelStatus(
                 name=model.name, aliases=tuple(model.aliases), min=model.replicas.min, max=model.replicas.max,
@@ -458,7 +505,7 @@ class Reconciler:
             ))
         nodes = []
         for node in sorted(self.inventory.nodes(), key=lambda n: n.name):
-            used = {i for r in self.replicas.values() if r.node == node.name for i in r.spec.gpu_indices}
+            used = gpus_used.get(node.name, set())
             nodes.append(NodeStatus(
                 name=node.name, reachable=node.reachable, pools=tuple(sorted(node.pools)),
                 gpus=len(node.gpus), gpus_used=len(used & {g.index for g in node.gpus}),
@@ -469,7 +516,8 @@ class Reconciler:
                 conflict=self.inventory.conflict(node),
             ))
         return FleetStatus(settled=self.settled, passes=self.passes, models=tuple(models),
-                           replicas=tuple(replicas), nodes=tuple(nodes), events=tuple(self.events))
+                           replicas=tuple(replicas), nodes=tuple(nodes), events=tuple(self.events),
+                           failures=self.failures, degraded=self.degraded, last_failure=self.last_failure)
 
     def status(self, usage: UsageSnapshot | None = None) -> dict:
         """`fleet_status` as the status JSON."""

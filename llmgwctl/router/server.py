@@ -619,13 +619,19 @@ def request_peer(transport) -> str:
     return str(peer[0]) if peer else "?"
 
 
-async def start(router: Router, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, int]:
-    """Serve `router` on host:port; return the runner (`await runner.cleanup()` to stop) and the bound port."""
+async def start(router: Router, host: str = "127.0.0.1", port: int = 0, *,
+                shutdown_timeout: float = 60.0) -> tuple[web.AppRunner, int]:
+    """Serve `router` on host:port; return the runner (`await runner.cleanup()` to stop) and the bound port.
+
+    `shutdown_timeout`: how long `cleanup()` lets requests in flight finish
+    before cancelling them (aiohttp's own default, 60 s, unless told; `serve`
+    passes its documented drain).
+    """
     # handler_cancellation: a client that disconnects cancels its handler at
     # once, which closes the upstream request even while the engine is still
     # silent (a long prefill), so the engine frees the slot.
     cfg = router.config
-    runner = web.AppRunner(router.app(), handler_cancellation=True, access_log=None,
+    runner = web.AppRunner(router.app(), handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout,
                            **server_options(client_idle_timeout=cfg.client_idle_timeout,
                                             max_field_size=cfg.max_header_bytes, max_headers=cfg.max_headers))
     await runner.setup()
