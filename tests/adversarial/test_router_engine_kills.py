@@ -18,7 +18,6 @@ from aiohttp import web
 from llmgwctl.router.upstream import Pool
 from tests.e2e.fleet import wait_until
 
-from ..faults.conftest import figure  # noqa: F401 -- the fixture printing each scenario's figure
 from ..faults.load import SteadyLoad, summary
 
 

@@ -26,7 +26,6 @@ import requests
 
 from llmgwctl.router.auth import hash_key
 
-from ..router.conftest import engines  # noqa: F401 -- the fixture: fake engines killed even on failure
 from ..router.harness import _readline
 from ..support import wait_until
 
