@@ -2,10 +2,12 @@
 
 Owns what bounds a connection before any handler runs -- aiohttp's parser
 limits and keep-alive timer (`server_options`), the cap on open connections
-per client address (`ConnectionGuard`) -- and reading the port a server bound
-(`bound_port`). Both servers face strangers once bound beyond loopback, so
-both take the same limits from here; each caller decides its own values where
-its traffic differs.
+per client address (`ConnectionGuard`) -- what a server answers when aiohttp
+itself refuses a request or a handler fails unexpectedly (`json_errors`), and
+reading the port a server bound (`bound_port`). Both servers face strangers
+once bound beyond loopback, so both take the same limits from here; each
+caller decides its own values where its traffic differs. Decoding a
+compressed request body within a bound is `llmgwctl.httpbody`.
 
 It must not know about routes, models or endpoints: it sees connections and
 header lines only.
@@ -13,6 +15,8 @@ header lines only.
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import logging
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -58,9 +62,14 @@ def server_options(*, client_idle_timeout: float = CLIENT_IDLE_TIMEOUT, max_fiel
     complete request when it fires, so `client_idle_timeout` bounds slow
     headers as well as idle connections; an over-long line or too many
     header lines is answered 400 by the parser.
+
+    auto_decompress is off: aiohttp would inflate a gzip body whole, past any
+    size limit (a 1 MB body inflating to 1 GiB was inflated to its end after
+    the 413), so a server decodes bodies itself, bounded (`llmgwctl.httpbody`),
+    or refuses encoded ones.
     """
     return {"keepalive_timeout": client_idle_timeout, "max_line_size": max_field_size,
-            "max_field_size": max_field_size, "max_headers": max_headers}
+            "max_field_size": max_field_size, "max_headers": max_headers, "auto_decompress": False}
 
 
 def bound_port(runner: "web.BaseRunner") -> int:
@@ -113,3 +122,104 @@ class ConnectionGuard:
 
         server.connection_made = connection_made
         server.connection_lost = connection_lost
+
+
+# -- errors aiohttp answers itself ------------------------------------------------------
+
+# What a request aiohttp's parser refused is told, by the parser's exception
+# class (looked up along its MRO, so a subclass a later aiohttp adds finds its
+# parent's). A fixed sentence each: aiohttp's own messages quote the bytes the
+# client sent, and an answer must never echo a stranger's bytes back.
+_PROTOCOL_ERRORS = {
+    "BadHttpMethod": ("the request method is not a valid HTTP method", "bad_http_method"),
+    "BadStatusLine": ("the request line is not valid HTTP/1.1 (METHOD /path HTTP/1.1)", "bad_request_line"),
+    "LineTooLong": ("the request line or a header line is too long", "header_too_large"),
+    "InvalidHeader": ("a request header is not valid HTTP/1.1", "invalid_header"),
+    "InvalidURLError": ("the request target is not a valid URL path", "invalid_url"),
+    "TransferEncodingError": ("the request body's chunked encoding is not valid", "invalid_body_framing"),
+    "ContentLengthError": ("the request body is shorter than its Content-Length", "invalid_body_framing"),
+    "PayloadEncodingError": ("the request body is not valid for its encoding", "invalid_body_framing"),
+    "BadHttpMessage": ("the request is not valid HTTP/1.1", "malformed_request"),
+}
+_PROTOCOL_DEFAULT = ("the request is not valid HTTP/1.1", "malformed_request")
+
+
+def error_body(message: str, type_: str, code: str) -> bytes:
+    """An error in the OpenAI shape every llmgw server answers with."""
+    return json.dumps({"error": {"message": message, "type": type_, "code": code}}).encode()
+
+
+def _protocol_error(exc: BaseException | None) -> tuple[str, str]:
+    for cls in type(exc).__mro__ if exc is not None else ():
+        found = _PROTOCOL_ERRORS.get(cls.__name__)
+        if found is not None:
+            return found
+    return _PROTOCOL_DEFAULT
+
+
+def json_errors(server: Any) -> None:
+    """Make every answer aiohttp gives on its own behalf, on `server` (a `web.Server`), OpenAI-shaped JSON.
+
+    aiohttp answers two things itself, both in plain text: a request its
+    parser refuses (a bad request line or header, an over-long line, bad
+    chunked framing: 400, with the offending bytes quoted), and a handler
+    that raised something it did not catch (500; 504 for a TimeoutError).
+    Both go through `RequestHandler.handle_error`, the one seam aiohttp has
+    for them (3.9 to 3.14 alike), which the connections of `server` get
+    overridden. The last resort for the unexpected is there rather than in a
+    middleware: a middleware costs every request a call, this costs nothing
+    until something fails. A 5xx is logged with its traceback; a client's
+    malformed request at INFO, without its bytes.
+    """
+    from aiohttp import web
+
+    if not isinstance(server, web.Server):
+        raise TypeError(f"json_errors needs an aiohttp web.Server, not {type(server).__name__}")
+    server.__class__ = _json_error_server_class()
+
+
+def _handle_error(self: Any, request: Any, status: int = 500, exc: BaseException | None = None,
+                  message: str | None = None) -> Any:
+    from aiohttp import web
+
+    if request.writer.output_size > 0:
+        # What aiohttp does too: the answer is under way, a second one cannot follow.
+        raise ConnectionError("the response is under way; cannot send an error in its place")
+    peer = request.remote or "?"
+    if status >= 500:
+        log.error("unexpected error answering %s %s from %s", request.method, request.path, peer, exc_info=exc,
+                  extra={"event": "unexpected-error", "status": status})
+        if status == 504:
+            body = error_body("the request timed out inside llmgw", "server_error", "timeout")
+        else:
+            body = error_body("llmgw failed unexpectedly on this request; the error is logged", "server_error",
+                              "internal_error")
+    else:
+        text, code = _protocol_error(exc)
+        log.info("refused a malformed request from %s: %s (%s)", peer, code, type(exc).__name__,
+                 extra={"event": "malformed-request", "code": code})
+        body = error_body(text, "invalid_request_error", code)
+    resp = web.Response(status=status, body=body, content_type="application/json")
+    resp.force_close()      # what aiohttp does: the connection's framing cannot be trusted past this
+    return resp
+
+
+@functools.cache
+def _json_error_server_class() -> type:
+    # Built on first use: this module's constants load without aiohttp.
+    from aiohttp import web
+    from aiohttp.web_protocol import RequestHandler
+
+    class _JsonErrorHandler(RequestHandler):
+        __slots__ = ()      # the same layout as RequestHandler's, so a handler's class can be swapped
+        handle_error = _handle_error
+
+    class JsonErrorServer(web.Server):
+        """A `web.Server` whose connections answer aiohttp's own errors in JSON (see `json_errors`)."""
+
+        def __call__(self) -> Any:
+            handler = super().__call__()
+            handler.__class__ = _JsonErrorHandler
+            return handler
+
+    return JsonErrorServer

@@ -81,14 +81,21 @@ async def _unexpected(request: web.Request, handler):
 
 @web.middleware
 async def _undecodable_body(request: web.Request, handler):
-    # A body that says Content-Encoding: gzip (or deflate) and does not
-    # decompress fails inside request.json(); it is the client's error, which
-    # aiohttp would answer 500. One place for every handler that reads a body.
+    # aiohttp does not decompress bodies on llmgw's servers (an inflating
+    # body grew past every limit, see httpserver.server_options), and no
+    # client of this API compresses one (the CLI, agents and routers send
+    # plain JSON), so an encoded body is refused before any handler reads it
+    # rather than parsed as bytes it is not. A body whose framing is broken
+    # (bad chunks, short of its Content-Length) fails inside request.json();
+    # it is the client's error, which aiohttp would answer 500. One place for
+    # every handler that reads a body.
+    encoding = request.headers.get("Content-Encoding")
+    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+        return _error(415, "the control API takes request bodies uncompressed (no Content-Encoding)")
     try:
         return await handler(request)
     except web.RequestPayloadError:
-        return _error(400, f"the request body could not be decoded as its Content-Encoding "
-                           f"({request.headers.get('Content-Encoding', 'none')}) says; send it uncompressed")
+        return _error(400, "the request body is not framed as its headers say (chunked encoding or Content-Length)")
 
 
 def _after(request: web.Request) -> int | None:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ..observability.metrics import ControlMetrics
-from ..httpserver import MAX_CONNECTIONS_PER_CLIENT, ConnectionGuard, bound_port, server_options
+from ..httpserver import MAX_CONNECTIONS_PER_CLIENT, ConnectionGuard, bound_port, json_errors, server_options
 from .api import ControlAPI
 from .auth import ControlAuth, check_bind, node_token
 from .controller import Controller
@@ -136,6 +136,7 @@ class Server:
         runner = web.AppRunner(ControlAPI(self.controller, auth=auth, metrics=metrics).app(), access_log=None,
                                shutdown_timeout=0.5, **server_options())
         await runner.setup()
+        json_errors(runner.server)      # aiohttp's own refusals and the unexpected, in JSON like the rest
         # Beyond loopback strangers reach it too (and get 401): the same cap per
         # address as the router's, so they cannot hold every socket either.
         ConnectionGuard(CONTROL_CONNECTIONS_PER_CLIENT).install(runner.server)

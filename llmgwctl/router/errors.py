@@ -7,6 +7,7 @@ Exceptions, each defined beside the code that raises it:
      ├ EndpointFileError (static)  the static endpoint file cannot be used
      ├ WatchError (watch)        one round of the controller's watch failed; the loop backs off
      ├ DepthError (limits)       a request body nested deeper than the router parses (a 400)
+     ├ PathError (limits)        a request target that is not a normalised path under /v1/ (a 400)
      ├ QueueFull (coldstart)     a cold model's wait queue is full (a 429)
      ├ ColdTimeout (coldstart)   no replica of a cold model came up in time (a 503)
      └ UpstreamError (upstream)  talking to an engine failed; its own tree says when a retry is safe
@@ -66,6 +67,7 @@ def missing_model() -> web.Response:
 
 
 def unknown_model(name: str, known: Iterable[str]) -> web.Response:
+    """404 for `name`, suggesting close names among `known` -- only names the caller may use (see server)."""
     close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else "; GET /v1/models lists them"
     return response(404, f"the model {name!r} does not exist{hint}", "invalid_request_error", "model_not_found")

@@ -12,6 +12,10 @@ What bounds what (defaults and their reasons are in `RouterConfig`):
   aiohttp's keep-alive timer closes a connection still waiting for a complete
   request when it fires, and this is the value it is given;
 - JSON nesting: `check_depth` (-> 400) before anything walks the document;
+- the request target: `check_target` (-> 400) before the body is read: only a
+  normalised origin-form path is routed, and an engine gets that very target;
+- compressed bodies: inflated by `llmgwctl.httpbody`, stopping at
+  `max_body_bytes` as they inflate (413), one step of memory at a time;
 - connections per client address: `llmgwctl.httpserver.ConnectionGuard`,
   installed on the aiohttp server: the connection past the limit is answered
   429 and closed at once, so one address cannot hold every socket the router has;
@@ -44,6 +48,35 @@ from .errors import RouterError
 
 class DepthError(RouterError, ValueError):
     pass
+
+
+class PathError(RouterError, ValueError):
+    pass
+
+
+def check_target(target: str, prefix: str = "/v1/") -> None:
+    """PathError unless `target` (a request's raw target) is a normalised path under `prefix`.
+
+    The router forwards the target as the client sent it, so what an engine
+    sees must be what was routed: an absolute-form target
+    (`http://host/v1/...`), a segment that is empty or starts with a dot
+    (`/v1/../../admin/shutdown`), a backslash, or an encoded dot, slash,
+    backslash or NUL (`/v1/%2e%2e/...`, which a framework on the engine may
+    decode after its routing) is refused. No OpenAI route has any of them.
+    The query string is not a path and is not checked. A few substring tests:
+    nothing is allocated for the usual target but its path part.
+    """
+    path = target.partition("?")[0]
+    if not path.startswith(prefix):
+        raise PathError(f"the request path must start with {prefix}" if path.startswith("/") else
+                        "the request target must be a path (origin-form: /v1/...), not an absolute URL")
+    if "/." in path or "//" in path or "\\" in path:
+        raise PathError("the request path must be normalised: no '.' or '..' segment, no empty segment, "
+                        "no backslash")
+    if "%" in path:
+        low = path.lower()
+        if "%2e" in low or "%2f" in low or "%5c" in low or "%00" in low:
+            raise PathError("the request path must not encode a dot, a slash, a backslash or NUL")
 
 
 def check_depth(body: bytes, doc: Any, limit: int) -> None:

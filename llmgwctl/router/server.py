@@ -41,9 +41,10 @@ from . import errors
 from .balancer import Balancer, EndpointState
 from .coldstart import ColdStart, ColdTimeout, QueueFull, Waker
 from ..contracts import Endpoint
-from ..httpserver import ConnectionGuard, bound_port, server_options
+from .. import httpbody
+from ..httpserver import ConnectionGuard, bound_port, json_errors, server_options
 from .config import DEFAULTS, RouterConfig
-from .limits import DepthError, check_depth
+from .limits import DepthError, PathError, check_depth, check_target
 from .poller import LoadPoller, ParseLoad, parse_with_drivers
 from .upstream import BadEndpointURL, ConnectFailed, Pool, Response, UpstreamError, UpstreamTimeout, parse_target
 
@@ -244,6 +245,11 @@ class Router:
                                   "models": len(view.catalog), "endpoints": len(self.balancer.states())})
 
     async def _not_found(self, request: web.Request) -> web.Response:
+        try:
+            check_target(request.raw_path, "/")
+        except PathError as exc:
+            # Refused as on /v1/: a dot segment there is a probe, not a typo.
+            return errors.response(400, str(exc), "invalid_request_error", "invalid_path")
         return errors.not_found(f"{request.method} {request.path}")
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -283,7 +289,7 @@ class Router:
         if api_key is not None and not keyauth.allows(api_key, name, model):
             return keyauth.forbidden(name)
         if model is None:
-            return errors.unknown_model(name, view.catalog.names())
+            return errors.unknown_model(name, _usable_names(view.catalog, api_key))
         entry = self._model_entry(model, name)
         return web.Response(body=json.dumps(entry).encode(), content_type="application/json",
                             headers={"x-llmgw-catalog-version": view.version})
@@ -312,6 +318,12 @@ class Router:
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
         call = _Call(request, perf_counter(), self._view)
         try:
+            try:
+                # The target the engine will get, before anything else is
+                # spent on the request.
+                check_target(request.raw_path)
+            except PathError as exc:
+                raise _Refused(errors.response(400, str(exc), "invalid_request_error", "invalid_path")) from None
             # The key and its rate before the body is read: a stranger or a
             # key over its rate makes the router parse nothing.
             api_key = call.api_key = self._key(request)
@@ -325,6 +337,12 @@ class Router:
             return self._refuse(call, refused.response)
 
     async def _read_body(self, call: _Call) -> bytes:
+        """The body as sent, decoded; its size (compressed and inflated) at most max_body_bytes.
+
+        aiohttp does not decompress (see httpserver.server_options): a gzip
+        body is inflated here by httpbody, which stops at the limit as it
+        inflates.
+        """
         request, cfg = call.request, self.config
         limit = cfg.max_body_bytes
         length = request.content_length
@@ -332,18 +350,27 @@ class Router:
             raise _Refused(errors.too_large(limit))
         try:
             if request.content.is_eof():
-                return await request.read()      # already buffered: the usual small request
-            # wait_for, not asyncio.timeout: Python 3.10 is supported. Only
-            # bodies still arriving pay for it.
-            return await asyncio.wait_for(request.read(), cfg.body_timeout)
+                data = await request.read()      # already buffered: the usual small request
+            else:
+                # wait_for, not asyncio.timeout: Python 3.10 is supported. Only
+                # bodies still arriving pay for it.
+                data = await asyncio.wait_for(request.read(), cfg.body_timeout)
+            encoding = request.headers.get("Content-Encoding")
+            if encoding is not None:
+                data = await httpbody.decode(data, encoding, limit)
+            return data
         except web.HTTPRequestEntityTooLarge:
             raise _Refused(errors.too_large(limit)) from None
-        except web.RequestPayloadError:
-            # The body says Content-Encoding: gzip (or deflate) and does not
-            # decompress: the client's error, which aiohttp would answer 500.
+        except httpbody.BodyTooLarge:
             raise _Refused(errors.response(
-                400, f"the request body could not be decoded as its Content-Encoding "
-                f"({request.headers.get('Content-Encoding', 'none')}) says; send it uncompressed",
+                413, f"the request body inflates to more than the router's limit of {limit} bytes",
+                "invalid_request_error", "request_too_large")) from None
+        except httpbody.BodyError as exc:
+            raise _Refused(errors.response(exc.status, str(exc), "invalid_request_error", exc.code)) from None
+        except web.RequestPayloadError:
+            # Bad chunked framing, or a body shorter than its Content-Length.
+            raise _Refused(errors.response(
+                400, "the request body is not framed as its headers say (chunked encoding or Content-Length)",
                 "invalid_request_error", "invalid_body")) from None
         except asyncio.TimeoutError:
             raise _Refused(errors.response(
@@ -373,13 +400,20 @@ class Router:
         if call.api_key is not None and not keyauth.allows(call.api_key, name, model):
             raise _Refused(keyauth.forbidden(name))
         if model is None:
-            raise _Refused(errors.unknown_model(name, view.catalog.names()))
+            raise _Refused(errors.unknown_model(name, _usable_names(view.catalog, call.api_key)))
         call.stream = doc.get("stream") is True
         if name != model.name:
             # Only an alias costs a re-serialisation; the canonical name is
             # forwarded as the very bytes the client sent.
             doc["model"] = model.name
-            body = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+            try:
+                body = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+            except UnicodeEncodeError:
+                # A lone surrogate ("\ud800"): JSON's escapes can spell it,
+                # UTF-8 cannot, and no engine could read it either.
+                raise _Refused(errors.response(
+                    400, "the request body holds a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape), "
+                    "which is not text", "invalid_request_error", "invalid_json")) from None
         return body
 
     async def _forward(self, call: _Call, body: bytes) -> web.StreamResponse:
@@ -614,6 +648,17 @@ class Router:
                                "overhead_ms": None if overhead is None else round(overhead * 1e3, 3)})
 
 
+def _usable_names(catalog: Catalog, api_key: "keyauth.ApiKey | None") -> list[str]:
+    """The names and aliases a 404 may suggest: all of them on an open router, else those `api_key` may use.
+
+    A key limited to some models must not learn the rest from a "did you mean".
+    """
+    names = catalog.names()
+    if api_key is None:
+        return list(names)
+    return [n for n in names if keyauth.allows(api_key, n, catalog.resolve(n))]
+
+
 def request_peer(transport) -> str:
     peer = transport.get_extra_info("peername") if transport is not None else None
     return str(peer[0]) if peer else "?"
@@ -635,6 +680,7 @@ async def start(router: Router, host: str = "127.0.0.1", port: int = 0, *,
                            **server_options(client_idle_timeout=cfg.client_idle_timeout,
                                             max_field_size=cfg.max_header_bytes, max_headers=cfg.max_headers))
     await runner.setup()
+    json_errors(runner.server)
     if cfg.max_connections_per_client:
         refused = router.metrics.refused.labels("per_client_limit")
         ConnectionGuard(cfg.max_connections_per_client, on_refuse=lambda addr: refused.inc()).install(runner.server)

@@ -6,9 +6,11 @@ options and calls `run`.
 
 - Static (`endpoints_file` + `catalogs_dir`): the catalog directory is followed
   by the catalog watcher (a valid edit swaps in, an invalid one is logged and
-  ignored); the endpoint file is re-read after every catalog swap (its defaults
-  come from the catalog) and on SIGHUP. Nothing wakes cold models: a model
-  without endpoints answers 503 at once.
+  ignored); the endpoint file is followed (`aio.follow_file`) and re-read on
+  every edit, after every catalog swap (its defaults come from the catalog)
+  and on SIGHUP. An edit that does not load is logged with every problem and
+  the endpoints in force stay. Nothing wakes cold models: a model without
+  endpoints answers 503 at once.
 - Controller (`controller`): the first watch answer is awaited before listening,
   so the router never answers "no such model" just because it has not heard
   the catalog yet; after that it follows the watch and keeps serving its last
@@ -23,7 +25,7 @@ from typing import Callable
 
 import aiohttp
 
-from ..aio import sleep_unless
+from ..aio import follow_file, sleep_unless
 from ..catalog import Live
 from .config import DEFAULTS, RouterConfig
 from .server import Router, start
@@ -106,7 +108,18 @@ def _static(endpoints_file: str, catalogs_dir: str, config: RouterConfig, tasks:
         router.set_catalog(new)
         reread()
 
+    async def follow() -> None:
+        # Whatever the reason a pass fails, the file is followed on: an error
+        # here must not leave the router on an old list with nothing said.
+        async for _ in follow_file(endpoints_file, stop):
+            try:
+                reread()
+            except Exception:
+                log.exception("re-reading %s failed; keeping the endpoints in force", endpoints_file)
+
     live.subscribe(swapped)
-    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reread)
-    tasks.append(asyncio.get_running_loop().create_task(watcher.run(stop)))
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGHUP, reread)
+    tasks.append(loop.create_task(watcher.run(stop)))
+    tasks.append(loop.create_task(follow(), name="endpoints-file"))
     return router

@@ -327,6 +327,18 @@ class _Connection(asyncio.Protocol):
     # -- the pool's side -------------------------------------------------------------
 
     def send(self, head: bytes, body: bytes, idle_timeout: float | None) -> Response:
+        """Send one request; ConnectFailed, with the connection closed, if it is found closed.
+
+        A connection can be closed before it knows: the engine died (SIGKILL)
+        while it sat idle, the transport saw the reset and closed, and the
+        `connection_lost` telling us is still queued on the loop. uvloop's
+        `write` then raises RuntimeError, asyncio's drops the bytes; either
+        way nothing was sent, so the request may go elsewhere.
+        """
+        transport = self.transport
+        if self.closed or transport is None or transport.is_closing():
+            self.close()
+            raise ConnectFailed("the connection was closed before the request went out")
         self.response = response = Response(self)
         self.headers_in = self.loop.create_future()
         self.got_bytes = False
@@ -336,7 +348,13 @@ class _Connection(asyncio.Protocol):
             self.idle_timeout = idle_timeout
             self.last_read = self.loop.time()
             self.timer = self.loop.call_later(idle_timeout, self._check_idle)
-        self.transport.write(head + body)
+        try:
+            transport.write(head + body)
+        except (RuntimeError, OSError) as exc:
+            self._stop_timer()
+            self.response = self.headers_in = None
+            self.close()
+            raise ConnectFailed(f"the connection failed as the request went out: {exc}") from None
         return response
 
     def _check_idle(self) -> None:
@@ -450,7 +468,13 @@ class Pool:
             target.path_prefix, path.encode("utf-8", "surrogateescape"), target.host_header, len(body))
         while True:
             conn = await self._acquire(base_url, target)
-            response = conn.send(head, body, idle_timeout)
+            try:
+                response = conn.send(head, body, idle_timeout)
+            except ConnectFailed:
+                self.forget(conn)
+                if conn.reused:
+                    continue        # as below: a fresh connection tells whether the engine is gone
+                raise
             try:
                 await conn.headers_in
             except ConnectFailed:
@@ -488,7 +512,7 @@ class Pool:
                 expired_before = self._clock() - self.keepalive_timeout
                 while idle:
                     conn = idle.pop()       # the most recently used: least likely to be closing
-                    if not conn.closed and conn.idle_since > expired_before:
+                    if not conn.closed and conn.idle_since > expired_before and not conn.transport.is_closing():
                         conn.reused = True
                         return conn
                     conn.close()

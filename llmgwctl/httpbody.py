@@ -1,0 +1,137 @@
+"""Decoding a request body's Content-Encoding within a bound on what it inflates to.
+
+Why not aiohttp's own decoding (`auto_decompress`, now off on llmgw's
+servers, see `httpserver.server_options`): it inflates a gzip body to its
+end before any size check can see it, so a 1 MB body that inflates to 1 GiB
+cost a GiB of memory and seconds of the loop even though the answer was 413;
+16 at once added 2.7 GB of RSS and stalled every other request.
+
+`decode(data, encoding, limit)` inflates in two passes. The first counts what
+the body inflates to, a step of `STEP` bytes at a time with the loop free
+between steps, keeping nothing, and stops as soon as the count passes
+`limit` (BodyTooLarge): a bomb costs one step of memory and one step of CPU
+at a time, however many arrive together. Only a body known to fit is
+inflated again, whole, and kept -- the same memory as an uncompressed body
+of that size, which the size limit already allows. Compressed request
+bodies are rare (OpenAI SDKs send them plain), so the second pass costs
+almost nobody anything.
+
+Encodings: gzip (and x-gzip), deflate (zlib-wrapped, or raw as some clients
+send it), identity. Anything else, br included (brotli is not a dependency,
+and its binding cannot bound its output in every version), is
+UnsupportedEncoding (415), as is a list of several codings.
+
+    BodyError               a body the server will not take as sent
+     ├ BodyTooLarge         inflates past the limit (413)
+     ├ UnsupportedEncoding  an encoding this module does not decode (415)
+     └ BadEncoding          does not decode as its encoding says (400)
+
+It imports nothing of ours and no HTTP stack: it sees bytes and a header value.
+"""
+from __future__ import annotations
+
+import asyncio
+import zlib
+from typing import Iterator
+
+# Output per inflate step of the counting pass: about a millisecond of CPU, so
+# other requests wait at most that long behind a bomb, and the memory one
+# costs while it is counted.
+STEP = 1 << 20
+
+
+class BodyError(Exception):
+    """A request body the server will not take as sent; `status` is the HTTP answer."""
+
+    status = 400
+    code = "invalid_body"
+
+
+class BodyTooLarge(BodyError):
+    status = 413
+    code = "request_too_large"
+
+
+class UnsupportedEncoding(BodyError):
+    status = 415
+    code = "unsupported_content_encoding"
+
+
+class BadEncoding(BodyError):
+    status = 400
+    code = "invalid_body_encoding"
+
+
+_GZIP = 16 + zlib.MAX_WBITS
+
+
+def _wbits(encoding: str, data: bytes) -> int | None:
+    """zlib's window bits for `encoding`; None for identity; UnsupportedEncoding for the rest."""
+    coding = encoding.strip().lower()
+    if coding in ("", "identity"):
+        return None
+    if coding in ("gzip", "x-gzip"):
+        return _GZIP
+    if coding == "deflate":
+        # RFC 9110's deflate is zlib-wrapped; some clients send the raw stream.
+        # A zlib header is 0x?8 then a byte making the pair a multiple of 31.
+        if len(data) >= 2 and data[0] & 0x0F == 8 and ((data[0] << 8) | data[1]) % 31 == 0:
+            return zlib.MAX_WBITS
+        return -zlib.MAX_WBITS
+    raise UnsupportedEncoding(f"the request body's Content-Encoding {_shown(encoding)} is not supported; "
+                              "send it uncompressed, or as gzip or deflate")
+
+
+def _shown(encoding: str) -> str:
+    # A header value is the client's text: shown shortened and printable only.
+    text = "".join(c if c.isprintable() else "?" for c in encoding[:40])
+    return repr(text + ("..." if len(encoding) > 40 else ""))
+
+
+def _pieces(data: bytes, wbits: int, step: int) -> Iterator[bytes]:
+    """The inflated body, at most `step` bytes a piece (0: each gzip member whole). BadEncoding if it is not valid."""
+    rest = data
+    try:
+        while True:
+            inflater = zlib.decompressobj(wbits)
+            pending = rest
+            while not inflater.eof:
+                out = inflater.decompress(pending, step)
+                pending = inflater.unconsumed_tail
+                if out:
+                    yield out
+                elif not pending:
+                    # All input taken, nothing more came out and the stream
+                    # did not end: the body was cut short.
+                    raise BadEncoding("the request body's compressed stream is truncated")
+            rest = inflater.unused_data
+            if not rest:
+                return
+            if wbits != _GZIP:
+                raise BadEncoding("the request body has bytes after the end of its compressed stream")
+            # gzip allows several members one after the other (`cat a.gz b.gz`).
+    except zlib.error as exc:
+        raise BadEncoding(f"the request body does not decode as its Content-Encoding says: {exc}") from None
+
+
+async def decode(data: bytes, encoding: str | None, limit: int, *, step: int = STEP) -> bytes:
+    """`data`, sent with Content-Encoding `encoding` (None: none), decoded; never more than `limit` bytes of it.
+
+    BodyTooLarge past `limit` (0: no limit), found while inflating; see the
+    module's docstring for what that costs and the other errors.
+    """
+    if not encoding:
+        return data
+    if "," in encoding:
+        raise UnsupportedEncoding("the request body has several Content-Encodings; send at most one")
+    wbits = _wbits(encoding, data)
+    if wbits is None:
+        return data
+    size = 0
+    for i, piece in enumerate(_pieces(data, wbits, step)):
+        size += len(piece)
+        if limit and size > limit:
+            raise BodyTooLarge(f"the request body inflates to more than the limit of {limit} bytes")
+        if i:
+            await asyncio.sleep(0)      # the loop serves others between steps
+    return b"".join(_pieces(data, wbits, 0))
