@@ -10,6 +10,7 @@ the agent protocol and the control API have always sent.
     states     ReplicaState, the one enum of a replica's life
     spec       ReplicaSpec (controller -> agent), LoadReading (engine -> router)
     endpoint   Endpoint (reconciler / static file / watch -> router)
+    modelstate ModelState, ModelCondition (reconciler / watch -> router: starting, or cannot be placed and why)
     report     AgentReport, ReportedReplica, Gpu, EngineAvailability (agent -> inventory)
     usage      Usage, UsageSource, UsageReport (router -> reconciler)
     status     ControlStatus and its parts (controller -> control API, metrics, `llmgwctl status`)
@@ -21,7 +22,8 @@ import (no aiohttp): the reconciler, the agent and the router all load it.
 from __future__ import annotations
 
 from .endpoint import Endpoint
-from .errors import ContractError, EndpointError, ReportError, UsageError
+from .errors import ContractError, EndpointError, ModelStateError, ReportError, UsageError
+from .modelstate import ModelCondition, ModelState
 from .report import AgentReport, EngineAvailability, Gpu, ReportedReplica
 from .spec import LoadReading, ReplicaSpec
 from .states import AGENT_STATES, ReplicaState
@@ -30,7 +32,8 @@ from .usage import Usage, UsageReport, UsageSnapshot, UsageSource
 
 __all__ = [
     "AGENT_STATES", "AgentReport", "CatalogStatus", "ContractError", "ControlStatus", "Endpoint", "EndpointError",
-    "EngineAvailability", "Event", "FleetStatus", "Gpu", "LoadReading", "ModelStatus", "NodeStatus",
+    "EngineAvailability", "Event", "FleetStatus", "Gpu", "LoadReading", "ModelCondition", "ModelState",
+    "ModelStateError", "ModelStatus", "NodeStatus",
     "ReplicaSpec", "ReplicaState", "ReplicaStatus", "ReportError", "ReportedReplica", "Usage", "UsageError",
     "UsageReport", "UsageSnapshot", "UsageSource",
 ]

@@ -3,7 +3,8 @@
     ContractError (ValueError)   a document that cannot become the record it claims to be
      ├ ReportError               an agent report; the agent gets a 400 with this text
      ├ UsageError                a standalone router's usage report; the router gets a 400
-     └ EndpointError             an endpoint with an empty id or model, a bad url, weight or metrics path
+     ├ EndpointError             an endpoint with an empty id or model, a bad url, weight or metrics path
+     └ ModelStateError           a model state (watch stream) with an empty name or an unknown state
 
 They are ValueErrors because that is what they are to a caller that only
 checks input. None is retried by waiting: the sender has to change what it sends.
@@ -25,3 +26,7 @@ class UsageError(ContractError):
 
 class EndpointError(ContractError):
     """An endpoint that could not be routed to as given."""
+
+
+class ModelStateError(ContractError):
+    """A model state that does not follow the watch protocol."""

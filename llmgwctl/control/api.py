@@ -10,7 +10,7 @@
                                            another agent process speaks for the node
     GET  /api/v1/agents/{node}/desired?after=V[&instance=ID]   long-poll: {"version", "replicas": [ReplicaSpec...]};
                                            204 if not yet known; 409 for an agent that is not the node's
-    GET  /api/v1/watch/endpoints?after=V   long-poll: {"version", "catalog", "endpoints"} (llmgwctl.router.watch)
+    GET  /api/v1/watch/endpoints?after=V   long-poll: {"version", "catalog", "endpoints", "models"} (llmgwctl.router.watch)
     GET  /api/v1/watch/catalog?after=V     long-poll: {"version", "catalog"}
     POST /api/v1/wake                      {"model": NAME} -> 202
     POST /api/v1/usage                     a standalone router's usage (llmgwctl.router.watch) -> 204
@@ -299,8 +299,12 @@ class ControlAPI:
         while after and not self.c.reconciler.settled and loop.time() < deadline:  # noqa: ASYNC110 -- a flag the reconciler sets, polled for a few seconds after a start only
             await asyncio.sleep(SETTLED_POLL)
         version = self.c.watch.version
+        reconciler = self.c.reconciler
         return web.json_response({"version": version, "catalog": self.c.live.current.to_dict(),
-                                  "endpoints": [e.to_dict() for e in self.c.reconciler.endpoints]})
+                                  "endpoints": [e.to_dict() for e in reconciler.endpoints],
+                                  # issue 15: models starting or unplaceable (contracts.ModelState); routers
+                                  # older than the field ignore it and wait as before.
+                                  "models": [m.to_dict() for m in reconciler.model_states]})
 
     async def watch_catalog(self, request: web.Request) -> web.Response:
         version = await self.c.watch.wait(_after(request), _poll_timeout(request))

@@ -6,10 +6,14 @@ control API up (agents can report), local agent in-process, router up, then
 the reconcile loop and the watcher.
 
 Stop order (SIGINT/SIGTERM): stop accepting new requests on the router, let
-requests in flight finish (SHUTDOWN_DRAIN), then, with a local agent, tell it
+requests in flight finish (SHUTDOWN_DRAIN), stop the reconcile loop and the
+watcher (so nothing is placed from here on), then, with a local agent, tell it
 to run nothing and wait for its engines to stop (SHUTDOWN_ENGINES), then the
-loops (SHUTDOWN_LOOPS): serve is gone within SHUTDOWN_GRACE of the signal.
-Engines of remote agents are left running: a restarted controller adopts them.
+rest (SHUTDOWN_LOOPS): serve is gone within SHUTDOWN_GRACE of the signal. The
+reconcile loop stops first because a pass would see the local replicas
+stopping and place them again on a remote node on the way out, and the next
+start would adopt that drift. Engines of remote agents are left running as
+they are: a restarted controller adopts them.
 
 Security (see `auth`): the control API refuses to bind beyond loopback without
 a token; with one, the local agent presents its node's token (minted from the
@@ -109,6 +113,7 @@ class Server:
         self._runners: list[web.AppRunner] = []
         self._tasks: list[asyncio.Task] = []
         self._agent_stop = asyncio.Event()
+        self._controller_task: asyncio.Task | None = None
         self.router_port = 0
         self.control_port = 0
 
@@ -161,7 +166,8 @@ class Server:
         self._runners.insert(0, router_runner)
         log.info("router on http://%s:%d/v1 serving catalog %s (%d models)", self.cfg.listen[0], self.router_port,
                  catalog.version, len(catalog))
-        self._tasks.append(asyncio.create_task(self.controller.run(self.stop_event, self.cfg.tick), name="controller"))
+        self._controller_task = asyncio.create_task(self.controller.run(self.stop_event, self.cfg.tick), name="controller")
+        self._tasks.append(self._controller_task)
 
     async def _run_local_agent(self) -> None:
         from ..agent.errors import StateLockedError
@@ -188,9 +194,17 @@ class Server:
             await router_runner.shutdown()
             await _drain(router_runner)
             self._runners.pop(0)
+        # 2. Nothing placed from here on: the reconcile loop and the watcher stop
+        #    (see the module docstring for why before the local engines).
+        self.stop_event.set()
+        if self._controller_task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._controller_task), SHUTDOWN_LOOPS)
+            except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - shutting down regardless
+                self._controller_task.cancel()
+        # 3. The local engines, while the control API still takes the agent's reports.
         if self.cfg.local_agent and self.cfg.stop_engines_on_exit:
             await self._stop_local_engines()
-        self.stop_event.set()
         self._agent_stop.set()
         # All loops at once, bounded together: one that does not end in time is
         # cancelled, so the exit never waits on the slowest of them in turn.
@@ -207,8 +221,7 @@ class Server:
     async def _stop_local_engines(self) -> None:
         """Tell this machine's agent to run nothing, and wait until it reports nothing running."""
         node = self.cfg.node
-        self.controller.reconciler.stop_node(node)
-        self.controller.wake_event.set()
+        self.controller.reconciler.stop_node(node)      # publishes the node's empty list itself
         loop = asyncio.get_running_loop()
         deadline = loop.time() + SHUTDOWN_ENGINES
         while loop.time() < deadline:

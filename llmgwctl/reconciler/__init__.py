@@ -12,7 +12,7 @@ import asyncio
 import logging
 
 from ..aio import sleep_unless
-from .core import DRAIN_GRACE, REPLACE_AFTER, SETTLE, EndpointSink, Reconciler, Replica
+from .core import DRAIN_GRACE, REPLACE_AFTER, SETTLE, EndpointSink, ModelStateSink, Reconciler, Replica
 from .desired import LONG_POLL, DesiredStore
 
 log = logging.getLogger("llmgw.reconciler")
@@ -23,7 +23,7 @@ log = logging.getLogger("llmgw.reconciler")
 TICK = 1.0
 
 __all__ = ["DRAIN_GRACE", "LONG_POLL", "REPLACE_AFTER", "SETTLE", "TICK", "DesiredStore", "EndpointSink",
-           "Reconciler", "Replica", "run"]
+           "ModelStateSink", "Reconciler", "Replica", "run"]
 
 
 async def run(reconciler: Reconciler, wake: asyncio.Event, stop: asyncio.Event, tick: float = TICK) -> None:

@@ -26,15 +26,16 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol, runtime_checkable
 
 from ..catalog import Catalog, Live, Model, Profile
-from ..contracts import (Endpoint, Event, FleetStatus, ModelStatus, NodeStatus, ReplicaSpec, ReplicaState,
-                         ReplicaStatus, ReportedReplica, UsageSnapshot, UsageSource)
+from ..contracts import (Endpoint, Event, FleetStatus, ModelState, ModelStatus, NodeStatus, ReplicaSpec,
+                         ReplicaState, ReplicaStatus, ReportedReplica, UsageSnapshot, UsageSource)
 from ..contracts.usage import UNUSED
 from ..inventory import Inventory, Node
 from ..placement import NodeView, Running, place
 from .desired import DesiredStore
+from .modelstates import model_states
 
 log = logging.getLogger("llmgw.reconciler")
 
@@ -50,7 +51,13 @@ SETTLE = 15.0
 DRAIN_GRACE = 30.0
 # A node unreachable this long has its replicas replaced elsewhere. Longer than
 # the unreachable timeout so a flapping node (a GC pause, a brief network
-# blip) comes back to find its replicas still its own, not reshuffled.
+# blip) comes back to find its replicas still its own, not reshuffled --
+# for models that still serve from another node meanwhile. A model left with
+# no ready replica by the loss is replaced at once, at the node timeout
+# (inventory.UNREACHABLE_AFTER, 15 s): it is down already, and waiting would
+# only make its outage longer by this much. If the node comes back, its
+# replicas that are healthy and still wanted are adopted again, and where a
+# replacement made one surplus the one serving longest is kept (_trim_returned).
 REPLACE_AFTER = 60.0
 # Scale up when ready replicas carry this many requests in flight each, on
 # average: a vLLM replica batches dozens of sequences, so below this a new
@@ -68,6 +75,15 @@ class EndpointSink(Protocol):
     def set_endpoints(self, endpoints: Iterable[Endpoint]) -> None: ...
 
 
+@runtime_checkable
+class ModelStateSink(Protocol):
+    """Where model states go: the router, beside the endpoints. A model that cannot be placed
+    is answered at once with the reason, one that is starting is waited for (`modelstates`).
+    Pushed once per change like the endpoints; a sink without it simply waits as before."""
+
+    def set_model_states(self, states: Iterable[ModelState]) -> None: ...
+
+
 @dataclass
 class Replica:
     """The controller's record of one replica it desires (or adopted)."""
@@ -81,6 +97,8 @@ class Replica:
     drain_since: float | None = None
     drain_reason: str = ""
     seen: bool = False              # its agent has reported it at least once
+    ready_since: float | None = None    # when it last became ready (and reachable); None while not
+    returned: bool = False          # its node came back with it after a loss: surplus is settled next plan
     spec_hash: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -120,6 +138,9 @@ class Reconciler:
         self._double_claims: set[tuple[str, str]] = set()
         self._scale: dict[str, _ModelScale] = {}
         self.unplaceable: dict[str, str] = {}
+        # What the router is told beside the endpoints (see `modelstates`).
+        self.model_states: tuple[ModelState, ...] = ()
+        self._pushed_states: tuple = ()
         self.events: collections.deque[Event] = collections.deque(maxlen=EVENTS)
         self.endpoints: tuple[Endpoint, ...] = ()
         self._endpoint_fingerprint: str | None = None
@@ -140,6 +161,8 @@ class Reconciler:
     def add_sink(self, sink: EndpointSink) -> None:
         self._sinks.append(sink)
         sink.set_endpoints(self.endpoints)
+        if isinstance(sink, ModelStateSink):
+            sink.set_model_states(self.model_states)
 
     # --- inputs -------------------------------------------------------------
 
@@ -157,13 +180,20 @@ class Reconciler:
         scale.woken = self._clock()
 
     def stop_node(self, node: str) -> None:
-        """Stop everything on `node` now and place nothing new there (serve's shutdown of its local agent)."""
+        """Stop everything on `node` now and place nothing new there (serve's shutdown of its local agent).
+
+        Call with the loop stopped (serve does): a pass after this would count
+        the stopping replicas as missing and place them again elsewhere --
+        on the way out, for the next start to adopt as drift. It publishes
+        itself: the node's empty list, and the endpoints without its replicas.
+        """
         self._cordoned.add(node)
         for rec in self.replicas.values():
             if rec.node == node and rec.state != ReplicaState.STOPPING:
                 rec.state, rec.drain_reason = ReplicaState.STOPPING, "controller shutting down"
         self.desired.set(node, ())
         self.event("node-stopping", f"stopping every replica on {node}")
+        self._publish(self.live.current)
 
     def event(self, kind: str, message: str) -> None:
         self.events.append(Event(self._wall(), kind, message))
@@ -242,11 +272,17 @@ class Reconciler:
                     if rec is None:
                         continue
                 rec.reported, rec.seen = rep, True
+                if rec.state == ReplicaState.LOST:
+                    rec.returned = True
                 if rec.state not in (ReplicaState.DRAINING, ReplicaState.STOPPING):
                     if rec.state != rep.state and rep.state in (ReplicaState.READY, ReplicaState.FAILED):
                         detail = f": {rep.reason}" if rep.state == ReplicaState.FAILED and rep.reason else ""
                         self.event(f"replica-{rep.state}", f"{rec.spec.id} ({rec.spec.model}/{rec.spec.profile} on {node.name}){detail}")
                     rec.state = rep.state if rep.state in (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.FAILED) else rec.state
+                    if rec.state != ReplicaState.READY:
+                        rec.ready_since = None
+                    elif rec.ready_since is None:
+                        rec.ready_since = now
             # A replica the agent no longer lists: once it had listed it, or once
             # we told it to stop, absence means the engine is gone.
             for rid, rec in by_node.get(node.name, ()):
@@ -273,39 +309,57 @@ class Reconciler:
 
     def _adopt(self, catalog: Catalog, node: Node, rep: ReportedReplica, now: float) -> Replica | None:
         """A replica an agent runs that we have no record of: keep it if the catalog still has a place for it."""
-        if rep.id in self._forgotten:
-            return None
         model = catalog.resolve(rep.model)
         if model is None or model.name != rep.model or _profile(model, rep.profile) is None:
             return None  # not desired: absent from the node's list, so its agent stops it
         spec = rep.spec
         if spec is None:
             return None
-        rec = Replica(spec=spec, node=node.name, created=now, state=rep.state, reported=rep, adopted=True, seen=True)
+        returned = rep.id in self._forgotten
+        if returned:
+            # Given up while its node was lost, and back: a healthy engine of
+            # the current spec is worth more than a new start (its model may
+            # have found no room elsewhere). Anything else is left to stop.
+            if rep.state not in (ReplicaState.READY, ReplicaState.STARTING) or \
+                    spec.spec_hash != self._expected_hashes(catalog).get((model.name, rep.profile)):
+                return None
+            self._forgotten.discard(rep.id)
+        rec = Replica(spec=spec, node=node.name, created=now, state=rep.state, reported=rep, adopted=True, seen=True,
+                      returned=returned, ready_since=now if rep.state == ReplicaState.READY else None)
         self.replicas[rep.id] = rec
         # An adopted replica counts as used now, so a scale-to-zero model found
         # running after a restart gets its full idle timeout, not an instant stop.
         scale = self._scale.setdefault(model.name, _ModelScale())
         scale.last_used = max(scale.last_used or now, now)
-        self.event("replica-adopted", f"{rep.id} ({rep.model}/{rep.profile} on {node.name}, {rep.state})")
+        self.event("replica-readopted" if returned else "replica-adopted",
+                   f"{rep.id} ({rep.model}/{rep.profile} on {node.name}, {rep.state})")
         return rec
 
     def _handle_lost_nodes(self, now: float) -> None:
-        by_node = None
-        for node in self.inventory.nodes():
-            if node.reachable:
-                continue
-            by_node = by_node if by_node is not None else self._by_node()
-            for rid, rec in by_node.get(node.name, ()):
+        lost = [n for n in self.inventory.nodes() if not n.reachable]
+        if not lost:
+            return
+        serving = {rec.spec.model for rec in self.replicas.values() if rec.state == ReplicaState.READY
+                   and (node := self.inventory.get(rec.node)) is not None and node.reachable}
+        for node in lost:
+            for rid, rec in list(self.replicas.items()):
+                if rec.node != node.name:
+                    continue
                 if rec.state != ReplicaState.LOST:
-                    rec.state = ReplicaState.LOST
-                if node.unreachable_since is not None and now - node.unreachable_since >= self.replace_after:
+                    rec.state, rec.ready_since = ReplicaState.LOST, None
+                waited = now - node.unreachable_since if node.unreachable_since is not None else 0.0
+                # See REPLACE_AFTER: a model still served elsewhere waits it out; one left
+                # with nothing ready is replaced at the node timeout.
+                if waited >= self.replace_after or rec.spec.model not in serving:
                     del self.replicas[rid]
                     self._forgotten.add(rid)
-                    self.event("replica-replaced", f"{rid} ({rec.spec.model}) on lost node {node.name} given up; placing a replacement")
-            if node.unreachable_since is not None and now - node.unreachable_since >= self.replace_after:
-                # If it comes back, it gets an empty list and stops what it still runs.
-                self.desired.set(node.name, ())
+                    why = "no other replica serves it" if waited < self.replace_after else \
+                        f"unreachable for {waited:.0f} s"
+                    self.event("replica-replaced", f"{rid} ({rec.spec.model}) on lost node {node.name} given up "
+                               f"({why}); placing a replacement where there is room")
+            # Its desired list is left as it was: if the node comes back, the
+            # pass that merges its report adopts what is still wanted and then
+            # publishes the list; until then it keeps running what it runs.
 
     def _wanted(self, catalog: Catalog, now: float, usage: UsageSnapshot) -> dict[str, int]:
         by_model: dict[str, list[Replica]] = collections.defaultdict(list)
@@ -349,6 +403,7 @@ class Reconciler:
 
     def _plan(self, catalog: Catalog, now: float, usage: UsageSnapshot) -> None:
         wanted = self._wanted(catalog, now, usage)
+        self._trim_returned(catalog, wanted, now)
         running, views = self._placement_input(catalog)
         plan = place(catalog, views, running, wanted)
         for stop in plan.stop:
@@ -368,6 +423,51 @@ class Reconciler:
             if self.unplaceable.get(model) != reason:
                 self.event("unplaceable", f"{model}: {reason}")
         self.unplaceable = unplaceable
+        self._derive_model_states(catalog)
+
+    def _derive_model_states(self, catalog: Catalog) -> None:
+        """After the plan is applied: which models are starting, which cannot be placed (pushed in `_publish`)."""
+        live: dict[str, set[ReplicaState]] = collections.defaultdict(set)
+        for rec in self.replicas.values():
+            node = self.inventory.get(rec.node)
+            if node is not None and node.reachable and rec.state not in (ReplicaState.DRAINING, ReplicaState.STOPPING):
+                live[rec.spec.model].add(rec.state)
+        self.model_states = model_states(catalog, live, self.unplaceable, self.inventory.nodes())
+
+    def _trim_returned(self, catalog: Catalog, wanted: Mapping[str, int], now: float) -> None:
+        """A node came back with replicas replaced meanwhile: keep `wanted` of the model, drain the rest.
+
+        Placement would stop a surplus too, but by its own order (newest id
+        first, and ids are random); here the order is the one that costs
+        clients least: ready before not ready, the best profile, then ready
+        longest -- the replacement that served through the outage before the
+        replica that just reappeared. Nothing is stopped where nothing is
+        surplus: a returning engine that had nowhere else to go just stays.
+        """
+        models = {rec.spec.model for rec in self.replicas.values() if rec.returned}
+        if not models:
+            return
+        expected = self._expected_hashes(catalog)
+        for name in models:
+            recs = [r for r in self.replicas.values() if r.spec.model == name]
+            for rec in recs:
+                rec.returned = False
+            model = catalog.resolve(name)
+            if model is None or model.name != name:
+                continue        # left the catalog: placement stops it as an orphan
+            current = [r for r in recs if r.state not in (ReplicaState.DRAINING, ReplicaState.STOPPING, ReplicaState.LOST)
+                       and r.spec_hash == expected.get((name, r.spec.profile))]
+            surplus = len(current) - wanted.get(name, model.replicas.min)
+            if surplus <= 0:
+                continue
+            rank = {p.name: i for i, p in enumerate(model.ranked())}
+            keep_first = sorted(current, key=lambda r: (r.state != ReplicaState.READY, rank.get(r.spec.profile, len(rank)),
+                                                        r.ready_since if r.ready_since is not None else float("inf"),
+                                                        r.created))
+            for rec in keep_first[len(current) - surplus:]:
+                rec.state, rec.drain_since = ReplicaState.DRAINING, now
+                rec.drain_reason = f"surplus once its node came back ({wanted.get(name)} wanted)"
+                self.event("replica-draining", f"{rec.spec.id} ({name} on {rec.node}): {rec.drain_reason}")
 
     def _placement_input(self, catalog: Catalog) -> tuple[list[Running], list[NodeView]]:
         expected = self._expected_hashes(catalog)
@@ -438,6 +538,14 @@ class Reconciler:
                 url=rec.url, priority=profile.priority if profile else 0, weight=profile.weight if profile else 1.0,
                 metrics_path=rec.spec.metrics,
             ))
+        states = self.model_states
+        if states != self._pushed_states:
+            # Before the endpoints: a router woken by either then sees both as they are.
+            self._pushed_states = states
+            for sink in self._sinks:
+                if isinstance(sink, ModelStateSink):
+                    sink.set_model_states(states)
+            self._on_change()
         fingerprint = repr([e.to_dict() for e in endpoints])
         if fingerprint != self._endpoint_fingerprint:
             self._endpoint_fingerprint = fingerprint

@@ -16,7 +16,9 @@ The pick, for one model:
    usable endpoint takes the request and it queues at that engine, which is
    where the best profile's queue belongs.
 2. Within the tier: two endpoints drawn at random, the one with less load per
-   unit of weight wins (power of two choices). Always taking the global least
+   unit of weight wins (power of two choices). Where weights differ the two
+   are drawn by weight and a tie goes to the first drawn, so idle endpoints
+   (every sequential request is a tie) share traffic by weight too. Always taking the global least
    loaded would send every request arriving in the same poll interval to the
    same endpoint (herding); two random choices keep nearly the same balance
    without that.
@@ -178,6 +180,10 @@ class Balancer:
 
     def score(self, st: EndpointState, now: float) -> float:
         """Load per unit of weight; lower is better."""
+        return self.busy(st, now) / st.weight
+
+    def busy(self, st: EndpointState, now: float) -> float:
+        """The endpoint's load in requests, before weighting."""
         load = st.load
         if load is None or now - st.load_at > self.stale_after:
             # Unknown is not idle: count one request more than we know of, so a
@@ -190,17 +196,34 @@ class Balancer:
             # poll but includes other routers' traffic. Take the larger, add the
             # engine's queue, and scale up as its KV cache fills.
             busy = (max(st.inflight, load.running) + load.waiting) * (1.0 + (load.kv_cache or 0.0))
-        return busy / st.weight
+        return busy
 
     def _two_choices(self, cands: list[EndpointState], now: float) -> EndpointState:
         n = len(cands)
         if n == 1:
             return cands[0]
-        i = int(self._rand() * n)
-        j = int(self._rand() * (n - 1))
-        if j >= i:
-            j += 1
-        a, b = cands[i], cands[j]
+        rand = self._rand
+        w0 = cands[0].weight
+        if all(st.weight == w0 for st in cands):
+            i = int(rand() * n)
+            j = int(rand() * (n - 1))
+            if j >= i:
+                j += 1
+            a, b = cands[i], cands[j]
+        else:
+            # Draw the two by weight, the first one first. When their loads tie
+            # (idle endpoints: every sequential request; or both unknown) the
+            # first drawn wins, and that is endpoint k with probability
+            # weight_k / total: the weights split traffic at any load, not only
+            # once queues form. Unequal loads compare per unit of weight.
+            total = sum(st.weight for st in cands)
+            i = _draw(cands, rand() * total, -1)
+            j = _draw(cands, rand() * (total - cands[i].weight), i)
+            a, b = cands[i], cands[j]
+            busy_a, busy_b = self.busy(a, now), self.busy(b, now)
+            if busy_a == busy_b or busy_a / a.weight <= busy_b / b.weight:
+                return a
+            return b
         # a and b are in random order, so a tie goes either way.
         return a if self.score(a, now) <= self.score(b, now) else b
 
@@ -235,3 +258,16 @@ class Balancer:
     @staticmethod
     def succeeded(state: EndpointState) -> None:
         state.failures = 0
+
+
+def _draw(cands: list[EndpointState], point: float, skip: int) -> int:
+    """The index whose share of the weights, laid end to end (without `skip`), holds `point`."""
+    last = -1
+    for k, st in enumerate(cands):
+        if k == skip:
+            continue
+        point -= st.weight
+        last = k
+        if point < 0:
+            return k
+    return last     # rounding left `point` at the very end: the last one

@@ -86,6 +86,14 @@ class ColdStart:
                 waiting.event.set()
                 waiting.event = asyncio.Event()
 
+    def nudge(self, models: set[str]) -> None:
+        """Make the waiters of `models` re-try their pick now (what they may be told changed), without a new wake period."""
+        for model in models:
+            waiting = self._waiting.get(model)
+            if waiting is not None:
+                waiting.event.set()
+                waiting.event = asyncio.Event()
+
     def waiting(self, model: str) -> int:
         w = self._waiting.get(model)
         return w.count if w else 0

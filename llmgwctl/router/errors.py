@@ -41,6 +41,10 @@ RETRY_QUEUE_FULL = 2
 # a cold start ran past the timeout: loading a large model takes minutes, so
 # ask for a longer pause than for a plain "no replica".
 RETRY_COLD_TIMEOUT = 10
+# a model that cannot be placed for want of room now: room comes back when a
+# replica ends or a lost node returns, which is tens of seconds, not one; 10 s
+# keeps an SDK's retries (it honours Retry-After up to 60 s) from hammering.
+RETRY_UNPLACEABLE = 10
 
 
 def body(status: int, message: str, type_: str, code: str) -> bytes:
@@ -87,6 +91,22 @@ def cold_timeout(model: str, waited: float) -> web.Response:
     return response(503, f"model {model!r} is starting but no replica was ready within {waited:g} s; "
                     "retry shortly", "service_unavailable", "cold_start_timeout",
                     headers={"Retry-After": str(RETRY_COLD_TIMEOUT)})
+
+
+def unplaceable(model: str, reason: str, retry: bool) -> web.Response:
+    """A model the controller cannot place now: at once, with its reason, instead of a cold wait that cannot end well.
+
+    Only when the situation can change by itself is there a Retry-After; when
+    it cannot (the fleet can never hold the model), `x-should-retry: false`
+    tells OpenAI SDKs not to retry it, where they would retry any 503 twice.
+    """
+    if retry:
+        hint, headers = "; retry later", {"Retry-After": str(RETRY_UNPLACEABLE)}
+    else:
+        hint, headers = ("; this will not change until the fleet or the catalog does",
+                         {"x-should-retry": "false"})
+    return response(503, f"model {model!r} cannot be placed now: {reason or 'no node can run it'}{hint}",
+                    "service_unavailable", "model_unplaceable", headers=headers)
 
 
 def queue_full(model: str, size: int) -> web.Response:

@@ -5,8 +5,9 @@ against the catalog taken once for the request, pick an endpoint, forward,
 pass the answer back (streams chunk by chunk, as bytes) -- and the three
 narrow surfaces the control plane meets it through:
 
-- `set_endpoints(endpoints)` and `set_catalog(catalog)`: pushed once per change,
-  never pulled per request;
+- `set_endpoints(endpoints)`, `set_catalog(catalog)` and
+  `set_model_states(states)` (a model that cannot be placed now is answered at
+  once with the reason): pushed once per change, never pulled per request;
 - `usage_snapshot()`: last use and in-flight count per replica, read once a tick;
 - a `Waker` it calls when a request finds no ready replica;
 - `set_api_keys(keys)`: optional API keys (see `auth`), swapped whole like a catalog.
@@ -40,8 +41,8 @@ from . import auth as keyauth
 from . import errors
 from .balancer import Balancer, EndpointState
 from .coldstart import ColdStart, ColdTimeout, QueueFull, Waker
-from ..contracts import Endpoint
 from .. import httpbody
+from ..contracts import Endpoint, ModelCondition, ModelState
 from ..httpserver import ConnectionGuard, bound_port, json_errors, server_options
 from .config import DEFAULTS, RouterConfig
 from .limits import DepthError, PathError, check_depth, check_target
@@ -125,6 +126,9 @@ class Router:
         self._models_cache: tuple[object, bytes] = (None, b"")
         self._keys: keyauth.ApiKeys | None = None
         self._bad_urls: set[tuple[str, str]] = set()    # (replica id, url) left out, logged once
+        # Models the controller cannot place now, by name: a request finding no
+        # endpoint for one is answered at once (set_model_states).
+        self._unplaceable: dict[str, ModelState] = {}
         self.limiter = keyauth.Limiter(clock)
         self.metrics = RouterMetrics(RouterProbe(
             states=self.balancer.states,
@@ -159,6 +163,19 @@ class Router:
         self.cold.endpoints_changed(gained)
         if self.poller is not None:
             self.poller.resync()
+
+    def set_model_states(self, states: Iterable[ModelState]) -> None:
+        """Replace what the controller says about models without a ready replica. Call on the event loop, once per change.
+
+        Only `unplaceable` changes what a request gets (a 503 at once, with the
+        reason); `starting`, like no state at all, means a request waits.
+        Requests already waiting re-check, so one held for a model that turns
+        out unplaceable is answered now, not at the cold timeout.
+        """
+        new = {s.name: s for s in states if s.state is ModelCondition.UNPLACEABLE}
+        old = self._unplaceable
+        self._unplaceable = new
+        self.cold.nudge({name for name in new.keys() | old.keys() if new.get(name) != old.get(name)})
 
     def set_catalog(self, catalog: Catalog) -> None:
         """Make `catalog` the one new requests resolve against; requests already running keep theirs."""
@@ -424,6 +441,7 @@ class Router:
             self.cold.demand(model)
         state = balancer.pick(model)
         if state is None:
+            self._unless_unplaceable(model)
             if not self.cold.can_wait:
                 raise _Refused(errors.no_replica(model))
             state = await self._wait_for_endpoint(call, ())
@@ -483,18 +501,34 @@ class Router:
                 break
         raise _Refused(errors.upstream_failed(model, failure))
 
+    def _unless_unplaceable(self, model: str) -> None:
+        """_Refused (503 at once, with the placement's reason) when the controller says `model` cannot be placed now."""
+        said = self._unplaceable.get(model) if self._unplaceable else None
+        if said is not None:
+            raise _Refused(errors.unplaceable(model, said.reason, said.retry))
+
     async def _wait_for_endpoint(self, call: _Call, tried: tuple[EndpointState, ...]) -> EndpointState:
         """Hold `call` until an endpoint of its model not in `tried` is ready: a cold start, or every one refusing.
 
-        _Refused 429 when the model's queue is full, 503 past the cold timeout.
-        Every outcome is observed in the cold-wait histogram, and the time
+        _Refused 429 when the model's queue is full, 503 past the cold timeout
+        or as soon as the controller says the model cannot be placed. Every outcome is observed in the cold-wait histogram, and the time
         waited is left out of the router's overhead.
         """
         model, balancer, cold = call.model, self.balancer, self.cold
         observed = self.metrics.cold_wait
         wait_from = perf_counter()
+
+        def pick() -> EndpointState | None:
+            got = balancer.pick(model, tried)
+            if got is None:
+                self._unless_unplaceable(model)
+            return got
+
         try:
-            state = await cold.wait(model, lambda: balancer.pick(model, tried))
+            state = await cold.wait(model, pick)
+        except _Refused:
+            observed.labels(model, "unplaceable").observe(perf_counter() - wait_from)
+            raise
         except QueueFull:
             observed.labels(model, "queue_full").observe(0.0)
             raise _Refused(errors.queue_full(model, cold.max_waiting)) from None

@@ -16,6 +16,10 @@ Watch (long poll)::
         {"replica_id": "r-7", "model": "qwen2.5-7b-instruct", "profile": "h100",
          "engine": "vllm", "url": "http://10.0.0.5:8000", "priority": 10,
          "weight": 2.0, "metrics_path": "/metrics"}
+      ],
+      "models": [                         # models without a ready replica the controller has news of
+        {"name": "big-model", "state": "unplaceable",       # or "starting"
+         "reason": "profile h100 ...: pool h100: 0 of 4 GPUs free ..., needs 8", "retry": false}
       ]
     }
 
@@ -34,6 +38,10 @@ Watch (long poll)::
   `metrics_path` may be omitted (0, 1.0, "/metrics"). The router applies the
   catalog first, then the endpoints, so a new model's endpoints never arrive
   before the catalog that names it.
+- `models` (`llmgwctl.contracts.ModelState`, the complete list) may be absent
+  (a controller older than the field): no model is then unplaceable. An
+  entry whose state this router does not know is skipped. The router applies
+  them after the catalog and before the endpoints.
 
 Wake::
 
@@ -71,7 +79,7 @@ import aiohttp
 
 from ..backoff import Backoff
 from ..catalog import Catalog, CatalogError
-from ..contracts import Endpoint, UsageReport, UsageSource
+from ..contracts import Endpoint, ModelState, ModelStateError, UsageReport, UsageSource
 from .errors import RouterError
 
 log = logging.getLogger("llmgw.router.watch")
@@ -89,13 +97,15 @@ BACKOFF_MAX = 15.0
 
 
 class RouterSink(Protocol):
-    """Where a watch delivers what it learns: the router's two push surfaces.
+    """Where a watch delivers what it learns: the router's three push surfaces.
 
-    Declared here so the watch client depends only on these two methods, the
+    Declared here so the watch client depends only on these methods, the
     same ones the controller calls when both run in one process.
     """
 
     def set_catalog(self, catalog: Catalog) -> None: ...
+
+    def set_model_states(self, states: Iterable[ModelState]) -> None: ...
 
     def set_endpoints(self, endpoints: Iterable[Endpoint]) -> None: ...
 
@@ -107,6 +117,18 @@ class WatchError(RouterError):
 def _load_catalog(doc: Any) -> Catalog:
     from ..catalog import load_text     # the YAML/JSON loader; JSON is YAML
     return load_text(json.dumps(doc), file="<controller catalog>")
+
+
+def _model_states(docs: Iterable[Any]) -> list[ModelState]:
+    states = []
+    for doc in docs:
+        try:
+            states.append(ModelState.from_dict(doc))
+        except ModelStateError as exc:
+            # A state a newer controller knows and we don't: that model is
+            # treated as having none (a request waits), the rest still apply.
+            log.debug("skipping a model state: %s", exc)
+    return states
 
 
 class ControllerWatch:
@@ -139,6 +161,7 @@ class ControllerWatch:
             version = int(doc["version"])
             endpoints = [Endpoint.from_dict(e) for e in doc["endpoints"]]
             catalog_doc = doc["catalog"]
+            states = _model_states(doc.get("models") or ())
         except (KeyError, TypeError, ValueError) as exc:
             raise WatchError(f"{self._url}: malformed watch answer: {exc}") from None
         if version == self.version:
@@ -153,6 +176,7 @@ class ControllerWatch:
                       getattr(self._sink, "catalog", None), exc)
         else:
             self._sink.set_catalog(catalog)
+        self._sink.set_model_states(states)
         self._sink.set_endpoints(endpoints)
         self.version = version
         return True

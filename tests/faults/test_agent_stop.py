@@ -2,9 +2,11 @@
 
 Its engines are still up, but nothing watches them any more, so the
 controller must stop trusting them: after the node timeout they leave the
-router, after the replace grace replacements start on another node. When the
-agent is continued (SIGCONT) it gets an empty list and stops what it ran:
-no duplicate survives, in the status or as a process.
+router, and replacements start on another node (at once for a model nothing
+else serves, after the replace grace for one still served elsewhere). When
+the agent is continued (SIGCONT) its engines are surplus to the replacements
+that served meanwhile, and it is told to stop them: no duplicate survives, in
+the status or as a process.
 """
 import signal
 import time

@@ -264,7 +264,9 @@ def test_idle_model_scales_to_min_and_zero_frees_it():
     assert a.state in ("draining", "stopping")
 
 
-def test_lost_node_leaves_the_router_at_once_and_is_replaced_after_the_grace():
+def test_lost_node_leaves_the_router_at_once_and_its_only_replica_is_replaced_at_the_node_timeout():
+    # Issue 15: a model left with nothing ready is replaced at once, not after
+    # the grace (which still holds for a model served elsewhere: test_node_loss).
     w = World(catalog(model("a", pool="gpu")), settle=0)
     w.report("n1")
     w.report("n2")
@@ -276,16 +278,16 @@ def test_lost_node_leaves_the_router_at_once_and_is_replaced_after_the_grace():
     w.clock.now += 16
     w.agent_follows(other)          # the other node keeps reporting
     w.rec.reconcile_once()
-    assert a.state == "lost" and w.rec.endpoints == ()
-    assert len(w.rec.replicas) == 1, "no replacement before the grace: a flapping node must not reshuffle"
-    w.clock.now += 61
-    w.agent_follows(other)
-    w.rec.reconcile_once()
+    assert w.rec.endpoints == ()
     assert [r.node for r in w.rec.replicas.values()] == [other]
-    # The lost node comes back still running the old replica: it is told to stop it.
+    # The lost node comes back still running the old replica, which is now
+    # surplus: it is told to stop it, and the replacement stays.
+    w.agent_follows(other)
+    w.step()
     w.report(lost)
     w.step()
     assert w.desired.get(lost)[1] == ()
+    assert [r.node for r in w.rec.replicas.values() if r.state == "ready"] == [other]
 
 
 def test_unplaceable_model_gets_a_reason():

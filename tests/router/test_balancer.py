@@ -74,6 +74,30 @@ def test_weight_divides_load():
     assert counts(b) == {"heavy": 2000}
 
 
+def test_weights_split_idle_endpoints_by_weight():
+    # Sequential requests find every endpoint idle: each pick is a tie of load,
+    # and the weights alone must decide it (3:1 here, not the coin toss it was).
+    b, _ = make(ep("heavy", weight=3), ep("light", weight=1))
+    for rid in ("heavy", "light"):
+        b.record(state(b, rid), LoadReading(running=0, waiting=0))
+    got = counts(b, n=4000)
+    assert 2850 <= got["heavy"] <= 3150, got     # 3000 expected, sd 27
+
+
+def test_weights_split_unknown_load_by_weight_and_three_ways():
+    # No readings yet (every engine just joined): the same tie, the same split.
+    b, _ = make(ep("a", weight=3), ep("b", weight=2), ep("c", weight=1))
+    got = counts(b, n=6000)
+    assert 2800 <= got["a"] <= 3200 and 1800 <= got["b"] <= 2200 and 800 <= got["c"] <= 1200, got
+
+
+def test_weighted_unequal_load_still_goes_to_less_load_per_weight():
+    b, _ = make(ep("heavy", weight=3), ep("light", weight=1))
+    state(b, "heavy").inflight = 6      # 2 per unit of weight
+    state(b, "light").inflight = 1      # 1 per unit
+    assert counts(b) == {"light": 2000}
+
+
 def test_equal_load_is_spread_not_herded():
     b, _ = make(ep("a"), ep("b"), ep("c"))
     got = counts(b, n=3000)
