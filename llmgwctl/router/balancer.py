@@ -32,7 +32,7 @@ import random
 import time
 from typing import Callable, Iterable
 
-from ..contracts import Endpoint, LoadReading
+from ..contracts import Endpoint, LoadReading, Usage
 
 # An engine is treated as full when this much of its KV cache is in use: past
 # it, vLLM and SGLang start preempting or queueing, so a lower tier with room
@@ -124,8 +124,8 @@ class Balancer:
     def states(self) -> tuple[EndpointState, ...]:
         return tuple(self._states.values())
 
-    def usage_snapshot(self) -> dict[str, tuple[float | None, int]]:
-        snapshot = {rid: (st.last_used, st.inflight) for rid, st in self._states.items()}
+    def usage_snapshot(self) -> dict[str, Usage]:
+        snapshot = {rid: Usage(st.last_used, st.inflight) for rid, st in self._states.items()}
         # A withdrawn endpoint still carrying requests is what the controller's
         # drain waits on: report it until its last request finishes, then let
         # it fall out (absent means nothing in flight).
@@ -133,7 +133,7 @@ class Balancer:
             if st.inflight <= 0:
                 del self._withdrawn[rid]
             else:
-                snapshot.setdefault(rid, (st.last_used, st.inflight))
+                snapshot.setdefault(rid, Usage(st.last_used, st.inflight))
         return snapshot
 
     def ready_count(self, model: str) -> int:
@@ -189,7 +189,7 @@ class Balancer:
             # Unknown is not idle: count one request more than we know of, so a
             # peer known to be idle wins a tie but this one still takes traffic
             # when its peers are busy. An engine without metrics is not stale.
-            busy = st.inflight + (0 if st.endpoint.metrics_path is None else 1)
+            busy: float = st.inflight + (0 if st.endpoint.metrics_path is None else 1)
         else:
             # Our in-flight count and the engine's running gauge see the same
             # requests from two sides: ours is immediate, the engine's lags one

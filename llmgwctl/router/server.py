@@ -42,7 +42,7 @@ from . import errors
 from .balancer import Balancer, EndpointState
 from .coldstart import ColdStart, ColdTimeout, QueueFull, Waker
 from .. import httpbody
-from ..contracts import Endpoint, ModelCondition, ModelState
+from ..contracts import Endpoint, ModelCondition, ModelState, Usage
 from ..httpserver import ConnectionGuard, bound_port, json_errors, server_options
 from .config import DEFAULTS, RouterConfig
 from .limits import DepthError, PathError, check_depth, check_target
@@ -192,7 +192,7 @@ class Router:
         if keys is not None:
             self.limiter.retain(keys.names())
 
-    def usage_snapshot(self) -> dict[str, tuple[float | None, int]]:
+    def usage_snapshot(self) -> dict[str, Usage]:
         """{replica_id: (last use on the router's monotonic clock or None, requests in flight)}."""
         return self.balancer.usage_snapshot()
 
@@ -446,6 +446,7 @@ class Router:
                 raise _Refused(errors.no_replica(model))
             state = await self._wait_for_endpoint(call, ())
         pool = self._pool
+        assert pool is not None     # made in _on_startup, which aiohttp runs before it serves a request
         idle_timeout = (self.config.upstream_idle_timeout or None) if call.stream else None
         path = call.request.raw_path
         tried: tuple[EndpointState, ...] = ()
