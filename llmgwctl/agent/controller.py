@@ -195,7 +195,7 @@ async def desired_loop(client: ControllerClient, agent: DesiredSink, stop: async
 
 
 def _version_of(exc: DesiredError, current: int) -> int:
-    return getattr(exc, "version", current)
+    return exc.version if exc.version is not None else current
 
 
 async def file_loop(follow: DesiredFile, agent: DesiredSink, stop: asyncio.Event, recheck: float = FILE_RECHECK) -> None:

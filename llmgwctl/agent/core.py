@@ -40,6 +40,7 @@ from ..contracts import AgentReport, EngineAvailability, Gpu, ReplicaSpec, Repli
 from ..engines.errors import EngineError, LaunchError
 from ..engines.spec import Driver
 from . import procs, state
+from .state import Record
 from ..aio import sleep_unless
 from ..backoff import Backoff
 from .backoff import restart_schedule
@@ -100,7 +101,7 @@ class Replica:
     def running(self) -> bool:
         return self.pid is not None
 
-    def record(self) -> state.Record | None:
+    def record(self) -> Record | None:     # not state.Record: in this class `state` is the field
         if self.pid is None or self.start_time is None or self.pgid is None or self.port is None:
             return None
         spec = dataclasses.replace(self.spec, gpu_indices=self.gpu_indices)
@@ -205,7 +206,8 @@ class Agent:
         procs.group_is_ours); a reused pid means the group is long gone.
         """
         leader_free = await asyncio.to_thread(procs.start_time, rec.pgid) is None
-        if leader_free and await asyncio.to_thread(procs.group_members, rec.pgid):
+        # len(): with a bare list after `and`, mypy infers group_members as if it returned bool.
+        if leader_free and len(await asyncio.to_thread(procs.group_members, rec.pgid)) > 0:
             log.warning("replica %s: its engine died while the agent was down; stopping what it left "
                         "in process group %d", rec.spec.id, rec.pgid)
             await self._signal_and_wait(rec.spec.id, rec.pgid, None)
@@ -277,6 +279,7 @@ class Agent:
             if r.state != STARTING:
                 continue
             if ok:
+                assert r.port is not None   # it was probed: see _probe
                 r.state, r.reason = READY, ""
                 r.backoff.ready()
                 log.info("replica %s: ready at %s (pid %d)", r.spec.id, self.url(r.port), r.pid)
@@ -285,12 +288,15 @@ class Agent:
                 await self._crashed(r, None, f"not healthy within {self.start_timeout:.0f}s of starting")
 
     async def _probe(self, r: Replica) -> bool:
+        port = r.port
+        # Only a replica with a pid is probed, and _start and adoption set its port with its pid.
+        assert port is not None
         # An engine bound to every address is probed on loopback: the probe must
         # not depend on how this node's advertised address routes.
         if self.host in ("0.0.0.0", "::"):
-            url = f"http://127.0.0.1:{r.port}{r.health_path}"
+            url = f"http://127.0.0.1:{port}{r.health_path}"
         else:
-            url = self.url(r.port) + r.health_path
+            url = self.url(port) + r.health_path
         try:
             async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT)) as resp:
                 return resp.status == 200
@@ -299,6 +305,7 @@ class Agent:
 
     async def _converge(self, desired: tuple[ReplicaSpec, ...]) -> None:
         want = {s.id: s for s in desired}
+        r: Replica | None   # the second loop's lookup may find none
         for r in list(self.replicas.values()):
             if r.state == STOPPING:
                 continue

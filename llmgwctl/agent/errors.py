@@ -32,7 +32,9 @@ class PortRangeError(AgentError, ValueError):
 
 
 class DesiredError(AgentError, ValueError):
-    pass
+    # The bad document's version when it had one, so the agent skips that version
+    # instead of asking for it again (agent/controller.py); None when it had none.
+    version: int | None = None
 
 
 class StateLockedError(AgentError):

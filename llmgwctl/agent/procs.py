@@ -56,7 +56,9 @@ def start_time(pid: int) -> int | None:
 def is_same_process(pid: int, started: int) -> bool:
     """Whether `pid` is still the process that started at `started` (and not a zombie)."""
     fields = _stat_fields(pid)
-    return bool(fields) and fields[0] != "Z" and int(fields[22 - 3]) == started
+    if not fields:
+        return False
+    return fields[0] != "Z" and int(fields[22 - 3]) == started
 
 
 def group_members(pgid: int) -> list[int]:

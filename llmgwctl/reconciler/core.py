@@ -414,14 +414,16 @@ class Reconciler:
         for a in plan.start:
             model = catalog.resolve(a.model)
             profile = _profile(model, a.profile)
+            # place() starts only a model it took from this catalog, with one of that model's profiles.
+            assert model is not None and profile is not None
             rid = _new_id(model.name)
             spec = ReplicaSpec.for_profile(rid, model, profile, catalog.engines[profile.engine], a.gpu_indices)
             self.replicas[rid] = Replica(spec=spec, node=a.node, created=now)
             self.event("replica-placed", f"{rid} ({model.name}/{profile.name}) on {a.node} GPUs {list(a.gpu_indices) or 'none'}")
         unplaceable = {u.model: u.reason for u in plan.unplaceable}
-        for model, reason in unplaceable.items():
-            if self.unplaceable.get(model) != reason:
-                self.event("unplaceable", f"{model}: {reason}")
+        for name, reason in unplaceable.items():
+            if self.unplaceable.get(name) != reason:
+                self.event("unplaceable", f"{name}: {reason}")
         self.unplaceable = unplaceable
         self._derive_model_states(catalog)
 
@@ -471,7 +473,8 @@ class Reconciler:
 
     def _placement_input(self, catalog: Catalog) -> tuple[list[Running], list[NodeView]]:
         expected = self._expected_hashes(catalog)
-        running, held = [], collections.defaultdict(set)
+        running: list[Running] = []
+        held: dict[str, set[int]] = collections.defaultdict(set)
         for rec in self.replicas.values():
             if rec.state in (ReplicaState.DRAINING, ReplicaState.STOPPING):
                 # Still holding its GPUs until its engine is gone, but no longer
@@ -506,6 +509,9 @@ class Reconciler:
             if rec.state != ReplicaState.DRAINING:
                 continue
             _, inflight = usage.get(rec.spec.id, UNUSED)
+            # Only _plan and _trim_returned make a replica DRAINING, and both set drain_since
+            # (an agent cannot report DRAINING: it is not in AGENT_STATES, so adoption never brings it).
+            assert rec.drain_since is not None
             if inflight == 0 or now - rec.drain_since >= self.drain_grace:
                 rec.state = ReplicaState.STOPPING
                 why = "drained" if inflight == 0 else f"drain grace over with {inflight} in flight"
@@ -528,8 +534,8 @@ class Reconciler:
         for rec in sorted(self.replicas.values(), key=lambda r: r.spec.id):
             if rec.state != ReplicaState.READY or not rec.url:
                 continue
-            node = self.inventory.get(rec.node)
-            if node is None or not node.reachable:
+            host = self.inventory.get(rec.node)
+            if host is None or not host.reachable:
                 continue
             model = catalog.resolve(rec.spec.model)
             profile = _profile(model, rec.spec.profile) if model is not None else None
@@ -565,8 +571,8 @@ class Reconciler:
         running, views = self._placement_input(catalog)
         plan = place(catalog, views, running, wanted)
         by_id = {r.replica_id: r for r in running}
-        stale = [r for r in running if not r.current and _profile(catalog.resolve(r.model), r.profile) is not None
-                 and catalog.resolve(r.model).name == r.model]
+        stale = [r for r in running if not r.current and (m := catalog.resolve(r.model)) is not None
+                 and m.name == r.model and _profile(m, r.profile) is not None]
         return {
             "start": [{"model": a.model, "profile": a.profile, "node": a.node, "gpus": list(a.gpu_indices)} for a in plan.start],
             "stop": [{"id": s.replica_id, "model": by_id[s.replica_id].model if s.replica_id in by_id else "",

@@ -56,6 +56,8 @@ class LoadPoller:
 
     async def _poll(self, st: EndpointState) -> None:
         ep = st.endpoint
+        if ep.metrics_path is None:
+            return      # poll_once passes only endpoints with one; an engine without metrics is not polled
         try:
             async with self._session.get(ep.url + ep.metrics_path, timeout=self._timeout) as resp:
                 if resp.status != 200:

@@ -131,7 +131,7 @@ class Response:
 
     async def read(self) -> bytes:
         """The whole body."""
-        parts = []
+        parts: list[bytes] = []
         while True:
             if self._chunks:
                 parts.extend(self._chunks)
@@ -286,8 +286,13 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools callbacks -----------------------------------------------------------
 
+    # The parser runs only inside data_received, past its check that a request
+    # is out, and nothing a callback does clears `self.response`: every one finds it set.
+
     def on_message_begin(self) -> None:
-        if self.response.complete:
+        response = self.response
+        assert response is not None     # see above
+        if response.complete:
             # A second answer before this one was released (an engine answering
             # twice, in the same read or before the release): it would overwrite
             # this answer's status and headers and extend its body. The error
@@ -295,10 +300,13 @@ class _Connection(asyncio.Protocol):
             raise UpstreamBroken("the engine answered twice")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.response.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        # Called per header line: no assert here or in on_body, per chunk (the
+        # invariant above holds; this is the hot path and costs what it did).
+        self.response.headers[name.decode("latin-1").lower()] = value.decode("latin-1")  # type: ignore[union-attr]
 
     def on_headers_complete(self) -> None:
         response = self.response
+        assert response is not None     # see above on_message_begin
         response.status = self.parser.get_status_code()
         headers = response.headers
         if "content-length" not in headers and "chunked" not in headers.get("transfer-encoding", "") \
@@ -313,7 +321,7 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(None)
 
     def on_body(self, body: bytes) -> None:
-        self.response.feed(body)
+        self.response.feed(body)  # type: ignore[union-attr]  # set: see above on_message_begin
 
     def on_message_complete(self) -> None:
         response = self.response
@@ -389,10 +397,15 @@ class _Connection(asyncio.Protocol):
             self.response.fail(error)
         self.close()
 
+    # Asked only by a Response, which exists only once send() found a transport,
+    # and the transport is never unset.
+
     def pause_reading(self) -> None:
+        assert self.transport is not None   # see above
         self.transport.pause_reading()
 
     def resume_reading(self) -> None:
+        assert self.transport is not None   # see above
         self.transport.resume_reading()
 
     def finish(self, response: Response) -> None:
@@ -475,8 +488,10 @@ class Pool:
                 if conn.reused:
                     continue        # as below: a fresh connection tells whether the engine is gone
                 raise
+            headers_in = conn.headers_in
+            assert headers_in is not None   # set by the send() just above, with nothing run since
             try:
-                await conn.headers_in
+                await headers_in
             except ConnectFailed:
                 conn.finish(response)
                 if conn.reused:
@@ -512,7 +527,8 @@ class Pool:
                 expired_before = self._clock() - self.keepalive_timeout
                 while idle:
                     conn = idle.pop()       # the most recently used: least likely to be closing
-                    if not conn.closed and conn.idle_since > expired_before and not conn.transport.is_closing():
+                    if not conn.closed and conn.idle_since > expired_before and conn.transport is not None \
+                            and not conn.transport.is_closing():
                         conn.reused = True
                         return conn
                     conn.close()
