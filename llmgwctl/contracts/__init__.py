@@ -25,12 +25,13 @@ from .errors import ContractError, EndpointError, ReportError, UsageError
 from .report import AgentReport, EngineAvailability, Gpu, ReportedReplica
 from .spec import LoadReading, ReplicaSpec
 from .states import AGENT_STATES, ReplicaState
-from .status import CatalogStatus, ControlStatus, Event, FleetStatus, ModelStatus, NodeStatus, ReplicaStatus
+from .status import (CatalogStatus, ControlStatus, Event, FleetStatus, GpuStatus, ModelStatus, NodeStatus,
+                     ReplicaStatus)
 from .usage import Usage, UsageReport, UsageSnapshot, UsageSource
 
 __all__ = [
     "AGENT_STATES", "AgentReport", "CatalogStatus", "ContractError", "ControlStatus", "Endpoint", "EndpointError",
-    "EngineAvailability", "Event", "FleetStatus", "Gpu", "LoadReading", "ModelStatus", "NodeStatus",
+    "EngineAvailability", "Event", "FleetStatus", "Gpu", "GpuStatus", "LoadReading", "ModelStatus", "NodeStatus",
     "ReplicaSpec", "ReplicaState", "ReplicaStatus", "ReportError", "ReportedReplica", "Usage", "UsageError",
     "UsageReport", "UsageSnapshot", "UsageSource",
 ]

@@ -30,6 +30,7 @@ from typing import Callable, Iterable, Mapping, Protocol
 from ..catalog import Catalog, Live, Model, Profile
 from ..contracts import (Endpoint, Event, FleetStatus, ModelStatus, NodeStatus, ReplicaSpec, ReplicaState,
                          ReplicaStatus, ReportedReplica, UsageSnapshot, UsageSource)
+from ..contracts.status import GpuStatus
 from ..contracts.usage import UNUSED
 from ..inventory import Inventory, Node
 from ..placement import NodeView, Running, place
@@ -454,11 +455,12 @@ class Reconciler:
                 last_exit=rep.last_exit if rep else None, adopted=rec.adopted,
                 inflight=inflight, idle_seconds=round(now - last, 1) if last is not None else None,
                 reason=rec.drain_reason if stopping else (rep.reason if rep else ""),
-                spec_hash=rec.spec_hash,
+                spec_hash=rec.spec_hash, last_log=rep.last_log if rep else (),
             ))
         nodes = []
         for node in sorted(self.inventory.nodes(), key=lambda n: n.name):
-            used = {i for r in self.replicas.values() if r.node == node.name for i in r.spec.gpu_indices}
+            holders = {i: r.spec.id for r in self.replicas.values() if r.node == node.name for i in r.spec.gpu_indices}
+            used = set(holders)
             nodes.append(NodeStatus(
                 name=node.name, reachable=node.reachable, pools=tuple(sorted(node.pools)),
                 gpus=len(node.gpus), gpus_used=len(used & {g.index for g in node.gpus}),
@@ -467,6 +469,8 @@ class Reconciler:
                 engines_missing={n: why for n, (ok, why) in sorted(node.engines.items()) if not ok},
                 last_seen_seconds=round(now - node.last_seen, 1), reports=node.reports,
                 conflict=self.inventory.conflict(node),
+                gpu_list=tuple(GpuStatus(g.index, g.name, g.memory_mib, holders.get(g.index))
+                               for g in sorted(node.gpus, key=lambda g: g.index)),
             ))
         return FleetStatus(settled=self.settled, passes=self.passes, models=tuple(models),
                            replicas=tuple(replicas), nodes=tuple(nodes), events=tuple(self.events))
