@@ -45,15 +45,13 @@ def command(replica, follow, tail, controller):
         except (ValueError, KeyError, TypeError):
             message = resp.text[:300]
         raise click.ClickException(f"{message} (HTTP {resp.status_code})")
-    out = click.get_text_stream("stdout")
     try:
         for raw in resp.iter_lines():
             if not raw:
                 continue
             chunk = json.loads(raw)
-            for line in chunk.get("lines", ()):
-                out.write(line + "\n")
-            out.flush()
+            if chunk.get("lines"):
+                click.echo("\n".join(chunk["lines"]))     # flushed: -f shows each line as it comes
             if "error" in chunk:
                 raise click.ClickException(chunk["error"])
             if chunk.get("done"):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import ControlError
 
@@ -109,7 +110,7 @@ class LogRelay:
         stream = self._streams.get(stream_id)
         if stream is None or stream.node != node or stream.closed:
             return False
-        chunk = {"lines": [line[:MAX_LINE] for line in lines[:MAX_CHUNK_LINES]]}
+        chunk: dict[str, Any] = {"lines": [line[:MAX_LINE] for line in lines[:MAX_CHUNK_LINES]]}
         if error:
             chunk = {"error": str(error)[:MAX_LINE]}
         elif done:
