@@ -63,6 +63,9 @@ CONSOLE_PATH = re.compile(r"/(?:ui(?:/(?:[a-z0-9-]+\.(?:html|js|css|svg))?)?)?\Z
 # Routes a standalone router calls with the agent token: the watch streams,
 # its usage reports (idle stop and drain count its traffic) and wake.
 ROUTER_PREFIXES = ("/api/v1/watch/", "/api/v1/wake", "/api/v1/usage")
+# Watch streams that are not a router's: the console's status stream shows
+# what `/api/v1/status` shows, so it takes the admin token as status does.
+ADMIN_WATCHES = frozenset({"/api/v1/watch/status"})
 # `/api/v1/agents/{node}/...`: reports and the desired long-poll, one node's each.
 NODE_PREFIX = "/api/v1/agents/"
 # Every route an agent or a router may call (kept for readers of the old name).
@@ -200,7 +203,7 @@ class ControlAuth:
                 return Refusal(403, f"this is node {claimed!r}'s token; it may not report or read node "
                                     f"{target!r} (each agent reports as the node its token names)")
             return None
-        if agent_ok and path.startswith(ROUTER_PREFIXES):
+        if agent_ok and path.startswith(ROUTER_PREFIXES) and path not in ADMIN_WATCHES:
             return None
         return _NEED_TOKEN
 

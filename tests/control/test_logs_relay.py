@@ -71,6 +71,14 @@ def test_the_console_files_are_open_and_nothing_else_is():
         assert refusal is not None and refusal.status == 401, path
 
 
+def test_the_status_stream_takes_the_admin_token_as_status_does_not_a_routers():
+    admin, agent = "admin-" + "a" * 20, "agent-" + "b" * 20
+    auth = ControlAuth(admin, agent)
+    assert auth.check("/api/v1/watch/status", f"Bearer {admin}") is None
+    assert auth.check("/api/v1/watch/status", f"Bearer {agent}").status == 401
+    assert auth.check("/api/v1/watch/endpoints", f"Bearer {agent}") is None
+
+
 def test_a_change_of_only_ages_is_no_news_for_the_status_stream():
     status = {"passes": 3, "models": [], "nodes": [{"name": "n", "last_seen_seconds": 1.0, "reports": 4}],
               "replicas": [{"id": "r", "state": "ready", "idle_seconds": 2.0}]}

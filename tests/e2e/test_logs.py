@@ -45,6 +45,11 @@ def test_status_and_logs_show_why_a_replica_failed_and_follow_a_live_log(tmp_pat
         assert table.returncode == 0, table.stderr
         assert crashed["id"] in table.stdout and OOM in table.stdout
         assert re.search(r"(code|exit) 3\b", table.stdout), table.stdout
+        wide = _llmgwctl(fleet, "status", "-o", "wide")
+        assert wide.returncode == 0 and re.search(r"^REPLICA .* EXIT$", wide.stdout, re.M), wide.stdout
+        # The engine's error line is longer than a table cell may be; wide prints it whole.
+        oom_line = next(line for line in crashed["last_log"] if OOM in line)
+        assert len(f"    | {oom_line}") > 100 and f"| {oom_line}" in wide.stdout
 
         # The whole log, through the controller, from the agent.
         out = _llmgwctl(fleet, "logs", crashed["id"], "--tail", "5")
