@@ -41,6 +41,8 @@ kind: Catalog
 models:
   - name: fake-two
     profiles: [{name: h100, engine: fake, gpus: 1, args: ["--startup-delay", "1"]}]
+  - name: crashy
+    profiles: [{name: cpu, engine: fake, gpus: 0, args: ["--crash-after", "0.2"]}]
 """
 BAD = """\
 apiVersion: llmgw/v1
@@ -117,6 +119,11 @@ def test_console_follows_the_fleet_live_and_shows_a_rejected_edit(tmp_path, brow
         # Profiles come from the catalog in force, fetched when its version changed.
         expect(page.locator("#models tr[data-model=fake-two]")).to_contain_text("h100: fake, 1 GPU,")
         two = page.locator("#replicas tr", has_text="fake-two").get_attribute("data-replica")
+        # A crashed engine: its exit code and its own last words, on the page.
+        crashed = page.locator("#replicas tr", has_text="crashy")
+        expect(crashed.locator("pre.log")).to_contain_text("CUDA out of memory", timeout=WAIT_MS)
+        expect(crashed.locator('td[data-label="Last exit"]')).to_have_text("3")
+        crashed.locator("details summary").click()
         node = page.locator("#nodes tbody tr")
         expect(node).to_contain_text("1 / 2 used")
         expect(node).to_contain_text(f"GPU 0 H100-80GB · 80 GiB · {two}")
