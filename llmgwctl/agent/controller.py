@@ -47,6 +47,9 @@ RETRY_INITIAL, RETRY_CAP = 1.0, 30.0
 # see (an edit made on another NFS client), and a missing directory is looked
 # for again as often.
 FILE_RECHECK = 10.0
+# A chunk of engine log (agent.logs): the controller may hold it up to 10 s for
+# a slow reader before it answers (control.logs.DELIVER_TIMEOUT); 20 s covers that.
+LOGS_TIMEOUT = 20.0
 
 
 class DesiredSink(Protocol):
@@ -59,13 +62,29 @@ class DesiredSink(Protocol):
 
 class ControllerClient:
     def __init__(self, base_url: str, node: str, session: aiohttp.ClientSession, token: str | None = None,
-                 instance_id: str = ""):
+                 instance_id: str = "", on_log_requests: Callable[[Any], None] | None = None):
         self.base = base_url.rstrip("/") + f"/api/v1/agents/{node}"
         self.session = session
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         # Sent with every long-poll: the controller gives the node's replicas only
         # to the agent process that speaks for it (a second one gets 409).
         self.instance_id = instance_id
+        # The controller asks for engine logs in its desired answers (it cannot
+        # dial in); they go here (agent.logs.LogSender.handle), before the list.
+        self.on_log_requests = on_log_requests
+
+    async def post_logs(self, request_id: str, body: dict[str, Any]) -> bool:
+        """POST one chunk of a requested log; True while the controller still has a reader for it."""
+        url = f"{self.base}/logs/{request_id}"
+        try:
+            async with self.session.post(url, json=body, headers=self.headers,
+                                         timeout=aiohttp.ClientTimeout(total=LOGS_TIMEOUT)) as resp:
+                if resp.status >= 300 and resp.status != 410:
+                    log.warning("POST %s: HTTP %d: %s", url, resp.status, (await resp.text())[:200])
+                return resp.status < 300
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            log.warning("POST %s: %s; that log stream ends", url, exc or type(exc).__name__)
+            return False
 
     async def post_report(self, body: dict[str, Any]) -> None:
         try:
@@ -100,6 +119,8 @@ class ControllerClient:
             raise ControllerError(f"GET {url}: {exc or type(exc).__name__}") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("version"), int):
             raise DesiredError(f"GET {url}: expected {{\"version\": N, \"replicas\": [...]}}, got {str(doc)[:200]}")
+        if doc.get("log_requests") and self.on_log_requests is not None:
+            self.on_log_requests(doc["log_requests"])
         try:
             return doc["version"], parse_replicas(doc.get("replicas", []), f"{url} version {doc['version']}")
         except DesiredError as exc:

@@ -22,6 +22,7 @@ from .controller import HEARTBEAT, ControllerClient, desired_loop, file_loop, re
 from . import state
 from .core import START_TIMEOUT, STOP_GRACE, TICK, Agent
 from .desired import DesiredFile
+from .logs import LogSender
 from .gpus import discover
 from .ports import PortRange
 
@@ -77,6 +78,7 @@ async def _run(cfg: AgentConfig, stop: asyncio.Event) -> None:
                  ", ".join(n for n, (ok, _) in sorted(engines.items()) if ok) or "none")
         await agent.adopt()
         tasks = []
+        logs: LogSender | None = None
         if cfg.desired_file is not None:
             follow = DesiredFile(cfg.desired_file)
             # Read the file before the first pass, so a restarted agent does not
@@ -87,6 +89,8 @@ async def _run(cfg: AgentConfig, stop: asyncio.Event) -> None:
             tasks.append(asyncio.create_task(file_loop(follow, agent, stop), name="desired-file"))
         if cfg.controller is not None:
             client = ControllerClient(cfg.controller, cfg.node, session, cfg.token, agent.instance_id)
+            logs = LogSender(client, agent.log_path, lambda rid: rid in agent.replicas, stop)
+            client.on_log_requests = logs.handle
             tasks.append(asyncio.create_task(report_loop(client, agent.report, changed, stop, cfg.heartbeat), name="report"))
             if cfg.desired_file is None:
                 tasks.append(asyncio.create_task(desired_loop(client, agent, stop), name="desired"))
@@ -97,6 +101,8 @@ async def _run(cfg: AgentConfig, stop: asyncio.Event) -> None:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if logs is not None:
+                await logs.close()
             await agent.close()
         # Say what is actually left: `serve` stops its local engines before its agent.
         running = sum(r.running for r in agent.replicas.values())

@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "agent": "llmgwctl.cli.agent",
     "catalog": "llmgwctl.cli.catalog",
     "engine": "llmgwctl.cli.engine",
+    "logs": "llmgwctl.cli.logs",
     "router": "llmgwctl.cli.router",
     "serve": "llmgwctl.cli.serve",
     "status": "llmgwctl.cli.status",

@@ -104,25 +104,37 @@ def diff(old, new, fmt):
 
 
 @command.command()
-@click.option("-f", "--file", "path", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="The catalog file to apply; its name is the name it gets in the catalog directory.")
+@click.option("-f", "--file", "path", required=True, type=click.Path(exists=True, dir_okay=False, allow_dash=True),
+              help="The catalog file to apply, or - for standard input; its name is the name it gets in the "
+                   "catalog directory.")
 @click.option("--dry-run", is_flag=True, help="Validate and show the plan; write nothing.")
-@click.option("--as", "name", metavar="NAME.yaml", help="Name in the catalog directory [default: the file's name].")
+@click.option("--as", "name", metavar="NAME.yaml",
+              help="Name in the catalog directory [default: the file's name; required with -f -].")
 @controller_option
 @output_option
 def apply(path, dry_run, name, controller, fmt):
     """Validate FILE as part of the running catalog, show the plan, and put it in force.
 
     The controller writes the file into its catalog directory atomically, and
-    its watcher takes it like any other edit. Exit 0 when applied (or the dry
+    its watcher takes it like any other edit. With -f - the document is read
+    from standard input and --as names it. Exit 0 when applied (or the dry
     run is valid), 1 when the catalog would be invalid (nothing is written).
     """
     import os
 
     import requests
 
-    with open(path, encoding="utf-8", errors="strict") as f:
-        content = f.read()
+    if path == "-":
+        if not name:
+            raise click.UsageError("with -f - (standard input) give the file's name in the catalog directory: "
+                                   "--as NAME.yaml", ctx=click.get_current_context())
+        try:
+            content = sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise click.ClickException(f"standard input is not UTF-8 text: {exc}") from None
+    else:
+        with open(path, encoding="utf-8", errors="strict") as f:
+            content = f.read()
     url = controller.rstrip("/") + "/api/v1/catalog" + ("?dry_run=1" if dry_run else "")
     try:
         resp = requests.post(url, json={"filename": name or os.path.basename(path), "content": content}, timeout=30,

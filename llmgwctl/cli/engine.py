@@ -1,10 +1,11 @@
 """`llmgwctl engine ...`: the built-in fake engine, and which engines this node can run."""
 from __future__ import annotations
 
-import json
 import sys
 
 import click
+
+from .output import dump, output_option
 
 
 @click.group("engine")
@@ -32,14 +33,22 @@ def command() -> None:
               help="Reply length when a request sets no max_tokens (finish_reason stop).")
 @click.option("--embedding-dim", type=click.IntRange(min=1), default=16, show_default=True,
               help="Length of the deterministic embedding vectors.")
+@click.option("--crash-after", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Print a CUDA out-of-memory error and exit this long after starting (as a real engine that "
+                   "runs out of GPU memory does).")
+@click.option("--crash-code", type=click.IntRange(1, 255), default=3, show_default=True,
+              help="The exit code of --crash-after.")
+@click.option("--log-requests", is_flag=True, help="Print one line per request on stdout, like vLLM's access log.")
 def fake(model: str, port: int, host: str, replica_id: str, startup_delay: float, tokens_per_second: float,
-         ttft: float, max_num_seqs: int, fail_rate: float, default_max_tokens: int, embedding_dim: int) -> None:
+         ttft: float, max_num_seqs: int, fail_rate: float, default_max_tokens: int, embedding_dim: int,
+         crash_after: float | None, crash_code: int, log_requests: bool) -> None:
     """Serve a fake vLLM: OpenAI routes, /health, /metrics, no GPU."""
     from ..engines.fake_server import FakeConfig, run
 
     config = FakeConfig(model=model, host=host, port=port, replica_id=replica_id, startup_delay=startup_delay,
                         tokens_per_second=tokens_per_second, ttft=ttft, max_num_seqs=max_num_seqs,
-                        fail_rate=fail_rate, default_max_tokens=default_max_tokens, embedding_dim=embedding_dim)
+                        fail_rate=fail_rate, default_max_tokens=default_max_tokens, embedding_dim=embedding_dim,
+                        crash_after=crash_after, crash_code=crash_code, log_requests=log_requests)
 
     def announce(bound: int) -> None:
         # One line a parent process can read to learn the port when it asked for 0.
@@ -52,15 +61,14 @@ def fake(model: str, port: int, host: str, replica_id: str, startup_delay: float
 
 
 @command.command("list")
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def list_(output: str) -> None:
+@output_option
+def list_(fmt: str) -> None:
     """Which built-in engines this node can run, and how to fix the ones it can't."""
     from ..engines import available_engines
 
     found = available_engines()
-    if output == "json":
-        click.echo(json.dumps({name: {"available": ok, "reason": why} for name, (ok, why) in found.items()},
-                              indent=2))
+    if fmt != "table":
+        click.echo(dump({name: {"available": ok, "reason": why} for name, (ok, why) in found.items()}, fmt))
         return
     width = max(len(n) for n in found)
     for name, (ok, why) in found.items():

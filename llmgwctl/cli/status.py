@@ -7,7 +7,7 @@ import time
 import click
 
 from .common import controller_headers, controller_option
-from .output import dump, output_option, table
+from .output import dump, table
 
 
 def _ago(seconds) -> str:
@@ -51,8 +51,14 @@ def _degraded_loops(status: dict, now: float) -> list[str]:
     return out
 
 
-def render(status: dict, now: float | None = None, events: int = 8) -> str:
-    """The status as tables that fit a 100-column terminal."""
+# Log lines shown under a replica that is not ready: the end of a crash is
+# where its reason is; `llmgwctl logs ID` has the rest.
+LOG_LINES = 5
+
+
+def render(status: dict, now: float | None = None, events: int = 8, wide: bool = False) -> str:
+    """The status as tables. Ids, GPUs, engines and endpoints are never cut (an id is what
+    `llmgwctl logs` takes, and `0,1,…` hides which GPUs); `wide` cuts nothing and adds columns."""
     now = time.time() if now is None else now
     cat = status["catalog"]
     swapped = now - cat["swapped_at"] if cat.get("swapped_at") else None
@@ -74,21 +80,35 @@ def render(status: dict, now: float | None = None, events: int = 8) -> str:
     for m in status["models"]:
         if m.get("unplaceable"):
             out.extend(_wrap(f"cannot place {m['name']}: {m['unplaceable']}"))
+    cut = (lambda text, width: "" if text is None else str(text)) if wide else _cut
     if status["replicas"]:
         out.append("")
-        out.append(table(("REPLICA", "PROFILE", "NODE", "GPUS", "STATE", "ENDPOINT", "RST", "USED"), [
-            (_cut(r["id"], 24), _cut(r["profile"], 10), _cut(r["node"], 10), _cut(",".join(map(str, r["gpus"])) or "-", 5),
-             r["state"], _cut((r.get("url") or "-").replace("http://", ""), 21), r["restarts"],
+        headers = ("REPLICA", "PROFILE", "NODE", "GPUS", "STATE", "ENDPOINT", "RST", "USED")
+        out.append(table(headers + (("MODEL", "ENGINE", "PID", "EXIT") if wide else ()), [
+            (r["id"], cut(r["profile"], 10), cut(r["node"], 16), ",".join(map(str, r["gpus"])) or "-",
+             r["state"], (r.get("url") or "-").replace("http://", ""), r["restarts"],
              _ago(r.get("idle_seconds")).replace(" ago", ""))
+            + ((r["model"], r["engine"], r.get("pid") or "-", "-" if r.get("last_exit") is None else r["last_exit"])
+               if wide else ())
             for r in status["replicas"]]))
         for r in status["replicas"]:
-            if r.get("reason") and r["state"] != "ready":
-                out.extend(_wrap(f"{r['id']} {r['state']}: {r['reason']}"))
+            if r["state"] == "ready":
+                continue
+            why = r.get("reason") or ""
+            if r.get("last_exit") is not None and f"code {r['last_exit']}" not in why:
+                why = f"{why} (last exit {r['last_exit']})" if why else f"last exit {r['last_exit']}"
+            if why:
+                out.extend(_wrap(f"{r['id']} {r['state']}: {why}"))
+            lines = r.get("last_log") or []
+            if lines:
+                shown = lines if wide else lines[-LOG_LINES:]
+                out.append(f"  last {len(shown)} log lines (llmgwctl logs {r['id']}):")
+                out.extend(f"    | {line}" if wide else _cut(f"    | {line}", 100) for line in shown)
     if status["nodes"]:
         out.append("")
         out.append(table(("NODE", "STATE", "POOLS", "GPUS USED", "ENGINES", "LAST SEEN"), [
-            (_cut(n["name"], 16), n["state"], _cut(",".join(n["pools"]) or "-", 16), f"{n['gpus_used']}/{n['gpus']}",
-             _cut(",".join(n["engines"]) or "-", 24), _ago(n["last_seen_seconds"]))
+            (cut(n["name"], 24), n["state"], cut(",".join(n["pools"]) or "-", 24), f"{n['gpus_used']}/{n['gpus']}",
+             ",".join(n["engines"]) or "-", _ago(n["last_seen_seconds"]))
             for n in status["nodes"]]))
         for n in status["nodes"]:
             if n.get("conflict"):
@@ -116,13 +136,14 @@ def fetch(controller: str) -> dict:
 
 @click.command("status")
 @controller_option
-@output_option
+@click.option("-o", "--output", "fmt", type=click.Choice(("table", "wide", "json", "yaml")), default="table",
+              show_default=True, help="table for people (wide: nothing cut, more columns); json or yaml for scripts.")
 @click.option("--watch", "-w", is_flag=True, help="Redraw every 2 seconds until Ctrl-C.")
 def command(controller, fmt, watch):
     """Show the catalog in force, models, replicas, nodes and recent events."""
     while True:
         status = fetch(controller)
-        text = dump(status, fmt) if fmt != "table" else render(status)
+        text = dump(status, fmt) if fmt in ("json", "yaml") else render(status, wide=fmt == "wide")
         if watch:
             click.clear()
         click.echo(text)

@@ -27,12 +27,13 @@ from .modelstate import ModelCondition, ModelState
 from .report import AgentReport, EngineAvailability, Gpu, ReportedReplica
 from .spec import LoadReading, ReplicaSpec
 from .states import AGENT_STATES, ReplicaState
-from .status import CatalogStatus, ControlStatus, Event, FleetStatus, ModelStatus, NodeStatus, ReplicaStatus
+from .status import (CatalogStatus, ControlStatus, Event, FleetStatus, GpuStatus, ModelStatus, NodeStatus,
+                     ReplicaStatus)
 from .usage import Usage, UsageReport, UsageSnapshot, UsageSource
 
 __all__ = [
     "AGENT_STATES", "AgentReport", "CatalogStatus", "ContractError", "ControlStatus", "Endpoint", "EndpointError",
-    "EngineAvailability", "Event", "FleetStatus", "Gpu", "LoadReading", "ModelCondition", "ModelState",
+    "EngineAvailability", "Event", "FleetStatus", "Gpu", "GpuStatus", "LoadReading", "ModelCondition", "ModelState",
     "ModelStateError", "ModelStatus", "NodeStatus",
     "ReplicaSpec", "ReplicaState", "ReplicaStatus", "ReportError", "ReportedReplica", "Usage", "UsageError",
     "UsageReport", "UsageSnapshot", "UsageSource",

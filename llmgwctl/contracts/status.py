@@ -9,10 +9,12 @@ record for both, so the metrics and the status page cannot disagree.
     ControlStatus
      ├ catalog: CatalogStatus        version, models, swaps, rejections, directory_valid, last rejection
      ├ routers                       standalone routers reporting usage
+     ├ log_streams                   engine logs being relayed to `llmgwctl logs`
      └ fleet: FleetStatus            settled, passes, failed passes (the loop degraded, and why)
         ├ models: ModelStatus...     min, max, desired, ready, why unplaceable
-        ├ replicas: ReplicaStatus... state, node, GPUs, url, in flight, idle
-        ├ nodes: NodeStatus...       reachable, pools, GPUs used, engines (missing ones with why), conflict
+        ├ replicas: ReplicaStatus... state, node, GPUs, url, in flight, idle, last exit and last log lines
+        ├ nodes: NodeStatus...       reachable, pools, GPUs (each with memory and whether used), engines
+        │                            (missing ones with why), conflict
         └ events: Event...
 """
 from __future__ import annotations
@@ -71,13 +73,30 @@ class ReplicaStatus:
     idle_seconds: float | None      # None: never used
     reason: str
     spec_hash: str
+    # The engine's last log lines as its agent read them when it last exited
+    # (contracts.report.LAST_LOG_LINES at most): why it failed, without a login
+    # to the node. Empty while it never exited.
+    last_log: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "model": self.model, "profile": self.profile, "engine": self.engine,
                 "node": self.node, "gpus": list(self.gpus), "state": self.state.value, "url": self.url,
                 "pid": self.pid, "restarts": self.restarts, "last_exit": self.last_exit, "adopted": self.adopted,
                 "inflight": self.inflight, "idle_seconds": self.idle_seconds, "reason": self.reason,
-                "spec_hash": self.spec_hash}
+                "spec_hash": self.spec_hash, "last_log": list(self.last_log)}
+
+
+@dataclass(frozen=True, slots=True)
+class GpuStatus:
+    """One GPU of a node as status shows it: what it is and whether a replica holds it."""
+
+    index: int
+    name: str
+    memory_mib: int                 # 0: unknown
+    used_by: str | None = None      # the replica holding it; None: free
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "name": self.name, "memory_mib": self.memory_mib, "used_by": self.used_by}
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +114,7 @@ class NodeStatus:
     # Why a second agent process claiming this node is being refused, while it
     # keeps trying; None when no other agent claims it (see inventory.ConflictError).
     conflict: str | None = None
+    gpu_list: tuple[GpuStatus, ...] = ()
 
     @property
     def state(self) -> str:
@@ -104,7 +124,8 @@ class NodeStatus:
         return {"name": self.name, "state": self.state, "pools": list(self.pools), "gpus": self.gpus,
                 "gpus_used": self.gpus_used, "gpu_models": list(self.gpu_models), "engines": list(self.engines),
                 "engines_missing": dict(self.engines_missing), "last_seen_seconds": self.last_seen_seconds,
-                "reports": self.reports, "conflict": self.conflict}
+                "reports": self.reports, "conflict": self.conflict,
+                "gpu_list": [g.to_dict() for g in self.gpu_list]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +187,8 @@ class ControlStatus:
     catalog: CatalogStatus
     routers: int
     fleet: FleetStatus
+    log_streams: int = 0            # `llmgwctl logs` streams being relayed from agents now
 
     def to_dict(self) -> dict[str, Any]:
-        return {"catalog": self.catalog.to_dict(), "routers": self.routers, **self.fleet.to_dict()}
+        return {"catalog": self.catalog.to_dict(), "routers": self.routers, "log_streams": self.log_streams,
+                **self.fleet.to_dict()}

@@ -15,9 +15,15 @@
     POST /api/v1/wake                      {"model": NAME} -> 202
     POST /api/v1/usage                     a standalone router's usage (llmgwctl.router.watch) -> 204
     GET  /metrics                          Prometheus text (llmgwctl.observability.metrics.ControlMetrics)
+    GET  /api/v1/replicas/{id}/logs?tail=N&follow=1   the engine's log, relayed from its agent (NDJSON, see
+                                           `logs`); 404 for a replica the controller does not know, 504 when
+                                           its agent does not answer
+    POST /api/v1/agents/{node}/logs/{request}   an agent's chunk of a requested log -> 200, or 410 once
+                                           nobody reads it
+    GET  /, /ui/, /api/v1/watch/status     the web console and the status stream it follows (`webui`)
 
-With a token configured (`auth.ControlAuth`), every route but /healthz and
-/readyz needs `Authorization: Bearer <token>`; a missing or wrong one is 401
+With a token configured (`auth.ControlAuth`), every route but /healthz,
+/readyz and the console's static files needs `Authorization: Bearer <token>`; a missing or wrong one is 401
 before any handler runs, and `/api/v1/agents/{node}/...` needs the admin token
 or `{node}`'s own node token (403 otherwise).
 
@@ -44,6 +50,8 @@ from . import schemas
 from .apply import ApplyError, decode_content, plan, validate_with, write_atomically
 from .auth import ControlAuth
 from .controller import Controller
+from .logs import FIRST_ANSWER, FOLLOW_SILENCE, LogRelayError
+from .webui import Console
 
 log = logging.getLogger("llmgw.control")
 
@@ -56,6 +64,9 @@ MAX_APPLY_BYTES = 4 * 1024 * 1024
 # How often a held watch checks whether the settling window is over: one flag
 # read; a router hears the settled list within a tenth of a second of it.
 SETTLED_POLL = 0.1
+# Lines of log `llmgwctl logs` shows without --tail: a screenful and then some,
+# as `kubectl logs --tail` users pick; the agent's crash report keeps 20.
+DEFAULT_TAIL = 100
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error", **extra) -> web.Response:
@@ -185,6 +196,9 @@ class ControlAPI:
         app.router.add_get("/api/v1/watch/catalog", self.watch_catalog)
         app.router.add_post("/api/v1/wake", self.wake)
         app.router.add_post("/api/v1/usage", self.usage)
+        app.router.add_get("/api/v1/replicas/{replica}/logs", self.replica_logs)
+        app.router.add_post("/api/v1/agents/{node}/logs/{stream}", self.agent_logs)
+        Console(self.c.status, self.c.status_changed).add_routes(app)
         return app
 
     async def healthz(self, request: web.Request) -> web.Response:
@@ -279,11 +293,97 @@ class ControlAPI:
         if instance and holder is not None and instance != holder:
             return _error(409, f"node {node!r} has another running agent (instance {holder[:12]}); this one "
                                f"(instance {instance[:12]}) is not given its replicas", kind="conflict_error")
-        answer = await self.c.desired.wait(node, _after(request), _poll_timeout(request))
+        answer = await self._desired_or_logs(node, _after(request), _poll_timeout(request))
         if answer is None:
             return web.Response(status=204)
         version, specs = answer
-        return web.json_response({"version": version, "replicas": [s.to_dict() for s in specs]})
+        body: dict[str, Any] = {"version": version, "replicas": [s.to_dict() for s in specs]}
+        asks = self.c.logs.take(node)
+        if asks:
+            body["log_requests"] = asks
+        return web.json_response(body)
+
+    async def _desired_or_logs(self, node: str, after: int | None, timeout: float):
+        """The node's desired list when it changes -- or at once, unchanged, when logs are asked of its agent.
+
+        The held long-poll is how the controller reaches an agent that only
+        dials out (see `logs`); an unchanged version is no news to the agent,
+        which just reads the requests that came with it. A node whose list is
+        not known yet is not answered early: its requests wait for the list.
+        """
+        asked = self.c.logs.asked(node)
+        if asked.is_set() and self.c.desired.get(node) is not None:
+            return self.c.desired.get(node)
+        poll = asyncio.ensure_future(self.c.desired.wait(node, after, timeout))
+        heard = asyncio.ensure_future(asked.wait())
+        try:
+            await asyncio.wait({poll, heard}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            heard.cancel()
+            if not poll.done():
+                poll.cancel()
+        if poll.done() and not poll.cancelled():
+            return poll.result()
+        return self.c.desired.get(node)
+
+    async def replica_logs(self, request: web.Request) -> web.StreamResponse:
+        rid = request.match_info["replica"]
+        rec = self.c.reconciler.replicas.get(rid)
+        if rec is None:
+            return _error(404, f"no replica {rid!r} (llmgwctl status lists them)", kind="not_found_error")
+        try:
+            tail = int(request.query.get("tail", DEFAULT_TAIL))
+            if tail < 0:
+                raise ValueError
+        except ValueError:
+            return _error(400, f"tail must be a whole number of lines, got {request.query.get('tail')!r}")
+        follow = request.query.get("follow", "").lower() in ("1", "true", "yes")
+        try:
+            stream = self.c.logs.open(rec.node, rid, tail, follow)
+        except LogRelayError as exc:
+            return _error(429, str(exc), kind="rate_limit_error")
+        resp: web.StreamResponse | None = None
+        try:
+            try:
+                chunk = await asyncio.wait_for(stream.chunks.get(), FIRST_ANSWER)
+            except asyncio.TimeoutError:
+                return _error(504, f"the agent of node {rec.node} did not send {rid}'s log within {FIRST_ANSWER:.0f} s "
+                                   "(is it running and reporting, and as new as this controller?)",
+                              kind="timeout_error")
+            if "error" in chunk:
+                return _error(502, f"the agent of node {rec.node}: {chunk['error']}", kind="agent_error")
+            resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store",
+                                               "X-Accel-Buffering": "no"})
+            await resp.prepare(request)
+            while True:
+                await resp.write(json.dumps(chunk).encode() + b"\n")
+                if chunk.get("done") or "error" in chunk:
+                    break
+                try:
+                    chunk = await asyncio.wait_for(stream.chunks.get(), FOLLOW_SILENCE if follow else FIRST_ANSWER)
+                except asyncio.TimeoutError:
+                    chunk = {"error": f"the agent of node {rec.node} stopped sending (agent restarted or node lost)"}
+            await resp.write_eof()
+            return resp
+        except ConnectionError:
+            return resp if resp is not None else web.Response(status=499)   # the reader left
+        finally:
+            self.c.logs.close(stream.id)
+
+    async def agent_logs(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return _error(400, "a log chunk must be JSON: {\"lines\": [...], \"done\": false}")
+        lines = body.get("lines", []) if isinstance(body, dict) else None
+        if not isinstance(lines, list) or not all(isinstance(x, str) for x in lines):
+            return _error(400, "a log chunk must be {\"lines\": [\"...\"], \"done\": bool} or {\"error\": \"...\"}")
+        error = body.get("error")
+        delivered = await self.c.logs.deliver(request.match_info["node"], request.match_info["stream"], lines,
+                                              done=bool(body.get("done")), error=str(error) if error else None)
+        if not delivered:
+            return _error(410, "nobody reads this log stream any more; stop sending it", kind="gone")
+        return web.json_response({"ok": True})
 
     async def watch_endpoints(self, request: web.Request) -> web.Response:
         after, timeout = _after(request), _poll_timeout(request)

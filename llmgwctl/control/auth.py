@@ -9,7 +9,9 @@ The rules (`llmgwctl serve --control HOST:PORT --token-file F [--agent-token-fil
   what runs on every GPU of the fleet.
 - With a token, every request needs `Authorization: Bearer <token>`, except
   `/healthz` and `/readyz`, which say only "up" and "settled" and are what
-  load balancers and orchestrators probe without credentials.
+  load balancers and orchestrators probe without credentials, and the web
+  console's static files (`/`, `/ui/...`), which hold no data: the page asks
+  for the token and sends it as this same header (see `webui`).
 - The agent token (`--agent-token-file`) is the fleet's shared secret. As a
   bearer token it is what standalone routers present: it may follow the watch
   streams, report usage and wake models, but not apply a catalog, read status,
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import re
 import logging
 import os
 import stat
@@ -53,9 +56,16 @@ from .errors import ControlError
 log = logging.getLogger("llmgw.control.auth")
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+# The web console's static files (control.webui): code, no data, and the page
+# must load before it can ask for a token. Matched whole -- one file name, no
+# "/" or ".." -- so no API path can pass for one.
+CONSOLE_PATH = re.compile(r"/(?:ui(?:/(?:[a-z0-9-]+\.(?:html|js|css|svg))?)?)?\Z")
 # Routes a standalone router calls with the agent token: the watch streams,
 # its usage reports (idle stop and drain count its traffic) and wake.
 ROUTER_PREFIXES = ("/api/v1/watch/", "/api/v1/wake", "/api/v1/usage")
+# Watch streams that are not a router's: the console's status stream shows
+# what `/api/v1/status` shows, so it takes the admin token as status does.
+ADMIN_WATCHES = frozenset({"/api/v1/watch/status"})
 # `/api/v1/agents/{node}/...`: reports and the desired long-poll, one node's each.
 NODE_PREFIX = "/api/v1/agents/"
 # Every route an agent or a router may call (kept for readers of the old name).
@@ -170,7 +180,7 @@ class ControlAuth:
         `node` is the `{node}` of an `/api/v1/agents/{node}/...` route (the
         router's match, already decoded); without it the path's own segment is used.
         """
-        if self._admin is None or path in OPEN_PATHS:
+        if self._admin is None or path in OPEN_PATHS or CONSOLE_PATH.match(path):
             return None
         presented = _split_bearer(authorization)
         if presented is None:
@@ -193,7 +203,7 @@ class ControlAuth:
                 return Refusal(403, f"this is node {claimed!r}'s token; it may not report or read node "
                                     f"{target!r} (each agent reports as the node its token names)")
             return None
-        if agent_ok and path.startswith(ROUTER_PREFIXES):
+        if agent_ok and path.startswith(ROUTER_PREFIXES) and path not in ADMIN_WATCHES:
             return None
         return _NEED_TOKEN
 

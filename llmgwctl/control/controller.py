@@ -19,6 +19,7 @@ from ..inventory import ConflictError, Inventory
 from ..reconciler import DesiredStore, Reconciler
 from ..reconciler import run as run_reconciler
 from .broadcast import Broadcast
+from .logs import LogRelay
 from .usage import UsageBoard
 
 log = logging.getLogger("llmgw.control")
@@ -36,19 +37,30 @@ class Controller:
         # The watch stream standalone routers follow: one version for "catalog or
         # endpoints changed", so a router applies both in the right order.
         self.watch = Broadcast()
+        # What the console's status stream waits on: bumped on anything that
+        # changes what status shows (a report, a swap, a rejection, a replica
+        # moving), so the page updates without polling.
+        self.status_changed = Broadcast()
+        # Engine logs asked of agents for `llmgwctl logs` (see control.logs).
+        self.logs = LogRelay()
         self.router = router
         self._loaded = False
         # Usage from the in-process router and from standalone routers' reports.
         self.usage = UsageBoard(router, version=lambda: self.watch.version, clock=clock)
         self.reconciler = Reconciler(self.live, self.inventory, self.desired, endpoints=router, usage=self.usage,
-                                     clock=clock, wall_clock=wall_clock, on_change=self.watch.bump,
+                                     clock=clock, wall_clock=wall_clock, on_change=self._fleet_changed,
                                      **reconciler_options)
         self.live.subscribe(self._swapped)
+
+    def _fleet_changed(self) -> None:
+        self.watch.bump()
+        self.status_changed.bump()
 
     def _swapped(self, old: Catalog, new: Catalog) -> None:
         if self.router is not None:
             self.router.set_catalog(new)     # first: names resolve before endpoints or replicas move
         self.watch.bump()
+        self.status_changed.bump()
         if self._loaded:
             self.reconciler.event("catalog-swapped", f"{old.version} -> {new.version}")
         else:
@@ -57,6 +69,7 @@ class Controller:
         self.wake_event.set()
 
     def _reloaded(self, outcome) -> None:
+        self.status_changed.bump()
         if outcome.rejection is not None:
             problems = outcome.rejection.problems
             self.reconciler.event("catalog-rejected", f"{len(problems)} problem{'s' if len(problems) != 1 else ''}, "
@@ -81,6 +94,7 @@ class Controller:
             raise
         if came_back:
             self.reconciler.event("node-back", f"node {node} reports again")
+        self.status_changed.bump()
         self.wake_event.set()
 
     async def run(self, stop: asyncio.Event, tick: float | None = None) -> None:
@@ -107,7 +121,8 @@ class Controller:
             last_rejection=w.last_rejection.to_dict() if w.last_rejection else None,
             failures=w.failures, degraded=w.degraded, last_failure=w.last_failure)
         return ControlStatus(catalog=catalog, routers=self.usage.routers(),
-                             fleet=self.reconciler.fleet_status(self.usage.usage_snapshot()))
+                             fleet=self.reconciler.fleet_status(self.usage.usage_snapshot()),
+                             log_streams=self.logs.open_streams())
 
     def status(self) -> dict:
         """`GET /api/v1/status`."""

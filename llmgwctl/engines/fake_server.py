@@ -58,6 +58,16 @@ class FakeConfig:
     embedding_dim: int = 16
     # A made-up context length reported in /v1/models, like vLLM's max_model_len.
     max_model_len: int = 4096
+    # Seconds after start at which the engine prints a CUDA-out-of-memory
+    # message and exits with `crash_code`, as a real engine that runs out of
+    # GPU memory does; None: never. What tests of "why did it fail" crash on.
+    crash_after: float | None = None
+    # 3: any non-zero code that is not a signal; the message is what matters.
+    crash_code: int = 3
+    # One line on stdout per request (method, path, status), as vLLM's access
+    # log does: what `llmgwctl logs -f` has to follow. Off: a benchmark's
+    # engines should not spend time writing lines nobody reads.
+    log_requests: bool = False
 
 
 # Compact like vLLM's pydantic output: fewer bytes per reply on the hot path.
@@ -353,7 +363,8 @@ class FakeEngine:
             self.finished[gen.finish_reason] += 1
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_not_found_as_openai_error])
+        middlewares = [_not_found_as_openai_error] + ([_request_line] if self.config.log_requests else [])
+        app = web.Application(middlewares=middlewares)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/v1/models", self.models)
@@ -375,6 +386,13 @@ async def _not_found_as_openai_error(request: web.Request, handler: Callable[[we
         return error_response(404, f"no route {request.path}", "NotFoundError")
     except web.HTTPMethodNotAllowed:
         return error_response(405, f"{request.method} is not allowed on {request.path}", "MethodNotAllowed")
+
+
+@web.middleware
+async def _request_line(request: web.Request, handler: Callable[[web.Request], Awaitable]):
+    resp = await handler(request)
+    print(f"INFO {request.remote} \"{request.method} {request.path}\" {resp.status}", flush=True)
+    return resp
 
 
 async def start(config: FakeConfig) -> tuple[web.AppRunner, int]:
@@ -402,9 +420,16 @@ async def serve(config: FakeConfig, announce: Callable[[int], None] = lambda por
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        # sleep_unless is False when the time ran out before a signal: the crash.
+        crashed = not await aio.sleep_unless(config.crash_after, stop)
     finally:
         await runner.cleanup()
+    if crashed:
+        # What vLLM prints when a model does not fit: the line an operator
+        # looks for in `llmgwctl status` and `llmgwctl logs`.
+        print(f"ERROR torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB "
+              f"(simulated by --crash-after {config.crash_after:g})", flush=True)
+        raise SystemExit(config.crash_code)
 
 
 def run(config: FakeConfig, announce: Callable[[int], None] = lambda port: None) -> None:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, runtime_checkable
 from ..catalog import Catalog, Live, Model, Profile
 from ..contracts import (Endpoint, Event, FleetStatus, ModelState, ModelStatus, NodeStatus, ReplicaSpec,
                          ReplicaState, ReplicaStatus, ReportedReplica, UsageSnapshot, UsageSource)
+from ..contracts.status import GpuStatus
 from ..contracts.usage import UNUSED
 from ..inventory import Inventory, Node
 from ..placement import NodeView, Running, place
@@ -589,10 +590,12 @@ class Reconciler:
         usage = usage or {}
         now = self._clock()
         by_model: dict[str, list[Replica]] = collections.defaultdict(list)
-        gpus_used: dict[str, set[int]] = collections.defaultdict(set)
+        # Which replica holds each GPU of each node, in one walk over the records.
+        gpu_holders: dict[str, dict[int, str]] = collections.defaultdict(dict)
         for rec in self.replicas.values():
             by_model[rec.spec.model].append(rec)
-            gpus_used[rec.node].update(rec.spec.gpu_indices)
+            for i in rec.spec.gpu_indices:
+                gpu_holders[rec.node][i] = rec.spec.id
         models = []
         for model in catalog.models:
             recs = by_model.get(model.name, [])
@@ -615,11 +618,12 @@ class Reconciler:
                 last_exit=rep.last_exit if rep else None, adopted=rec.adopted,
                 inflight=inflight, idle_seconds=round(now - last, 1) if last is not None else None,
                 reason=rec.drain_reason if stopping else (rep.reason if rep else ""),
-                spec_hash=rec.spec_hash,
+                spec_hash=rec.spec_hash, last_log=rep.last_log if rep else (),
             ))
         nodes = []
         for node in sorted(self.inventory.nodes(), key=lambda n: n.name):
-            used = gpus_used.get(node.name, set())
+            holders = gpu_holders.get(node.name, {})
+            used = set(holders)
             nodes.append(NodeStatus(
                 name=node.name, reachable=node.reachable, pools=tuple(sorted(node.pools)),
                 gpus=len(node.gpus), gpus_used=len(used & {g.index for g in node.gpus}),
@@ -628,6 +632,8 @@ class Reconciler:
                 engines_missing={n: why for n, (ok, why) in sorted(node.engines.items()) if not ok},
                 last_seen_seconds=round(now - node.last_seen, 1), reports=node.reports,
                 conflict=self.inventory.conflict(node),
+                gpu_list=tuple(GpuStatus(g.index, g.name, g.memory_mib, holders.get(g.index))
+                               for g in sorted(node.gpus, key=lambda g: g.index)),
             ))
         return FleetStatus(settled=self.settled, passes=self.passes, models=tuple(models),
                            replicas=tuple(replicas), nodes=tuple(nodes), events=tuple(self.events),

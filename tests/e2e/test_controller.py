@@ -12,6 +12,7 @@ import threading
 
 import pytest
 import requests
+import yaml
 
 from .fleet import Fleet, wait_until
 
@@ -218,6 +219,27 @@ def test_catalog_apply_dry_run_plans_and_invalid_is_rejected(fleet, tmp_path):
     applied = apply(fleet, alias_only)
     assert applied.returncode == 0 and "in force" in applied.stdout, applied.stdout + applied.stderr
     assert fleet.chat("talk").status_code == 200
+
+
+def test_catalog_apply_reads_standard_input_named_by_as(fleet):
+    # `-f -` as kubectl takes it: a generated catalog piped in, named by --as.
+    # The directory's models.yaml has aliases [chat, talk] from the test above.
+    piped = CATALOG.replace("aliases: [chat]", "aliases: [chat, talk, speak]")
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "llmgwctl", "catalog", "apply", "-f", "-",
+                               "--controller", fleet.control, *args],
+                              input=piped, capture_output=True, text=True, timeout=60)
+
+    unnamed = run("--dry-run")
+    assert unnamed.returncode == 2 and "--as NAME.yaml" in unnamed.stderr
+    plan = run("--as", "models.yaml", "--dry-run", "-o", "yaml")
+    assert plan.returncode == 0, plan.stderr
+    assert yaml.safe_load(plan.stdout)["diff"]["changed"]["small"] == [
+        {"path": "aliases", "old": ["chat", "talk"], "new": ["chat", "talk", "speak"]}]
+    applied = run("--as", "models.yaml")
+    assert applied.returncode == 0 and "in force" in applied.stdout, applied.stdout + applied.stderr
+    assert fleet.chat("speak").status_code == 200
 
 
 def test_controller_restart_adopts_every_replica_without_restarting_engines(fleet):

@@ -141,6 +141,29 @@ def test_status_command_sends_the_token_from_the_environment(fleet):
     assert "tok-model" in ok.output
 
 
+def test_engine_logs_need_the_admin_token_and_come_from_the_replicas_own_node(fleet):
+    (replica,) = [r for r in status(fleet)["replicas"] if r["model"] == "tok-model"]
+    url = f"{fleet.control}/api/v1/replicas/{replica['id']}/logs"
+    # Reading a log is the admin's: engines print prompts in some debug modes.
+    for token in (None, WRONG, AGENT, GOOD_NODE):
+        assert requests.get(url, headers=bearer(token), timeout=10).status_code == 401, token
+    # Relayed by the agent that authenticated with its node token.
+    runner = CliRunner()
+    out = runner.invoke(cli_main, ["logs", replica["id"], "--controller", fleet.control], env={"LLMGW_TOKEN": ADMIN})
+    assert out.exit_code == 0, out.output
+    assert "fake engine serving tok-model" in out.output
+    # A node token answers only on its own node's path; the agent token on none.
+    other = node_token(AGENT, "tok-other")
+    for token, code in ((other, 403), (AGENT, 403), (None, 401)):
+        resp = requests.post(f"{fleet.control}/api/v1/agents/tok-good/logs/0123456789abcdef01234567",
+                             json={"lines": ["forged"]}, headers=bearer(token), timeout=10)
+        assert resp.status_code == code, (token, resp.text)
+    # Its own node's path, for a request the controller never made: nobody reads it.
+    resp = requests.post(f"{fleet.control}/api/v1/agents/tok-good/logs/0123456789abcdef01234567",
+                         json={"lines": ["forged"]}, headers=bearer(GOOD_NODE), timeout=10)
+    assert resp.status_code == 410
+
+
 def test_tokens_never_reach_the_logs(fleet):
     # Runs after the refusals above: they were logged, the tokens were not.
     text = "".join(fleet.log(name) for name in ("controller", "agent-tok-good", "agent-tok-bad", "router-0"))

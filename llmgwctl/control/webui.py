@@ -1,0 +1,126 @@
+"""The web console: a read-only page over the control API, and the status stream it follows.
+
+    GET /                       302 to ui/
+    GET /ui/, /ui/{file}        the page: plain HTML, CSS and JS shipped in the package (control/console/),
+                                no build step, nothing from another origin
+    GET /api/v1/watch/status    Server-Sent Events: `event: status` with the status JSON, sent when
+                                what status shows changes, at most STATUS_MAX_RATE a second
+
+The page's files hold no data, so they are served without a token (the page
+must load to ask for one); everything it shows comes from the API with the
+same bearer token as `llmgwctl status`. The page keeps the token in
+sessionStorage (this tab only, gone when it closes) and sends it as an
+`Authorization` header from `fetch` -- the stream too, read with `fetch`
+rather than `EventSource`, which cannot send headers. No cookie: a cookie
+rides along on any request another site makes the browser send, and this
+API can rewrite the catalog; a header only our own script sets cannot be
+forged that way (no CSRF), and the Content-Security-Policy below keeps any
+script but ours from running on the page to read it.
+
+It must not know what status contains beyond which fields only age.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from aiohttp import web
+
+from .broadcast import Broadcast
+
+CONSOLE_DIR = Path(__file__).with_name("console")
+TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+         ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
+# Only our own files run and load; no inline script, no framing (clickjacking),
+# no base-URI tricks. connect-src 'self' is the API the page reads.
+HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                               "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    # A new release's page is picked up at once; the files are a few KB.
+    "Cache-Control": "no-cache",
+}
+# Two updates a second at most: a fleet whose agents report every few seconds
+# changes status many times a second, and a person reads no faster.
+STATUS_MAX_RATE = 2.0
+# Without a signalled change, status is still compared this often (what no
+# event announces, such as a node turning unreachable by time), and sent this
+# often anyway, so ages on the page are re-based and proxies see traffic.
+STATUS_RECHECK, STATUS_REFRESH = 5.0, 15.0
+# Fields that change with time alone: a change of only these is not news.
+_AGING = {"nodes": ("last_seen_seconds", "reports"), "replicas": ("idle_seconds",)}
+
+
+def _files() -> dict[str, tuple[bytes, str]]:
+    out = {}
+    for path in sorted(CONSOLE_DIR.iterdir()):
+        if path.suffix in TYPES and path.is_file():
+            out[path.name] = (path.read_bytes(), TYPES[path.suffix])
+    return out
+
+
+def fingerprint(status: dict[str, Any]) -> str:
+    """The status without what only ages: equal fingerprints mean nothing a person would see changed."""
+    trimmed = dict(status)
+    trimmed.pop("passes", None)
+    for key, fields in _AGING.items():
+        trimmed[key] = [{k: v for k, v in item.items() if k not in fields} for item in status.get(key, ())]
+    return json.dumps(trimmed, sort_keys=True, default=str)
+
+
+class Console:
+    def __init__(self, status: Callable[[], dict[str, Any]], changed: Broadcast):
+        self.status = status
+        self.changed = changed
+        self.files = _files()
+        self.streams = 0        # status streams open now (for tests and a curious operator)
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/", self.root)
+        app.router.add_get("/ui", self.root)
+        app.router.add_get("/ui/", self.file)
+        app.router.add_get("/ui/{name}", self.file)
+        app.router.add_get("/api/v1/watch/status", self.watch_status)
+
+    async def root(self, request: web.Request) -> web.Response:
+        # Relative, so a console behind a proxy under a path prefix still lands on its own page.
+        # (From /ui, "ui/" resolves to /ui/ as well.)
+        raise web.HTTPFound("ui/")
+
+    async def file(self, request: web.Request) -> web.Response:
+        name = request.match_info.get("name") or "index.html"
+        found = self.files.get(name)
+        if found is None:
+            raise web.HTTPNotFound(text=f"no console file {name[:100]!r}")
+        body, kind = found
+        return web.Response(body=body, headers={"Content-Type": kind, **HEADERS})
+
+    async def watch_status(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
+                                           # nginx would buffer the stream otherwise
+                                           "X-Accel-Buffering": "no"})
+        await resp.prepare(request)
+        loop = asyncio.get_running_loop()
+        self.streams += 1
+        last, sent_at, version, n = None, 0.0, None, 0
+        try:
+            while True:
+                status = self.status()
+                key = fingerprint(status)
+                now = loop.time()
+                if key != last or now - sent_at >= STATUS_REFRESH:
+                    n += 1
+                    data = json.dumps(status, separators=(",", ":"))
+                    await resp.write(f"id: {n}\nevent: status\ndata: {data}\n\n".encode())
+                    last, sent_at = key, now
+                await asyncio.sleep(1.0 / STATUS_MAX_RATE)
+                version = await self.changed.wait(version, STATUS_RECHECK)
+        except (ConnectionResetError, ConnectionError):
+            pass        # the page went away
+        finally:
+            self.streams -= 1
+        return resp

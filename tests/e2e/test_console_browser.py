@@ -1,0 +1,189 @@
+"""The web console in a real browser: Debian's Chromium, driven by Playwright, against a real `llmgwctl serve`.
+
+What a person at the page sees: a replica that turns ready appears without a
+reload (the status stream), a rejected edit shows every error with its
+file:line:col, catalog text stays text (no markup from a catalog runs), the
+page reads at a phone's width, and with a token the page asks for it.
+Screenshots are kept (under $LLMGW_ARTIFACTS, else the test's tmp_path) and
+their paths printed.
+
+Skipped when Chromium or Playwright is missing, unless LLMGW_REQUIRE_BROWSER=1
+(CI sets it, and .ci/run installs Chromium), where that is a failure.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from .fleet import Fleet, wait_until
+
+CHROMIUM = os.environ.get("LLMGW_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+# Headless and quiet: no sandbox (CI runs as root), no GPU, no network of its own.
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# Any wait on the page: generous for two shared cores, never reached when it works.
+WAIT_MS = 60_000
+
+ONE = """\
+apiVersion: llmgw/v1
+kind: Catalog
+models:
+  - name: fake-one
+    aliases: [default]
+    profiles: [{name: cpu, engine: fake, gpus: 0, env: {NOTE: "<img src=x onerror=window.__xss=1>"}}]
+"""
+TWO = """\
+apiVersion: llmgw/v1
+kind: Catalog
+models:
+  - name: fake-two
+    profiles: [{name: h100, engine: fake, gpus: 1, args: ["--startup-delay", "1"]}]
+  - name: crashy
+    profiles: [{name: cpu, engine: fake, gpus: 0, args: ["--crash-after", "0.2"]}]
+"""
+BAD = """\
+apiVersion: llmgw/v1
+kind: Catalog
+models:
+  - name: fake-bad
+    profiles: [{engine: "<b id=injected>vlm</b>", gpus: 0}]
+"""
+
+
+def _need_browser():
+    required = os.environ.get("LLMGW_REQUIRE_BROWSER") == "1"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        if required:
+            pytest.fail("LLMGW_REQUIRE_BROWSER=1 but Playwright is not installed (pip install -e '.[test]')")
+        pytest.skip("Playwright is not installed (pip install -e '.[test]')")
+    if not os.access(CHROMIUM, os.X_OK):
+        if required:
+            pytest.fail(f"LLMGW_REQUIRE_BROWSER=1 but there is no Chromium at {CHROMIUM} (apt-get install chromium)")
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+
+
+@pytest.fixture
+def artifacts(tmp_path) -> Path:
+    where = Path(os.environ.get("LLMGW_ARTIFACTS") or tmp_path) / "console"
+    where.mkdir(parents=True, exist_ok=True)
+    return where
+
+
+@pytest.fixture
+def browser():
+    _need_browser()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _shot(page, path: Path) -> None:
+    page.screenshot(path=str(path), full_page=True)
+    print(f"console screenshot: {path}")
+
+
+def test_console_follows_the_fleet_live_and_shows_a_rejected_edit(tmp_path, browser, artifacts):
+    from playwright.sync_api import expect
+
+    fleet = Fleet(tmp_path)
+    (fleet.catalogs / "one.yaml").write_text(ONE)
+    try:
+        # Two simulated GPUs (the fake engine takes any), so the page has GPUs and memory to show.
+        fleet.start_serve("--settle", "1", "--gpus", "2xH100-80GB")
+        wait_until(lambda: fleet.ready("fake-one"), "fake-one ready")
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(fleet.control + "/")
+        assert page.url.endswith("/ui/")
+        expect(page.locator("#connection")).to_have_text("live", timeout=WAIT_MS)
+        expect(page.locator('#replicas tr[data-state="ready"]', has_text="fake-one")).to_have_count(1, timeout=WAIT_MS)
+        expect(page.locator("#nodes tbody tr")).to_have_count(1, timeout=WAIT_MS)
+        # The page is not reloaded from here on: this mark would be gone.
+        page.evaluate("window.__same_page = true")
+
+        # A new model: its replica shows up and turns ready, pushed by the stream.
+        (fleet.catalogs / "two.yaml").write_text(TWO)
+        expect(page.locator('#replicas tr[data-state="ready"]', has_text="fake-two")).to_have_count(1, timeout=WAIT_MS)
+        expect(page.locator("#models tr[data-model=fake-two]")).to_contain_text("1 / 1")
+        # Profiles come from the catalog in force, fetched when its version changed.
+        expect(page.locator("#models tr[data-model=fake-two]")).to_contain_text("h100: fake, 1 GPU,")
+        two = page.locator("#replicas tr", has_text="fake-two").get_attribute("data-replica")
+        # A crashed engine: its exit code and its own last words, on the page.
+        crashed = page.locator("#replicas tr", has_text="crashy")
+        expect(crashed.locator("pre.log")).to_contain_text("CUDA out of memory", timeout=WAIT_MS)
+        expect(crashed.locator('td[data-label="Last exit"]')).to_have_text("3")
+        crashed.locator("details summary").click()
+        node = page.locator("#nodes tbody tr")
+        expect(node).to_contain_text("1 / 2 used")
+        expect(node).to_contain_text(f"GPU 0 H100-80GB · 80 GiB · {two}")
+        expect(node).to_contain_text("GPU 1 H100-80GB · 80 GiB · free")
+
+        # A rejected edit: every error with its file:line:col, as text.
+        bad = fleet.catalogs / "bad.yaml"
+        bad.write_text(BAD)
+        rejection = page.locator("#rejection")
+        expect(rejection).to_be_visible(timeout=WAIT_MS)
+        expect(rejection.locator("li", has_text=f"{bad}:5:25: models[0].profiles[0].engine:")).to_have_count(1)
+        expect(rejection).to_contain_text("<b id=injected>vlm</b>")
+        assert page.locator("#injected").count() == 0, "markup from the catalog was parsed as HTML"
+        expect(page.locator("#catalog-json")).to_contain_text("<img src=x onerror=window.__xss=1>")
+        assert page.evaluate("window.__xss") is None, "catalog content ran as script"
+        assert page.evaluate("window.__same_page") is True, "the page was reloaded"
+        _shot(page, artifacts / "console-desktop.png")
+
+        # A phone's width: rows become cards, nothing wider than the screen.
+        page.set_viewport_size({"width": 390, "height": 844})
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 390, f"the page is {width}px wide at a 390px viewport"
+        assert page.locator("#replicas thead").is_hidden()
+        _shot(page, artifacts / "console-phone.png")
+        assert errors == [], errors
+    finally:
+        fleet.close()
+
+
+def test_console_asks_for_the_token_and_healthz_stays_open(tmp_path, browser, artifacts):
+    from playwright.sync_api import expect
+    import requests
+
+    token = "t0ken-" + "x" * 30
+    token_file = tmp_path / "token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    fleet = Fleet(tmp_path)
+    (fleet.catalogs / "one.yaml").write_text(ONE)
+    try:
+        fleet.start_serve("--settle", "1", "--token-file", str(token_file))
+        assert requests.get(fleet.control + "/healthz", timeout=5).ok
+        assert requests.get(fleet.control + "/api/v1/watch/status", timeout=5).status_code == 401
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(fleet.control + "/ui/")
+        form = page.locator("#token-form")
+        expect(form).to_be_visible(timeout=WAIT_MS)
+        page.fill("#token-input", "wrong-" + "y" * 30)
+        page.click("#token-form button[type=submit]")
+        expect(page.locator("#token-error")).to_contain_text("refused", timeout=WAIT_MS)
+        page.fill("#token-input", token)
+        page.click("#token-form button[type=submit]")
+        expect(page.locator("#connection")).to_have_text("live", timeout=WAIT_MS)
+        expect(form).to_be_hidden()
+        expect(page.locator("#models tr[data-model=fake-one]")).to_have_count(1, timeout=WAIT_MS)
+        # Kept for this tab: a reload needs no second typing.
+        page.reload()
+        expect(page.locator("#connection")).to_have_text("live", timeout=WAIT_MS)
+        assert page.evaluate("sessionStorage.getItem('llmgw.token')") == token
+        assert page.context.cookies() == [], "the token must not become a cookie"
+        _shot(page, artifacts / "console-token.png")
+    finally:
+        fleet.close()
