@@ -11,7 +11,7 @@ the agent protocol and the control API have always sent.
     spec       ReplicaSpec (controller -> agent), LoadReading (engine -> router)
     endpoint   Endpoint (reconciler / static file / watch -> router)
     report     AgentReport, ReportedReplica, Gpu, EngineAvailability (agent -> inventory)
-    usage      Usage, UsageSource, UsageReport (router -> reconciler)
+    usage      Usage, UsageSource, LoadSource, UsageReport (router -> reconciler)
     status     ControlStatus and its parts (controller -> control API, metrics, `llmgwctl status`)
     errors     ContractError and its children: a payload that breaks a contract
 
@@ -26,11 +26,11 @@ from .report import AgentReport, EngineAvailability, Gpu, ReportedReplica
 from .spec import LoadReading, ReplicaSpec
 from .states import AGENT_STATES, ReplicaState
 from .status import CatalogStatus, ControlStatus, Event, FleetStatus, ModelStatus, NodeStatus, ReplicaStatus
-from .usage import Usage, UsageReport, UsageSnapshot, UsageSource
+from .usage import LoadSource, Usage, UsageReport, UsageSnapshot, UsageSource
 
 __all__ = [
     "AGENT_STATES", "AgentReport", "CatalogStatus", "ContractError", "ControlStatus", "Endpoint", "EndpointError",
-    "EngineAvailability", "Event", "FleetStatus", "Gpu", "LoadReading", "ModelStatus", "NodeStatus",
+    "EngineAvailability", "Event", "FleetStatus", "Gpu", "LoadReading", "LoadSource", "ModelStatus", "NodeStatus",
     "ReplicaSpec", "ReplicaState", "ReplicaStatus", "ReportError", "ReportedReplica", "Usage", "UsageError",
     "UsageReport", "UsageSnapshot", "UsageSource",
 ]

@@ -10,7 +10,7 @@ record for both, so the metrics and the status page cannot disagree.
      ├ catalog: CatalogStatus        version, models, swaps, rejections, directory_valid, last rejection
      ├ routers                       standalone routers reporting usage
      └ fleet: FleetStatus            settled, passes
-        ├ models: ModelStatus...     min, max, desired, ready, why unplaceable
+        ├ models: ModelStatus...     min, max, desired, ready, why unplaceable, load against target
         ├ replicas: ReplicaStatus... state, node, GPUs, url, in flight, idle
         ├ nodes: NodeStatus...       reachable, pools, GPUs used, engines (missing ones with why), conflict
         └ events: Event...
@@ -46,11 +46,18 @@ class ModelStatus:
     ready: int
     replicas: int
     unplaceable: str | None = None  # why no replica can be placed now; None: it can
+    # The autoscaler's view (issue 17): its metric and target per replica, the
+    # load it last measured (None: no reading yet) and the count that load needs.
+    metric: str = "inflight"
+    target: float | None = None
+    load: float | None = None
+    needed: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "aliases": list(self.aliases), "min": self.min, "max": self.max,
                 "desired": self.desired, "ready": self.ready, "replicas": self.replicas,
-                "unplaceable": self.unplaceable}
+                "unplaceable": self.unplaceable,
+                "autoscale": {"metric": self.metric, "target": self.target, "load": self.load, "needed": self.needed}}
 
 
 @dataclass(frozen=True, slots=True)

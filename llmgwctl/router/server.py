@@ -8,6 +8,7 @@ narrow surfaces the control plane meets it through:
 - `set_endpoints(endpoints)` and `set_catalog(catalog)`: pushed once per change,
   never pulled per request;
 - `usage_snapshot()`: last use and in-flight count per replica, read once a tick;
+- `load_snapshot()`: each engine's latest fresh load reading, for the autoscaler;
 - a `Waker` it calls when a request finds no ready replica;
 - `set_api_keys(keys)`: optional API keys (see `auth`), swapped whole like a catalog.
 
@@ -40,7 +41,7 @@ from . import auth as keyauth
 from . import errors
 from .balancer import Balancer, EndpointState
 from .coldstart import ColdStart, ColdTimeout, QueueFull, Waker
-from ..contracts import Endpoint
+from ..contracts import Endpoint, LoadReading
 from ..httpserver import ConnectionGuard, bound_port, server_options
 from .config import DEFAULTS, RouterConfig
 from .limits import DepthError, check_depth
@@ -177,6 +178,10 @@ class Router:
     def usage_snapshot(self) -> dict[str, tuple[float | None, int]]:
         """{replica_id: (last use on the router's monotonic clock or None, requests in flight)}."""
         return self.balancer.usage_snapshot()
+
+    def load_snapshot(self) -> dict[str, LoadReading]:
+        """{replica_id: its engine's latest fresh load reading}, for the autoscaler (a LoadSource)."""
+        return self.balancer.load_snapshot()
 
     # -- lifecycle ------------------------------------------------------------------
 
