@@ -308,7 +308,7 @@ class Reconciler:
                 low = max(model.replicas.min, 1 if used is not None else 0)
                 decision = scale.autoscaler.decide(model.autoscale, now, min(target, model.replicas.max), sig,
                                                    low, model.replicas.max)
-                scale.load, scale.needed = sig.load, decision.needed
+                scale.load, scale.needed = decision.load, decision.needed
                 if decision.reason:
                     target, why = decision.wanted, decision.reason
             # --- end autoscaling ---

@@ -32,6 +32,14 @@ def test_wanted_is_the_load_over_the_target_rounded_up_within_min_and_max():
     assert decide(Autoscaler(), 0, 1, 0.0, low=1).needed == 1    # never below min
 
 
+def test_one_passing_burst_is_averaged_away():
+    s = Autoscaler()
+    assert decide(s, 0, 2, 4).wanted == 2
+    assert decide(s, 1, 2, 4).wanted == 2
+    assert decide(s, 2, 2, 13).wanted == 2, "mean of 4, 4, 13 is 7: 2 replicas of 4 are enough"
+    assert decide(s, 3, 2, 13).wanted == 3, "mean of 4, 13, 13 is 10: needs 3"
+
+
 def test_no_reading_holds_the_count():
     d = decide(Autoscaler(), 0, 3, None)
     assert (d.wanted, d.needed, d.reason) == (3, None, "")
@@ -161,6 +169,13 @@ def load_total(world, total):
                             for i, rid in enumerate(ready)}
 
 
+def under(world, per_replica, passes=3):
+    """`passes` passes with `per_replica` in flight on every ready replica: the policy averages 3 s of them."""
+    for _ in range(passes):
+        load_on(world, per_replica)
+        world.step()
+
+
 def count(world):
     return len([r for r in world.rec.replicas.values() if r.state not in ("draining", "stopping")])
 
@@ -170,21 +185,18 @@ def test_load_scales_a_model_up_to_what_it_needs_and_starting_replicas_ask_for_n
     w.report("n1")
     converge(w)
     assert count(w) == 1
-    load_on(w, 7)                           # 7 in flight, target 4: needs 2 (normal path, 1.75x)
-    w.step()
+    under(w, 7)                             # 7 in flight, target 4: needs 2 (normal path, 1.75x)
     assert count(w) == 2 and w.rec._scale["a"].wanted == 2
     (event,) = [e for e in w.rec.events if e.kind == "scale-up"]
-    assert "1 -> 2 replicas (inflight 7 on 1 ready replica (target 4 each) needs 2)" in event.message
+    assert "1 -> 2 replicas (inflight 4.67 on 1 ready replica (target 4 each) needs 2)" in event.message, \
+        "stepped on the mean of the last 3 s (0, 7, 7), not on one pass"
     # The new replica is starting; the load grows on the old one, below the
     # fast path's 2x: nothing more is asked until the new one is measured.
-    for _ in range(5):
-        load_on(w, 15)
-        w.step()
+    under(w, 15, passes=5)
     assert count(w) == 2, "a slow cold start must not trigger more and more replicas"
     w.agent_follows("n1")                   # the second replica is ready now
     w.step()
-    load_on(w, 7)                           # 14 over 2 ready: needs 4, a step of 2
-    w.step()
+    under(w, 7)                             # 14 over 2 ready: needs 4, a step of 2
     assert count(w) == 4
     status = w.rec.fleet_status().models[0]
     assert (status.metric, status.target, status.load, status.needed, status.desired) == ("inflight", 4, 14, 4, 4)
@@ -194,8 +206,7 @@ def test_far_above_target_the_fast_path_goes_straight_to_the_count():
     w = World(scaled(), settle=0)
     w.report("n1")
     converge(w)
-    load_on(w, 30)                          # 30 on one replica: needs 8, 7.5x the target
-    w.step()
+    under(w, 30)                            # 30 on one replica: needs 8, 7.5x the target
     assert count(w) == 8
     assert any("fast path" in e.message for e in w.rec.events if e.kind == "scale-up")
 
@@ -204,8 +215,7 @@ def test_after_the_window_below_target_the_model_scales_back_down_without_flappi
     w = World(scaled(), settle=0)
     w.report("n1")
     converge(w)
-    load_on(w, 30)
-    w.step()
+    under(w, 30)
     converge(w)
     assert count(w) == 8
     for _ in range(25):                     # quieter, but within the 30 s window: all 8 stay
@@ -225,7 +235,9 @@ def test_after_the_window_below_target_the_model_scales_back_down_without_flappi
         w.step()
         w.agent_follows("n1")
     assert count(w) == 2, "7 in flight at a target of 4 needs 2"
-    assert not [e for e in w.rec.events if e.kind == "scale-up"][1:], "no up-step after the down-steps"
+    events = list(w.rec.events)
+    first_down = next(i for i, e in enumerate(events) if e.kind == "scale-down")
+    assert not [e for e in events[first_down:] if e.kind == "scale-up"], "no up-step after the down-steps"
 
 
 def test_idle_timeout_still_scales_to_zero_under_a_policy():
