@@ -182,7 +182,8 @@ class Autoscale:
 
     Wanted = ceil(load / target), the load summed over the model's ready
     replicas. Up: at most `max_step` replicas a step, and one step at a time
-    (the next waits until the replicas of the last one are ready), unless the
+    (the next waits for the last one's replicas to be ready unless the load
+    already needs a whole max_step more), unless the
     load per wanted replica is `fast_factor` times the target or more -- then
     straight to the count the load needs. Down: only to the highest count any
     pass of the last `scale_down_window` seconds needed, and at most

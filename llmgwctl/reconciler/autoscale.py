@@ -13,9 +13,9 @@ times. The policy itself (metric, target, windows, step) is the catalog's
   zero load.
 - Up, when needed exceeds the count wanted now. Replicas still starting are
   part of that count, so a slow cold start does not look like missing
-  capacity. A step adds at most `max_step`, and the next step waits until the
-  last one's replicas are ready -- its effect is measured before more is
-  asked. The fast path: when the load per wanted replica is `fast_factor`
+  capacity. A step adds at most `max_step`, and while its replicas start the
+  next step waits for them -- their effect is measured before more is asked --
+  unless the load already needs a whole `max_step` more. The fast path: when the load per wanted replica is `fast_factor`
   times the target or more, go straight to `needed`, starting or not.
 - Down, when needed is below the count, only once the policy has watched the
   load for a whole `scale_down_window`, and only to the highest count any
@@ -122,8 +122,10 @@ class Autoscaler:
             if per >= policy.fast_factor * target:
                 return Decision(needed, needed, load=load, reason=f"{what} needs {needed}; fast path: {per / target:.1f}x the "
                                 f"target per wanted replica, at least {policy.fast_factor:g}x")
-            if sig.starting:
-                return Decision(current, needed, load=load)    # the last step's replicas are not measured yet
+            if sig.starting and needed < current + policy.max_step:
+                # The last step's replicas are not measured yet: only a load
+                # that outgrew it by a whole step asks for more meanwhile.
+                return Decision(current, needed, load=load)
             wanted = min(needed, current + policy.max_step)
             return Decision(wanted, needed, load=load, reason=f"{what} needs {needed}"
                             + (f"; a step of at most {policy.max_step}" if wanted < needed else ""))

@@ -55,6 +55,8 @@ def test_a_normal_step_is_bounded_and_waits_for_the_last_steps_replicas():
     # load measured on the old replicas asks for nothing more until they are ready.
     d = decide(s, 1, 4, 15, ready=2, starting=2)
     assert d.wanted == 4 and d.reason == ""
+    # ...unless the load outgrew the step by a whole max_step meanwhile.
+    assert decide(Autoscaler(), 2, 4, 23, ready=2, starting=2).wanted == 6
 
 
 def test_the_fast_path_jumps_to_the_needed_count_even_while_replicas_start():
@@ -190,33 +192,56 @@ def test_load_scales_a_model_up_to_what_it_needs_and_starting_replicas_ask_for_n
     (event,) = [e for e in w.rec.events if e.kind == "scale-up"]
     assert "1 -> 2 replicas (inflight 4.67 on 1 ready replica (target 4 each) needs 2)" in event.message, \
         "stepped on the mean of the last 3 s (0, 7, 7), not on one pass"
-    # The new replica is starting; the load grows on the old one, below the
-    # fast path's 2x: nothing more is asked until the new one is measured.
-    under(w, 15, passes=5)
+    # The new replica is starting; the load grows on the old one, to less than
+    # a whole step more: nothing more is asked until the new one is measured.
+    under(w, 11, passes=5)
     assert count(w) == 2, "a slow cold start must not trigger more and more replicas"
     w.agent_follows("n1")                   # the second replica is ready now
-    w.step()
-    under(w, 7)                             # 14 over 2 ready: needs 4, a step of 2
+    for _ in range(5):                      # 14 in flight over the ready replicas: needs 4
+        load_total(w, 14)
+        w.step()
+        w.agent_follows("n1")
     assert count(w) == 4
     status = w.rec.fleet_status().models[0]
     assert (status.metric, status.target, status.load, status.needed, status.desired) == ("inflight", 4, 14, 4, 4)
 
 
-def test_far_above_target_the_fast_path_goes_straight_to_the_count():
+def test_while_a_step_starts_a_load_a_whole_step_larger_steps_again():
     w = World(scaled(), settle=0)
     w.report("n1")
     converge(w)
-    under(w, 30)                            # 30 on one replica: needs 8, 7.5x the target
-    assert count(w) == 8
-    assert any("fast path" in e.message for e in w.rec.events if e.kind == "scale-up")
+    under(w, 7)
+    assert count(w) == 2
+    under(w, 15)                            # needs 4: two more than the 2 wanted, max_step 2
+    assert count(w) == 4
+
+
+def test_far_above_target_the_fast_path_goes_straight_to_the_count():
+    w = World(scaled(max_step=1), settle=0)
+    w.report("n1")
+    converge(w)
+    under(w, 0)
+    under(w, 24, passes=1)                  # the mean of 0, 0, 24 is 8 on one replica: needs 2, 2x the target
+    assert count(w) == 2
+    under(w, 36, passes=1)                  # mean 20 over 2 wanted: needs 5, 2.5x: past max_step 1 at once
+    assert count(w) == 5
+    assert [e.message for e in w.rec.events if e.kind == "scale-up"][-1].endswith(
+        "needs 5; fast path: 2.5x the target per wanted replica, at least 2x)")
+
+
+def grow(world, per_replica, rounds=10):
+    """Load on every ready replica while the agent starts what is asked, until the count settles."""
+    for _ in range(rounds):
+        load_on(world, per_replica)
+        world.step()
+        world.agent_follows("n1")
 
 
 def test_after_the_window_below_target_the_model_scales_back_down_without_flapping():
     w = World(scaled(), settle=0)
     w.report("n1")
     converge(w)
-    under(w, 30)
-    converge(w)
+    grow(w, 30)
     assert count(w) == 8
     for _ in range(25):                     # quieter, but within the 30 s window: all 8 stay
         load_total(w, 7)
