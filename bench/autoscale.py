@@ -217,7 +217,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=20, help="max_tokens per request")
     ap.add_argument("--min", type=int, default=1)
     ap.add_argument("--max", type=int, default=6)
-    ap.add_argument("--target", type=float, default=2.0, help="in flight per replica (half the batch)")
+    ap.add_argument("--target", type=float, default=1.5, help="in flight per replica (3/8 of the batch: room for Poisson bursts)")
     ap.add_argument("--max-step", type=int, default=2)
     ap.add_argument("--window", type=float, default=20.0, help="scale_down_window (s)")
     ap.add_argument("--base-rate", type=float, default=1.0, help="requests/s per model at the base")
