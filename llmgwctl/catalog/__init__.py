@@ -11,11 +11,11 @@ llmgwctl subpackage, so every other piece can depend on it.
 from .durations import format_duration, parse_duration
 from .errors import CatalogError, Problem, format_path
 from .live import Live
-from .model import (API_VERSION, BUILTIN_ENGINES, KIND, Catalog, EngineSpec, Model, Origin, Profile,
-                    Replicas)
+from .model import (API_VERSION, AUTOSCALE_METRICS, BUILTIN_ENGINES, KIND, Autoscale, Catalog, EngineSpec, Model,
+                    Origin, Profile, Replicas)
 
 __all__ = [
-    "API_VERSION", "BUILTIN_ENGINES", "KIND", "Catalog", "CatalogError", "EngineSpec", "Live", "Model",
+    "API_VERSION", "AUTOSCALE_METRICS", "Autoscale", "BUILTIN_ENGINES", "KIND", "Catalog", "CatalogError", "EngineSpec", "Live", "Model",
     "Origin", "Problem", "Profile", "Replicas", "format_duration", "format_path", "parse_duration",
     "load_dir", "load_paths", "load_text",
 ]

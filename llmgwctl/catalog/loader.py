@@ -38,7 +38,7 @@ import yaml
 
 from .durations import parse_duration
 from .errors import CatalogError, Problem, format_path
-from .model import Catalog, EngineSpec, Model, Origin, Profile, Replicas
+from .model import Autoscale, Catalog, EngineSpec, Model, Origin, Profile, Replicas
 
 SUFFIXES = (".yaml", ".yml")
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster on big catalogs
@@ -661,7 +661,27 @@ def _model(raw: Mapping[str, Any], origin: Origin) -> Model:
     return Model(
         name=raw["name"], profiles=profiles, source=raw.get("source") or raw["name"],
         aliases=tuple(raw.get("aliases") or ()), replicas=replicas, idle_timeout=idle, origin=origin,
+        autoscale=_autoscale(raw.get("autoscale")),
     )
+
+
+_DEFAULT_AUTOSCALE = Autoscale()
+
+
+def _autoscale(raw: Mapping[str, Any] | None) -> Autoscale:
+    """The model's autoscale block; absent or null: the defaults (see catalog.model.Autoscale)."""
+    if not raw:
+        return Autoscale()
+    window = raw.get("scale_down_window", _DEFAULT_AUTOSCALE.scale_down_window)
+    try:
+        window = parse_duration(window)
+    except ValueError as exc:
+        raise _FieldError(("autoscale", "scale_down_window"), str(exc)) from None
+    target = raw.get("target")
+    return Autoscale(metric=raw.get("metric", "inflight"),
+                     target=float(target) if isinstance(target, (int, float)) and not isinstance(target, bool) else target,
+                     scale_down_window=window, fast_factor=raw.get("fast_factor", _DEFAULT_AUTOSCALE.fast_factor),
+                     max_step=raw.get("max_step", _DEFAULT_AUTOSCALE.max_step))
 
 
 def _lenient_model(raw: Mapping[str, Any], origin: Origin, bad: list[tuple]) -> Model:

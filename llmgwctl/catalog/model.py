@@ -92,6 +92,18 @@ PRIORITY_RANGE = (-1_000_000, 1_000_000)
 # An idle timeout past a year is "never" (write null), and a bound keeps clock
 # arithmetic (now + timeout) exact in floats.
 MAX_IDLE_TIMEOUT = 365 * 86400.0
+# --- autoscale bounds (issue 17) ---
+# A target is per replica: a million requests in flight or waiting on one
+# replica is past any engine's batch (vLLM's max_num_seqs caps at thousands);
+# KV-cache use is a fraction, so its target is (0, 1].
+MAX_AUTOSCALE_TARGET = 1e6
+# The stable window bounds how long load history is kept per model (one
+# sample a pass); a day is past any diurnal lull worth holding replicas for.
+MAX_SCALE_DOWN_WINDOW = 86400.0
+# The fast path's factor: 1000x the target per replica is "always"; below 1 it
+# would be below the target itself, where the normal path already steps.
+FAST_FACTOR_RANGE = (1.0, 1000.0)
+# --- end autoscale bounds ---
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +159,62 @@ class Replicas:
         return self.min if self.min == self.max else {"min": self.min, "max": self.max}
 
 
+# Signals the autoscaler can follow, and the target per replica each gets when
+# the catalog names none. Why these defaults, for a vLLM replica:
+# - inflight 16: requests in flight per replica as the routers count them
+#   (immediate, for every engine, other routers' traffic included). vLLM
+#   batches dozens of sequences, so below 16 a new replica costs a GPU without
+#   helping latency; this was llmgw's fixed scale-up point before issue 17.
+# - waiting 2: requests queued at the engine beyond its batch (vLLM's
+#   num_requests_waiting). A request or two waiting is the normal edge of a
+#   full batch; more means the batch limit, not the GPU's speed, sets latency.
+#   A queue signal: once nothing waited for a whole stable window, the model
+#   goes back toward min; suits bursty batch traffic more than steady chat.
+# - kv_cache 0.7: the engine's KV-cache use, 0-1, summed over replicas (1.4 =
+#   two replicas' worth). vLLM preempts sequences as it nears 1 and the router
+#   counts 0.95 as full; 0.7 leaves the running sequences room to grow.
+AUTOSCALE_METRICS: Mapping[str, float] = MappingProxyType({"inflight": 16.0, "waiting": 2.0, "kv_cache": 0.7})
+
+
+@dataclass(frozen=True, slots=True)
+class Autoscale:
+    """How a model's replica count follows its load between replicas.min and replicas.max.
+
+    Wanted = ceil(load / target), the load summed over the model's ready
+    replicas. Up: at most `max_step` replicas a step, and one step at a time
+    (the next waits for the last one's replicas to be ready unless the load
+    already needs a whole max_step more), unless the
+    load per wanted replica is `fast_factor` times the target or more -- then
+    straight to the count the load needs. Down: only to the highest count any
+    pass of the last `scale_down_window` seconds needed, and at most
+    `max_step` a step. The policy math is llmgwctl.reconciler.autoscale.
+    """
+
+    metric: str = "inflight"
+    # None: the metric's default from AUTOSCALE_METRICS (filled in below).
+    target: float | None = None
+    # 5 min, as Kubernetes HPA's default downscale stabilization: a GPU
+    # replica's cold start costs tens of seconds to minutes, so releasing it
+    # for a lull shorter than that costs more than it saves.
+    scale_down_window: float = 300.0
+    # Twice the target per replica: even the doubled fleet would be at target,
+    # so stepping by max_step would take several cold starts to catch up.
+    fast_factor: float = 2.0
+    # Two at a time: a model's load rarely jumps more than 2x between passes
+    # unless the fast path says so, and a step's replicas are proven (ready)
+    # before the next, so a wrong signal costs two GPUs, not max.
+    max_step: int = 2
+
+    def __post_init__(self) -> None:
+        if self.target is None and self.metric in AUTOSCALE_METRICS:
+            object.__setattr__(self, "target", AUTOSCALE_METRICS[self.metric])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "target": self.target,
+                "scale_down_window": format_duration(self.scale_down_window),
+                "fast_factor": self.fast_factor, "max_step": self.max_step}
+
+
 @dataclass(frozen=True, slots=True)
 class Profile:
     """One way to run a model: an engine on some number of GPUs of a pool."""
@@ -193,6 +261,7 @@ class Model:
     replicas: Replicas = Replicas()
     idle_timeout: float | None = None
     origin: Origin = field(default=Origin(), compare=False)
+    autoscale: Autoscale = Autoscale()
 
     def ranked(self) -> tuple[Profile, ...]:
         """Profiles by priority, highest first; the written order breaks ties."""
@@ -206,6 +275,9 @@ class Model:
         out["replicas"] = self.replicas.to_yaml()
         if self.idle_timeout is not None:
             out["idle_timeout"] = format_duration(self.idle_timeout)
+        if self.autoscale != Autoscale():
+            # Only when set: catalogs written before issue 17 keep their version.
+            out["autoscale"] = self.autoscale.to_dict()
         out["profiles"] = [p.to_dict() for p in self.profiles]
         return out
 
@@ -348,6 +420,7 @@ def _check_numbers(model: Model) -> Iterable[tuple[tuple[str | int, ...], str]]:
         if why:
             yield ("idle_timeout",), why.replace(f"{MAX_IDLE_TIMEOUT:g}", "31536000 (365d)") + \
                 " seconds; omit it or write null to never scale down"
+    yield from _check_autoscale(model.autoscale)
     for i, profile in enumerate(model.profiles):
         for key, low, high, integer in (("gpus", 0, MAX_GPUS, True), ("priority", *PRIORITY_RANGE, True),
                                         ("weight", 0, MAX_WEIGHT, False)):
@@ -357,6 +430,28 @@ def _check_numbers(model: Model) -> Iterable[tuple[tuple[str | int, ...], str]]:
                 why = f"expected a number greater than 0, got {value:g}"
             if why:
                 yield ("profiles", i, key), why
+
+
+def _check_autoscale(policy: Autoscale) -> Iterable[tuple[tuple[str | int, ...], str]]:
+    """The autoscale block's numbers finite and bounded, and its metric one llmgw can read."""
+    if policy.metric not in AUTOSCALE_METRICS:
+        yield ("autoscale", "metric"), f"{policy.metric!r} is not one of {', '.join(AUTOSCALE_METRICS)}"
+        return
+    high = 1.0 if policy.metric == "kv_cache" else MAX_AUTOSCALE_TARGET
+    why = _bounded(policy.target, 0, high)
+    if why is None and policy.target <= 0:
+        why = f"expected a number greater than 0, got {policy.target:g}"
+    if why:
+        yield ("autoscale", "target"), why + (" (KV-cache use is a fraction of the cache)" if high == 1.0 else "")
+    why = _bounded(policy.scale_down_window, 0, MAX_SCALE_DOWN_WINDOW)
+    if why:
+        yield ("autoscale", "scale_down_window"), why + " seconds (at most 1d)"
+    why = _bounded(policy.fast_factor, *FAST_FACTOR_RANGE)
+    if why:
+        yield ("autoscale", "fast_factor"), why
+    why = _bounded(policy.max_step, 1, MAX_REPLICAS, integer=True)
+    if why:
+        yield ("autoscale", "max_step"), why
 
 
 def _check_model(model: Model, engines: Mapping[str, EngineSpec]) -> Iterable[Problem]:

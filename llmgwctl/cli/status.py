@@ -10,6 +10,16 @@ from .common import controller_headers, controller_option
 from .output import dump, table
 
 
+def _load(scale: dict | None) -> str:
+    """`12/16 inflight (1)`: the model's load summed over ready replicas, the target per replica, and
+    what that load needs; `-` before a reading (or from a controller without autoscaling)."""
+    if not scale or scale.get("target") is None:
+        return "-"
+    load = "-" if scale.get("load") is None else f"{scale['load']:.4g}"
+    needed = "" if scale.get("needed") is None else f" ({scale['needed']})"
+    return f"{load}/{scale['target']:g} {scale['metric']}{needed}"
+
+
 def _ago(seconds) -> str:
     if seconds is None:
         return "-"
@@ -73,9 +83,9 @@ def render(status: dict, now: float | None = None, events: int = 8, wide: bool =
             out.append(f"  ... {len(rejection['errors']) - 10} more")
     out.extend(_degraded_loops(status, now))
     out.append("")
-    out.append(table(("MODEL", "ALIASES", "DESIRED", "READY", "REPLICAS"), [
+    out.append(table(("MODEL", "ALIASES", "DESIRED", "READY", "REPLICAS", "LOAD/TARGET"), [
         (_cut(m["name"], 40), _cut(",".join(m["aliases"]), 30), m["desired"], m["ready"],
-         f"{m['min']}-{m['max']}" if m["min"] != m["max"] else m["min"])
+         f"{m['min']}-{m['max']}" if m["min"] != m["max"] else m["min"], _load(m.get("autoscale")))
         for m in status["models"]]))
     for m in status["models"]:
         if m.get("unplaceable"):

@@ -11,7 +11,7 @@ record for both, so the metrics and the status page cannot disagree.
      ├ routers                       standalone routers reporting usage
      ├ log_streams                   engine logs being relayed to `llmgwctl logs`
      └ fleet: FleetStatus            settled, passes, failed passes (the loop degraded, and why)
-        ├ models: ModelStatus...     min, max, desired, ready, why unplaceable
+        ├ models: ModelStatus...     min, max, desired, ready, why unplaceable, load against target
         ├ replicas: ReplicaStatus... state, node, GPUs, url, in flight, idle, last exit and last log lines
         ├ nodes: NodeStatus...       reachable, pools, GPUs (each with memory and whether used), engines
         │                            (missing ones with why), conflict
@@ -48,11 +48,18 @@ class ModelStatus:
     ready: int
     replicas: int
     unplaceable: str | None = None  # why no replica can be placed now; None: it can
+    # The autoscaler's view (issue 17): its metric and target per replica, the
+    # load it last measured (None: no reading yet) and the count that load needs.
+    metric: str = "inflight"
+    target: float | None = None
+    load: float | None = None
+    needed: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "aliases": list(self.aliases), "min": self.min, "max": self.max,
                 "desired": self.desired, "ready": self.ready, "replicas": self.replicas,
-                "unplaceable": self.unplaceable}
+                "unplaceable": self.unplaceable,
+                "autoscale": {"metric": self.metric, "target": self.target, "load": self.load, "needed": self.needed}}
 
 
 @dataclass(frozen=True, slots=True)

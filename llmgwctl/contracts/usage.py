@@ -7,18 +7,29 @@ what standalone routers report. A standalone router sends it as a
 
     POST {controller}/api/v1/usage
     {"router": "<id, new per process>", "version": 42,          # the watch version this router has applied
-     "replicas": {"r-7": {"idle_seconds": 3.2, "inflight": 1}}}  # idle_seconds null: never used
+     "replicas": {"r-7": {"idle_seconds": 3.2, "inflight": 1,   # idle_seconds null: never used
+                          "load": {"running": 3, "waiting": 0, "kv_cache": 0.4}}}}   # optional
+
+`load` is the router's latest fresh reading of the replica's engine gauges
+(absent: none, or a router from before issue 17; a controller from before it
+ignores the key). The autoscaler reads it through a `LoadSource`.
 
 Idle seconds, not a timestamp, travel on the wire: the two processes' monotonic
 clocks share no origin, so each side converts with its own clock.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping, NamedTuple, Protocol
 
 from .errors import UsageError
+from .spec import LoadReading
+
+# The most a gauge may say on the wire: past a million requests or a KV use
+# past 1 a reading is broken, and a bound keeps sums over a fleet finite.
+MAX_GAUGE = 1e6
 
 
 class Usage(NamedTuple):
@@ -41,11 +52,21 @@ class UsageSource(Protocol):
     def usage_snapshot(self) -> UsageSnapshot: ...
 
 
+class LoadSource(Protocol):
+    """Where the engines' load gauges are read, once a pass: the autoscaler depends on this, not on the
+    router's balancer, so the in-process router, the standalone routers' board and a test's dict all fit.
+    Only fresh readings: a replica whose engine has not answered lately is absent, not idle."""
+
+    def load_snapshot(self) -> Mapping[str, LoadReading]: ...
+
+
 class ReportedUsage(NamedTuple):
-    """One replica in a standalone router's report: seconds since its last use (None: never), in flight."""
+    """One replica in a standalone router's report: seconds since its last use (None: never), in flight,
+    and the router's fresh reading of its engine's gauges (None: none)."""
 
     idle_seconds: float | None
     inflight: int = 0
+    load: LoadReading | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +78,17 @@ class UsageReport:
     replicas: Mapping[str, ReportedUsage] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
-    def of(cls, router: str, version: int, snapshot: UsageSnapshot, now: float) -> "UsageReport":
-        """The report of a snapshot taken on a clock that reads `now`."""
+    def of(cls, router: str, version: int, snapshot: UsageSnapshot, now: float,
+           loads: Mapping[str, LoadReading] | None = None) -> "UsageReport":
+        """The report of a snapshot (and load readings) taken on a clock that reads `now`."""
+        loads = loads or {}
         return cls(router, version, MappingProxyType({
-            rid: ReportedUsage(None if last is None else round(now - last, 3), inflight)
+            rid: ReportedUsage(None if last is None else round(now - last, 3), inflight, loads.get(rid))
             for rid, (last, inflight) in snapshot.items()}))
+
+    def loads(self) -> dict[str, LoadReading]:
+        """The engine readings the report carries, per replica."""
+        return {rid: r.load for rid, r in self.replicas.items() if r.load is not None}
 
     def snapshot(self, now: float) -> dict[str, Usage]:
         """The report on the receiver's clock, which reads `now`."""
@@ -71,6 +98,7 @@ class UsageReport:
     def to_dict(self) -> dict[str, Any]:
         return {"router": self.router, "version": self.version,
                 "replicas": {rid: {"idle_seconds": r.idle_seconds, "inflight": r.inflight}
+                             | ({"load": _load_dict(r.load)} if r.load is not None else {})
                              for rid, r in self.replicas.items()}}
 
     @classmethod
@@ -86,8 +114,34 @@ class UsageReport:
                 inflight = int(entry.get("inflight") or 0)
                 if inflight < 0 or (idle is not None and float(idle) < 0):
                     raise ValueError(f"{rid}: negative idle_seconds or inflight")
-                replicas[str(rid)] = ReportedUsage(None if idle is None else float(idle), inflight)
+                replicas[str(rid)] = ReportedUsage(None if idle is None else float(idle), inflight,
+                                                   _load_from(rid, entry.get("load")))
             version = int(body.get("version") or 0)
         except (AttributeError, TypeError, ValueError) as exc:
             raise UsageError(f"bad usage entry: {exc}") from None
         return cls(body["router"], version, MappingProxyType(replicas))
+
+
+def _load_dict(load: LoadReading) -> dict[str, Any]:
+    return {"running": load.running, "waiting": load.waiting, "kv_cache": load.kv_cache}
+
+
+def _load_from(rid: str, raw: Any) -> LoadReading | None:
+    """A reported reading; ValueError when it is not finite non-negative gauges within MAX_GAUGE."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{rid}: load must be an object with running, waiting, kv_cache")
+    values = {}
+    for key in ("running", "waiting", "kv_cache"):
+        value = raw.get(key)
+        if value is None and key == "kv_cache":
+            values[key] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{rid}: load.{key} must be a number")
+        value = float(value)
+        if not (math.isfinite(value) and 0 <= value <= (1.0 if key == "kv_cache" else MAX_GAUGE)):
+            raise ValueError(f"{rid}: load.{key} out of range: {value!r}")
+        values[key] = value
+    return LoadReading(**values)

@@ -1,7 +1,8 @@
 """Where the reconciler reads router usage: the in-process router plus every standalone router's reports.
 
-The reconciler needs, per replica, when it was last used (idle scale-down) and
-how many requests are in flight on it (drain). With `llmgwctl serve` alone
+The reconciler needs, per replica, when it was last used (idle scale-down),
+how many requests are in flight on it (drain, autoscaling) and its engine's
+load gauges (autoscaling; `load_snapshot`). With `llmgwctl serve` alone
 that is the in-process router's snapshot; standalone routers
 (`llmgwctl router --controller`) POST theirs every few seconds
 (`llmgwctl.router.watch.UsageReporter`), and this board merges them: the
@@ -17,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from ..contracts import Usage, UsageReport, UsageSnapshot, UsageSource
+from ..contracts import LoadReading, Usage, UsageReport, UsageSnapshot, UsageSource
 
 # A router's report is trusted for three of its 2 s intervals: one late report
 # is noise; a router silent for longer is gone, and so are its requests.
@@ -35,12 +36,15 @@ class UsageBoard:
         self.stale_after = stale_after
         # router id -> (received at, the watch version it had applied, its usage on our clock)
         self._remote: dict[str, tuple[float, int, dict[str, Usage]]] = {}
+        # router id -> the engine readings its last report carried
+        self._loads: dict[str, dict[str, LoadReading]] = {}
 
     def report(self, body: Any) -> None:
         """Take one standalone router's report (see llmgwctl.contracts.usage); UsageError if malformed."""
         report = body if isinstance(body, UsageReport) else UsageReport.from_dict(body)
         now = self._clock()
         self._remote[report.router] = (now, report.version, report.snapshot(now))
+        self._loads[report.router] = report.loads()
 
     def routers(self) -> int:
         return len(self._fresh())
@@ -49,6 +53,7 @@ class UsageBoard:
         now = self._clock()
         for router in [r for r, (at, _, _) in self._remote.items() if now - at > self.stale_after]:
             del self._remote[router]
+            self._loads.pop(router, None)
         return self._remote.values()
 
     def usage_snapshot(self) -> UsageSnapshot:
@@ -63,4 +68,19 @@ class UsageBoard:
                 old_last, old_inflight = merged.get(rid, (None, 0))
                 newest = last if old_last is None else (old_last if last is None else max(old_last, last))
                 merged[rid] = Usage(newest, old_inflight + inflight)
+        return merged
+
+    def load_snapshot(self) -> dict[str, LoadReading]:
+        """Engine readings per replica: the in-process router's, then each fresh standalone router's.
+
+        Every router polls the same engine, so any fresh reading of a replica
+        is as good as another: the first one found is kept, the in-process
+        router's first (it was read this pass, the reports up to 2 s ago).
+        """
+        local = getattr(self.local, "load_snapshot", None)
+        merged: dict[str, LoadReading] = dict(local()) if local is not None else {}
+        self._fresh()
+        for loads in self._loads.values():
+            for rid, reading in loads.items():
+                merged.setdefault(rid, reading)
         return merged

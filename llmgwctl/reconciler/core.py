@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Protocol, runtime_checkable
 
 from ..catalog import Catalog, Live, Model, Profile
-from ..contracts import (Endpoint, Event, FleetStatus, ModelState, ModelStatus, NodeStatus, ReplicaSpec,
-                         ReplicaState, ReplicaStatus, ReportedReplica, UsageSnapshot, UsageSource)
+from ..contracts import (Endpoint, Event, FleetStatus, LoadReading, LoadSource, ModelState, ModelStatus, NodeStatus,
+                         ReplicaSpec, ReplicaState, ReplicaStatus, ReportedReplica, UsageSnapshot, UsageSource)
 from ..contracts.status import GpuStatus
 from ..contracts.usage import UNUSED
 from ..inventory import Inventory, Node
 from ..placement import NodeView, Running, place
+from .autoscale import Autoscaler, signal
 from .desired import DesiredStore
 from .modelstates import model_states
 
@@ -60,10 +61,6 @@ DRAIN_GRACE = 30.0
 # replicas that are healthy and still wanted are adopted again, and where a
 # replacement made one surplus the one serving longest is kept (_trim_returned).
 REPLACE_AFTER = 60.0
-# Scale up when ready replicas carry this many requests in flight each, on
-# average: a vLLM replica batches dozens of sequences, so below this a new
-# replica would cost a GPU without helping latency.
-SCALE_UP_INFLIGHT = 16
 # Events kept for `status`: enough for the last few minutes of a busy fleet.
 EVENTS = 200
 
@@ -116,17 +113,26 @@ class _ModelScale:
     wanted: int = 0
     last_used: float | None = None
     woken: float | None = None
+    # --- autoscaling (issue 17): the policy's state and its last measurement, for status ---
+    autoscaler: Autoscaler = field(default_factory=Autoscaler)
+    policy: object = None           # the catalog policy the history was gathered under
+    load: float | None = None
+    needed: int | None = None
 
 
 class Reconciler:
     def __init__(self, live: Live, inventory: Inventory, desired: DesiredStore, *,
                  endpoints: EndpointSink | None = None, usage: UsageSource | None = None,
+                 load: LoadSource | None = None,
                  clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
                  settle: float = SETTLE, drain_grace: float = DRAIN_GRACE, replace_after: float = REPLACE_AFTER,
                  on_change: Callable[[], None] = lambda: None):
         self.live, self.inventory, self.desired = live, inventory, desired
         self._sinks: list[EndpointSink] = [endpoints] if endpoints else []
         self.usage = usage
+        # The engines' gauges for autoscaling on waiting or KV-cache use; read once a pass.
+        self.load = load
+        self._loads: Mapping[str, LoadReading] = {}
         self._clock, self._wall = clock, wall_clock
         self.settle, self.drain_grace, self.replace_after = settle, drain_grace, replace_after
         self.started = clock()
@@ -220,6 +226,7 @@ class Reconciler:
                     self.event("settled", f"settling window over: adopted {sum(r.adopted for r in self.replicas.values())} replicas")
             if self.settled:
                 usage = dict(self.usage.usage_snapshot()) if self.usage else {}
+                self._loads = dict(self.load.load_snapshot()) if self.load else {}
                 self._plan(catalog, now, usage)
                 self._drain(now, usage)
         finally:
@@ -381,11 +388,27 @@ class Reconciler:
             used = max((t for t in (scale.last_used, scale.woken) if t is not None), default=None)
             idle = model.idle_timeout is not None and (used is None or now - used >= model.idle_timeout)
             target = max(scale.wanted, model.replicas.min)
-            ready = [r for r in recs if r.state == ReplicaState.READY]
+            why = "idle"
+            # --- autoscaling (issue 17): the policy in llmgwctl.reconciler.autoscale ---
+            if scale.policy != model.autoscale:
+                scale.autoscaler.reset()     # a history gathered under another target means nothing now
+                scale.policy = model.autoscale
             if idle:
                 target = model.replicas.min
-            elif ready and len(ready) == len(recs) and inflight / len(ready) >= SCALE_UP_INFLIGHT:
-                target = len(ready) + 1
+                scale.autoscaler.reset()
+            else:
+                ready = [r.spec.id for r in recs if r.state == ReplicaState.READY]
+                starting = sum(r.state in (ReplicaState.PENDING, ReplicaState.STARTING) for r in recs)
+                inflight_by = {r.spec.id: usage.get(r.spec.id, UNUSED)[1] for r in recs}
+                sig = signal(model.autoscale.metric, ready, starting, inflight_by, self._loads)
+                # A scale-to-zero model in use keeps one replica: only its idle timeout takes it to zero.
+                low = max(model.replicas.min, 1 if used is not None else 0)
+                decision = scale.autoscaler.decide(model.autoscale, now, min(target, model.replicas.max), sig,
+                                                   low, model.replicas.max)
+                scale.load, scale.needed = decision.load, decision.needed
+                if decision.reason:
+                    target, why = decision.wanted, decision.reason
+            # --- end autoscaling ---
             if model.replicas.min == 0 and used is not None and not idle:
                 target = max(target, 1)
             if model.replicas.min == 0 and used is None:
@@ -393,9 +416,10 @@ class Reconciler:
             target = max(model.replicas.min, min(model.replicas.max, target))
             if target != scale.wanted:
                 if target < scale.wanted:
-                    self.event("scale-down", f"{model.name}: {scale.wanted} -> {target} replicas (idle)")
+                    self.event("scale-down", f"{model.name}: {scale.wanted} -> {target} replicas ({why})")
                 else:
-                    self.event("scale-up", f"{model.name}: {scale.wanted} -> {target} replicas")
+                    self.event("scale-up", f"{model.name}: {scale.wanted} -> {target} replicas"
+                               + (f" ({why})" if why != "idle" else ""))
             scale.wanted = target
             wanted[model.name] = target
         for name in [n for n in self._scale if catalog.resolve(n) is None]:
@@ -605,6 +629,8 @@ class Reconciler:
                 desired=scale.wanted if scale else model.replicas.min,
                 ready=sum(r.state == ReplicaState.READY for r in recs), replicas=len(recs),
                 unplaceable=self.unplaceable.get(model.name),
+                metric=model.autoscale.metric, target=model.autoscale.target,
+                load=scale.load if scale else None, needed=scale.needed if scale else None,
             ))
         replicas = []
         for rec in sorted(self.replicas.values(), key=lambda r: (r.spec.model, r.spec.id)):

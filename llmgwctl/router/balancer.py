@@ -136,6 +136,13 @@ class Balancer:
                 snapshot.setdefault(rid, Usage(st.last_used, st.inflight))
         return snapshot
 
+    def load_snapshot(self) -> dict[str, LoadReading]:
+        """{replica_id: its engine's latest reading}, only readings fresher than `stale_after`: the
+        autoscaler's engine gauges (a stale one is unknown, as for the pick, never idle)."""
+        now = self._clock()
+        return {rid: st.load for rid, st in self._states.items()
+                if st.load is not None and now - st.load_at <= self.stale_after}
+
     def ready_count(self, model: str) -> int:
         return sum(len(tier) for tier in self._tiers.get(model, ()))
 

@@ -9,6 +9,7 @@ narrow surfaces the control plane meets it through:
   `set_model_states(states)` (a model that cannot be placed now is answered at
   once with the reason): pushed once per change, never pulled per request;
 - `usage_snapshot()`: last use and in-flight count per replica, read once a tick;
+- `load_snapshot()`: each engine's latest fresh load reading, for the autoscaler;
 - a `Waker` it calls when a request finds no ready replica;
 - `set_api_keys(keys)`: optional API keys (see `auth`), swapped whole like a catalog.
 
@@ -42,7 +43,7 @@ from . import errors
 from .balancer import Balancer, EndpointState
 from .coldstart import ColdStart, ColdTimeout, QueueFull, Waker
 from .. import httpbody
-from ..contracts import Endpoint, ModelCondition, ModelState, Usage
+from ..contracts import Endpoint, LoadReading, ModelCondition, ModelState, Usage
 from ..httpserver import ConnectionGuard, bound_port, json_errors, server_options
 from .config import DEFAULTS, RouterConfig
 from .limits import DepthError, PathError, check_depth, check_target
@@ -195,6 +196,10 @@ class Router:
     def usage_snapshot(self) -> dict[str, Usage]:
         """{replica_id: (last use on the router's monotonic clock or None, requests in flight)}."""
         return self.balancer.usage_snapshot()
+
+    def load_snapshot(self) -> dict[str, LoadReading]:
+        """{replica_id: its engine's latest fresh load reading}, for the autoscaler (a LoadSource)."""
+        return self.balancer.load_snapshot()
 
     # -- lifecycle ------------------------------------------------------------------
 

@@ -249,7 +249,11 @@ class UsageReporter:
         self.router_id = uuid.uuid4().hex[:12]
 
     def payload(self) -> dict[str, Any]:
-        report = UsageReport.of(self.router_id, self._watch.version, self._source.usage_snapshot(), self._clock())
+        # The engine gauges ride along (the controller's autoscaler reads them);
+        # a source without them (a test's dict) reports usage alone.
+        loads = getattr(self._source, "load_snapshot", None)
+        report = UsageReport.of(self.router_id, self._watch.version, self._source.usage_snapshot(), self._clock(),
+                                loads() if loads is not None else None)
         return report.to_dict()
 
     async def report_once(self) -> bool:

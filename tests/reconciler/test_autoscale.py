@@ -1,0 +1,296 @@
+"""Autoscaling on load: the policy's arithmetic alone, then the reconciler following it pass by pass.
+
+Time is a FakeClock moved by the test; loads are what a router and its
+engines would report. Nothing sleeps.
+"""
+import json
+
+import pytest
+
+from llmgwctl.catalog import Autoscale
+from llmgwctl.contracts import LoadReading, UsageReport
+from llmgwctl.control.usage import UsageBoard
+from llmgwctl.reconciler.autoscale import Autoscaler, Signal, signal
+
+from ..support import FakeClock
+from .test_reconciler import World, catalog, converge
+
+POLICY = Autoscale(metric="inflight", target=4, scale_down_window=30, fast_factor=2, max_step=2)
+
+
+def decide(scaler, now, current, load, *, ready=None, starting=0, low=1, high=10, policy=POLICY):
+    return scaler.decide(policy, now, current, Signal(load, current if ready is None else ready, starting), low, high)
+
+
+# --- the policy alone --------------------------------------------------------------
+
+def test_wanted_is_the_load_over_the_target_rounded_up_within_min_and_max():
+    assert decide(Autoscaler(), 0, 3, 12).wanted == 3            # exactly at target: no change
+    assert decide(Autoscaler(), 0, 3, 13).wanted == 4            # one request over: one replica more
+    assert decide(Autoscaler(), 0, 3, 13).needed == 4
+    assert decide(Autoscaler(), 0, 9, 70, high=10).wanted == 10  # never past max
+    assert decide(Autoscaler(), 0, 1, 0.0, low=1).needed == 1    # never below min
+
+
+def test_one_passing_burst_is_averaged_away():
+    s = Autoscaler()
+    assert decide(s, 0, 2, 4).wanted == 2
+    assert decide(s, 1, 2, 4).wanted == 2
+    assert decide(s, 2, 2, 13).wanted == 2, "mean of 4, 4, 13 is 7: 2 replicas of 4 are enough"
+    assert decide(s, 3, 2, 13).wanted == 3, "mean of 4, 13, 13 is 10: needs 3"
+
+
+def test_no_reading_holds_the_count():
+    d = decide(Autoscaler(), 0, 3, None)
+    assert (d.wanted, d.needed, d.reason) == (3, None, "")
+
+
+def test_a_normal_step_is_bounded_and_waits_for_the_last_steps_replicas():
+    s = Autoscaler()
+    d = decide(s, 0, 2, 14)         # needs 4, 1.75x the target per replica: the normal path
+    assert d.wanted == 4 and "needs 4" in d.reason
+    d = decide(Autoscaler(), 0, 2, 15.9, policy=Autoscale(target=4, max_step=1, fast_factor=3))
+    assert d.wanted == 3 and "a step of at most 1" in d.reason
+    # The step's replicas are still starting: they count as capacity, and the
+    # load measured on the old replicas asks for nothing more until they are ready.
+    d = decide(s, 1, 4, 15, ready=2, starting=2)
+    assert d.wanted == 4 and d.reason == ""
+    # ...unless the load outgrew the step by a whole max_step meanwhile.
+    assert decide(Autoscaler(), 2, 4, 23, ready=2, starting=2).wanted == 6
+
+
+def test_the_fast_path_jumps_to_the_needed_count_even_while_replicas_start():
+    s = Autoscaler()
+    d = decide(s, 0, 2, 40, ready=1, starting=1)   # 20 per wanted replica, 5x the target
+    assert d.wanted == 10 and "fast path" in d.reason
+
+
+def test_scale_down_waits_a_whole_window_and_takes_its_highest_need():
+    s = Autoscaler()
+    assert decide(s, 0, 4, 16).wanted == 4
+    assert decide(s, 10, 4, 2).wanted == 4, "watched for 10 s of a 30 s window: too soon"
+    assert decide(s, 20, 4, 9).wanted == 4
+    # At 30 s the window [0, 30] still holds the 16 at t=0: 4 were needed.
+    assert decide(s, 30, 4, 2).wanted == 4
+    # At 31 s the window holds needs of 1 (t=10), 3 (t=20), 1, 1: the highest is 3.
+    d = decide(s, 31, 4, 2)
+    assert d.wanted == 3 and "at most 3 needed throughout the last 30s" in d.reason
+    assert decide(s, 51, 3, 2).wanted == 1, "the 3 left the window: down the rest, max_step 2 at a time"
+
+
+def test_a_down_step_is_at_most_max_step():
+    s = Autoscaler()
+    decide(s, 0, 8, 0)
+    assert decide(s, 30, 8, 0).wanted == 6
+
+
+def test_a_spike_inside_the_window_keeps_the_replicas():
+    s = Autoscaler()
+    for t in range(0, 100, 5):
+        load = 16 if t % 25 == 0 else 1
+        assert decide(s, t, 4, load).wanted == 4, f"at {t}: a spike every 25 s is inside every 30 s window"
+
+
+def test_reset_forgets_the_history():
+    s = Autoscaler()
+    decide(s, 0, 4, 16)
+    s.reset()
+    decide(s, 100, 4, 0)
+    assert decide(s, 129, 4, 0).wanted == 4 and decide(s, 131, 4, 0).wanted == 2
+
+
+def test_signal_per_metric():
+    inflight = {"a": 3, "b": 5, "c": 7}
+    loads = {"a": LoadReading(2, 1, 0.5), "b": LoadReading(5, 3, None)}
+    assert signal("inflight", ["a", "b"], 1, inflight, loads) == Signal(8.0, 2, 1)   # c is not ready
+    assert signal("waiting", ["a", "b"], 0, inflight, loads).load == 4.0
+    assert signal("kv_cache", ["a", "b"], 0, inflight, loads).load == 0.5            # b reports no KV
+    assert signal("kv_cache", ["b"], 0, inflight, loads).load is None
+    assert signal("waiting", ["c"], 0, inflight, loads).load is None                 # no reading: unknown
+    assert signal("inflight", [], 2, inflight, loads) == Signal(None, 0, 2)
+
+
+# --- the contract: engine gauges travel with usage --------------------------------------
+
+def test_usage_reports_carry_engine_readings_and_old_reports_still_parse():
+    report = UsageReport.of("r", 3, {"x": (90.0, 2), "y": (None, 0)}, now=100.0, loads={"x": LoadReading(2, 1, 0.25)})
+    wire = json.loads(json.dumps(report.to_dict()))
+    assert wire["replicas"]["x"]["load"] == {"running": 2, "waiting": 1, "kv_cache": 0.25}
+    assert "load" not in wire["replicas"]["y"]
+    back = UsageReport.from_dict(wire)
+    assert back.loads() == {"x": LoadReading(2.0, 1.0, 0.25)}
+    old = UsageReport.from_dict({"router": "r", "version": 1, "replicas": {"x": {"idle_seconds": 1, "inflight": 1}}})
+    assert old.loads() == {}
+
+
+@pytest.mark.parametrize("load", [{"running": -1, "waiting": 0}, {"running": 1, "waiting": 1e300},
+                                  {"running": 1, "waiting": 0, "kv_cache": 2}, {"running": "1", "waiting": 0}, [1]])
+def test_a_broken_reading_is_refused(load):
+    from llmgwctl.contracts import UsageError
+    with pytest.raises(UsageError):
+        UsageReport.from_dict({"router": "r", "version": 1,
+                               "replicas": {"x": {"idle_seconds": 1, "inflight": 1, "load": load}}})
+
+
+def test_the_board_merges_local_and_standalone_readings_and_forgets_silent_routers():
+    class Local:
+        def usage_snapshot(self):
+            return {"a": (1.0, 1)}
+
+        def load_snapshot(self):
+            return {"a": LoadReading(1, 0, 0.1)}
+
+    clock = FakeClock(100.0)
+    board = UsageBoard(Local(), version=lambda: 1, clock=clock)
+    board.report({"router": "s", "version": 1, "replicas": {
+        "a": {"idle_seconds": 0, "inflight": 1, "load": {"running": 9, "waiting": 9, "kv_cache": 0.9}},
+        "b": {"idle_seconds": 0, "inflight": 3, "load": {"running": 3, "waiting": 2, "kv_cache": 0.3}}}})
+    assert board.load_snapshot() == {"a": LoadReading(1, 0, 0.1), "b": LoadReading(3.0, 2.0, 0.3)}
+    clock.advance(7)
+    assert board.load_snapshot() == {"a": LoadReading(1, 0, 0.1)}
+
+
+# --- the reconciler following the policy --------------------------------------------
+
+def scaled(max_=8, **policy):
+    block = ", ".join(f"{k}: {v}" for k, v in {"target": 4, "scale_down_window": "30s", **policy}.items())
+    return catalog(f"  - name: a\n    replicas: {{min: 1, max: {max_}}}\n    autoscale: {{{block}}}\n"
+                   "    profiles: [{name: p, engine: fake, gpus: 0}]\n")
+
+
+def load_on(world, per_replica):
+    """Every ready replica of `a` carries `per_replica` requests in flight, as the router counts them."""
+    world.usage.snapshot = {r.spec.id: (world.clock.now, per_replica)
+                            for r in world.rec.replicas.values() if r.state == "ready"}
+
+
+def load_total(world, total):
+    """`total` requests in flight on `a`, spread over its ready replicas as the balancer would."""
+    ready = sorted(r.spec.id for r in world.rec.replicas.values() if r.state == "ready")
+    world.usage.snapshot = {rid: (world.clock.now, total // len(ready) + (i < total % len(ready)))
+                            for i, rid in enumerate(ready)}
+
+
+def under(world, per_replica, passes=3):
+    """`passes` passes with `per_replica` in flight on every ready replica: the policy averages 3 s of them."""
+    for _ in range(passes):
+        load_on(world, per_replica)
+        world.step()
+
+
+def count(world):
+    return len([r for r in world.rec.replicas.values() if r.state not in ("draining", "stopping")])
+
+
+def test_load_scales_a_model_up_to_what_it_needs_and_starting_replicas_ask_for_no_more():
+    w = World(scaled(), settle=0)
+    w.report("n1")
+    converge(w)
+    assert count(w) == 1
+    under(w, 7)                             # 7 in flight, target 4: needs 2 (normal path, 1.75x)
+    assert count(w) == 2 and w.rec._scale["a"].wanted == 2
+    (event,) = [e for e in w.rec.events if e.kind == "scale-up"]
+    assert "1 -> 2 replicas (inflight 4.67 on 1 ready replica (target 4 each) needs 2)" in event.message, \
+        "stepped on the mean of the last 3 s (0, 7, 7), not on one pass"
+    # The new replica is starting; the load grows on the old one, to less than
+    # a whole step more: nothing more is asked until the new one is measured.
+    under(w, 11, passes=5)
+    assert count(w) == 2, "a slow cold start must not trigger more and more replicas"
+    w.agent_follows("n1")                   # the second replica is ready now
+    for _ in range(5):                      # 14 in flight over the ready replicas: needs 4
+        load_total(w, 14)
+        w.step()
+        w.agent_follows("n1")
+    assert count(w) == 4
+    status = w.rec.fleet_status().models[0]
+    assert (status.metric, status.target, status.load, status.needed, status.desired) == ("inflight", 4, 14, 4, 4)
+
+
+def test_while_a_step_starts_a_load_a_whole_step_larger_steps_again():
+    w = World(scaled(), settle=0)
+    w.report("n1")
+    converge(w)
+    under(w, 7)
+    assert count(w) == 2
+    under(w, 15)                            # needs 4: two more than the 2 wanted, max_step 2
+    assert count(w) == 4
+
+
+def test_far_above_target_the_fast_path_goes_straight_to_the_count():
+    w = World(scaled(max_step=1), settle=0)
+    w.report("n1")
+    converge(w)
+    under(w, 0)
+    under(w, 24, passes=1)                  # the mean of 0, 0, 24 is 8 on one replica: needs 2, 2x the target
+    assert count(w) == 2
+    under(w, 36, passes=1)                  # mean 20 over 2 wanted: needs 5, 2.5x: past max_step 1 at once
+    assert count(w) == 5
+    assert [e.message for e in w.rec.events if e.kind == "scale-up"][-1].endswith(
+        "needs 5; fast path: 2.5x the target per wanted replica, at least 2x)")
+
+
+def grow(world, per_replica, rounds=10):
+    """Load on every ready replica while the agent starts what is asked, until the count settles."""
+    for _ in range(rounds):
+        load_on(world, per_replica)
+        world.step()
+        world.agent_follows("n1")
+
+
+def test_after_the_window_below_target_the_model_scales_back_down_without_flapping():
+    w = World(scaled(), settle=0)
+    w.report("n1")
+    converge(w)
+    grow(w, 30)
+    assert count(w) == 8
+    for _ in range(25):                     # quieter, but within the 30 s window: all 8 stay
+        load_total(w, 7)
+        w.step()
+        w.agent_follows("n1")
+    assert count(w) == 8
+    for _ in range(15):
+        load_total(w, 7)
+        w.step()
+        w.agent_follows("n1")
+    assert count(w) < 8
+    downs = [e.message for e in w.rec.events if e.kind == "scale-down"]
+    assert downs and "needed throughout the last 30s" in downs[0]
+    for _ in range(60):
+        load_total(w, 7)
+        w.step()
+        w.agent_follows("n1")
+    assert count(w) == 2, "7 in flight at a target of 4 needs 2"
+    events = list(w.rec.events)
+    first_down = next(i for i, e in enumerate(events) if e.kind == "scale-down")
+    assert not [e for e in events[first_down:] if e.kind == "scale-up"], "no up-step after the down-steps"
+
+
+def test_idle_timeout_still_scales_to_zero_under_a_policy():
+    w = World(catalog("  - name: a\n    replicas: {min: 0, max: 4}\n    idle_timeout: 10m\n"
+                      "    autoscale: {target: 4, scale_down_window: 30s}\n"
+                      "    profiles: [{name: p, engine: fake, gpus: 0}]\n"), settle=0)
+    w.report("n1")
+    w.rec.wake("a")
+    converge(w)
+    assert count(w) == 1
+    load_on(w, 0)
+    for _ in range(60):
+        w.step()
+    assert count(w) == 1, "in use and quiet: one replica stays until the idle timeout"
+    w.step(11 * 60)
+    assert count(w) == 0
+
+
+def test_the_router_offers_only_fresh_readings():
+    from llmgwctl.contracts import Endpoint
+    from llmgwctl.router.balancer import Balancer
+
+    clock = FakeClock()
+    b = Balancer(clock=clock, stale_after=3.0)
+    b.set_endpoints([Endpoint("r1", "m", "p", "fake", "http://127.0.0.1:1"),
+                     Endpoint("r2", "m", "p", "fake", "http://127.0.0.1:2")])
+    r1, r2 = b.states()
+    b.record(r1, LoadReading(1, 2, 0.5))
+    assert b.load_snapshot() == {"r1": LoadReading(1, 2, 0.5)}
+    clock.advance(4)
+    assert b.load_snapshot() == {}, "a reading older than stale_after is unknown, not idle"
