@@ -390,7 +390,13 @@ class Agent:
         """The replica's GPU indices: the controller's choice, or the lowest free ones."""
         spec = r.spec
         have = {g.index for g in self.gpus}
-        taken = {i for o in self.replicas.values() if o is not r and o.running for i in o.gpu_indices}
+        others = [o for o in self.replicas.values() if o is not r and o.running]
+        taken = {i for o in others for i in o.gpu_indices}
+        if spec.gpu_memory_mib:
+            # A replica with a memory share may sit beside others that have one:
+            # the controller fitted their needs into the GPU's memory. Only a GPU
+            # held whole by another replica is off limits to it.
+            taken = {i for o in others if not o.spec.gpu_memory_mib for i in o.gpu_indices}
         if spec.gpu_indices:
             wanted = tuple(spec.gpu_indices)
             unknown = [i for i in wanted if i not in have]
