@@ -51,6 +51,7 @@ with stops can lead to one more step (room freed by a stop is used next pass).
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections import defaultdict
 from typing import Container, Mapping, Sequence
@@ -355,7 +356,7 @@ class _Preemption:
                          for r in running}
         # Lost replicas hold their GPUs (nobody can stop them), so they are never victims.
         order = [r for r in running if r.node in fleet and not r.lost]
-        order.sort(key=lambda r: _id_key(r.replica_id), reverse=True)
+        order.sort(key=lambda r: _id_key(r.replica_id), reverse=True)   # once per replica, then stable sorts
         order.sort(key=lambda r: (r.replica_id not in self.leaving, self.priority[r.replica_id],
                                   r.replica_id not in above_min, _serving(r)))
         self.order = order
@@ -419,6 +420,8 @@ class _Preemption:
             room = self.rooms[name] = _NodeRoom(self.fleet, name, self.existing[name], self.by_node[name])
         eligible = [r for r in room.replicas if r.replica_id in self.leaving or self.priority[r.replica_id] < p]
         gone = {r.replica_id for r in eligible if r.replica_id in self.leaving}
+        if room.fits(gpus, memory, {r.replica_id for r in eligible}) is None:
+            return None                     # not even with every eligible replica gone: the common case, ruled out at once
         chosen: list[Running] = []
         indices = room.fits(gpus, memory, gone)
         for r in eligible:
@@ -515,9 +518,17 @@ def _serving(replica: Running) -> bool:
     return replica.ready and not replica.failed
 
 
+_DIGITS = re.compile(r"(\d+)")
+
+
+# Memoised: a pass over a full fleet orders tens of thousands of replicas
+# several ways, and splitting their ids was most of a preemption pass. Ids are
+# never reused and the key is a pure function of the id, so a bounded cache
+# (a big fleet's replicas, twice over) changes nothing but the time.
+@functools.lru_cache(maxsize=1 << 17)
 def _id_key(replica_id: str) -> tuple:
     # Numbers inside ids compare as numbers, so r-10 is newer than r-9.
-    parts = re.split(r"(\d+)", replica_id)
+    parts = _DIGITS.split(replica_id)
     return tuple(int(p) if i % 2 else p for i, p in enumerate(parts))
 
 
