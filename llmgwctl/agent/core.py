@@ -485,9 +485,30 @@ class Agent:
         """The report the controller receives: who this node is and everything it runs."""
         return AgentReport(
             node=self.node, boot_id=self.boot_id, agent_version=__version__, advertise_host=self.host,
-            pools=self.pools, engines=MappingProxyType(dict(sorted(self.engines.items()))), gpus=self.gpus,
+            pools=self.pools, engines=MappingProxyType(dict(sorted(self.engines.items()))), gpus=self._gpus_now(),
             replicas=tuple(self._replica_report(r) for r in sorted(self.replicas.values(), key=lambda r: r.spec.id)),
         )
+
+    def _gpus_now(self) -> tuple[Gpu, ...]:
+        """The GPUs with free memory as it stands: what discovery read, less our memory shares since.
+
+        Free memory is read once, when the agent starts (nvidia-smi, or the
+        simulated SPEC). Each replica running with a memory share is taken
+        off it, as the engine allocates its share: without that, placement
+        would see a GPU as free as it was before anything started and could
+        overfill it. A replica adopted at start was already in the figure, so
+        it counts twice until the agent restarts; that errs towards not
+        sharing, never towards overcommitting.
+        """
+        used: dict[int, int] = {}
+        for r in self.replicas.values():
+            if r.running and r.spec.gpu_memory_mib:
+                for i in r.gpu_indices or r.spec.gpu_indices:
+                    used[i] = used.get(i, 0) + r.spec.gpu_memory_mib
+        if not used:
+            return self.gpus
+        return tuple(dataclasses.replace(g, memory_free_mib=max(0, g.free_mib - used[g.index]))
+                     if g.index in used and g.memory_mib else g for g in self.gpus)
 
     def _replica_report(self, r: Replica) -> ReportedReplica:
         return ReportedReplica(
