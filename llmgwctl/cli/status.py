@@ -73,14 +73,17 @@ def render(status: dict, now: float | None = None, events: int = 8) -> str:
         for m in status["models"]]))
     for m in status["models"]:
         if m.get("unplaceable"):
-            out.extend(_wrap(f"cannot place {m['name']}: {m['unplaceable']}"))
+            never = " (never, with this fleet)" if m.get("unplaceable_permanent") else ""
+            out.extend(_wrap(f"cannot place {m['name']}{never}: {m['unplaceable']}"))
     if status["replicas"]:
         out.append("")
         out.append(table(("REPLICA", "PROFILE", "NODE", "GPUS", "STATE", "ENDPOINT", "RST", "USED"), [
-            (_cut(r["id"], 24), _cut(r["profile"], 10), _cut(r["node"], 10), _cut(",".join(map(str, r["gpus"])) or "-", 5),
+            (_cut(r["id"], 24), _cut(r["profile"], 9) + ("*" if r.get("fallback") else ""), _cut(r["node"], 10), _cut(",".join(map(str, r["gpus"])) or "-", 5),
              r["state"], _cut((r.get("url") or "-").replace("http://", ""), 21), r["restarts"],
              _ago(r.get("idle_seconds")).replace(" ago", ""))
             for r in status["replicas"]]))
+        if any(r.get("fallback") for r in status["replicas"]):
+            out.append("  * a fallback profile: moved back to the best one when it fits")
         for r in status["replicas"]:
             if r.get("reason") and r["state"] != "ready":
                 out.extend(_wrap(f"{r['id']} {r['state']}: {r['reason']}"))

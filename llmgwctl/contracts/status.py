@@ -10,8 +10,8 @@ record for both, so the metrics and the status page cannot disagree.
      ├ catalog: CatalogStatus        version, models, swaps, rejections, directory_valid, last rejection
      ├ routers                       standalone routers reporting usage
      └ fleet: FleetStatus            settled, passes, failed passes (the loop degraded, and why)
-        ├ models: ModelStatus...     min, max, desired, ready, why unplaceable
-        ├ replicas: ReplicaStatus... state, node, GPUs, url, in flight, idle
+        ├ models: ModelStatus...     min, max, desired, ready, priority, why unplaceable (and if for good)
+        ├ replicas: ReplicaStatus... state, node, GPUs, url, in flight, idle, on a fallback profile
         ├ nodes: NodeStatus...       reachable, pools, GPUs used, engines (missing ones with why), conflict
         └ events: Event...
 """
@@ -46,11 +46,15 @@ class ModelStatus:
     ready: int
     replicas: int
     unplaceable: str | None = None  # why no replica can be placed now; None: it can
+    # True: it can never be placed on this fleet as it is (placement's Unplaceable.permanent).
+    unplaceable_permanent: bool = False
+    priority: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "aliases": list(self.aliases), "min": self.min, "max": self.max,
                 "desired": self.desired, "ready": self.ready, "replicas": self.replicas,
-                "unplaceable": self.unplaceable}
+                "priority": self.priority, "unplaceable": self.unplaceable,
+                "unplaceable_permanent": self.unplaceable_permanent}
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +75,16 @@ class ReplicaStatus:
     idle_seconds: float | None      # None: never used
     reason: str
     spec_hash: str
+    # Runs a profile below its model's best (a fallback); placement moves it
+    # back by surge when the better profile fits.
+    fallback: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "model": self.model, "profile": self.profile, "engine": self.engine,
                 "node": self.node, "gpus": list(self.gpus), "state": self.state.value, "url": self.url,
                 "pid": self.pid, "restarts": self.restarts, "last_exit": self.last_exit, "adopted": self.adopted,
                 "inflight": self.inflight, "idle_seconds": self.idle_seconds, "reason": self.reason,
-                "spec_hash": self.spec_hash}
+                "spec_hash": self.spec_hash, "fallback": self.fallback}
 
 
 @dataclass(frozen=True, slots=True)
