@@ -1,7 +1,9 @@
 """How long one placement pass takes at fleet scale, next to two baselines measured in the same run.
 
-For each fleet (nodes x 8 GPUs) and catalog (mixed profiles: pools, 1/2/4/8
-GPUs, 0-GPU llama.cpp fallbacks, replicas min 1 max 4):
+For each fleet (nodes x 8 GPUs of 80 GiB, a few with memory held outside
+llmgw) and catalog (mixed profiles: pools, 1/2/4/8 GPUs, a third of them
+stating gpu_memory so they share GPUs, 0-GPU llama.cpp fallbacks, replicas
+min 1 max 4, model priorities 0-2):
 
   full pass   empty fleet -> every wanted replica placed (or reported unplaceable)
   no-op pass  the full pass's plan applied, every replica ready -> an empty plan
@@ -11,6 +13,16 @@ GPUs, 0-GPU llama.cpp fallbacks, replicas min 1 max 4):
   scan        the same full pass done the obvious way: for each replica, every
               node checked for pool, engine, free GPUs and spread (O(nodes) per
               replica). full / scan is what the free-GPU index buys.
+
+Then preemption, at 5,000 nodes x 8 GPUs and 1,000 models: 900 priority-0
+models fill every GPU of the fleet (a quarter of their replicas sharing GPUs
+by memory), and 100 priority-10 models, absent until now, each need their
+minimum of one replica of 8 GPUs:
+
+  preempt pass   the full fleet, every replica ready -> victims chosen for
+                 all 100 (the plan's stops), each on one node where it fits
+  drain pass     those victims leaving (draining) -> no further stop: the
+                 preemptors wait for the room already coming free
 
     python bench/placement.py [--repeat 5] [--seed 1]
 
@@ -36,13 +48,19 @@ POOLS = ("h100", "a100", "l40s")
 SIZES = ((50, 100), (50, 1000), (500, 1000), (5000, 1000))
 
 
+GPU_MIB = 80 * 1024
+
+
 def fleet(n: int, rng: random.Random) -> list[NodeView]:
     nodes = []
     for i in range(n):
         pool = POOLS[i % len(POOLS)]
         engines = {"vllm", "sglang"} | ({"llamacpp"} if i % 3 == 0 else set())
+        # One node in ten has a GPU with 20 GiB held by something outside llmgw.
+        memory = {g: (GPU_MIB, GPU_MIB - (20 * 1024 if g == 0 and i % 10 == 0 else 0)) for g in range(GPUS_PER_NODE)}
         nodes.append(NodeView(f"node-{i:05d}", frozenset({pool}), tuple(range(GPUS_PER_NODE)), frozenset(engines),
-                              schedulable=rng.random() > 0.02))   # a few nodes draining or unreachable
+                              schedulable=rng.random() > 0.02,    # a few nodes draining or unreachable
+                              memory=memory))
     return nodes
 
 
@@ -50,22 +68,68 @@ def catalog(n: int, rng: random.Random) -> Catalog:
     models = []
     for i in range(n):
         gpus = rng.choice((1, 1, 1, 2, 2, 4, 8))          # most models are small, as in real fleets
-        profiles = [Profile("main", rng.choice(("vllm", "sglang")), pool=rng.choice(POOLS), gpus=gpus, priority=10)]
+        # A third state their memory (small models share a GPU); the rest take whole GPUs.
+        memory = rng.choice((10, 20, 40)) * 1024 if gpus <= 2 and rng.random() < 0.5 else None
+        profiles = [Profile("main", rng.choice(("vllm", "sglang")), pool=rng.choice(POOLS), gpus=gpus, priority=10,
+                            gpu_memory_mib=memory)]
         if rng.random() < 0.3:
             profiles.append(Profile("alt", "vllm", pool=rng.choice(POOLS), gpus=gpus * 2 if gpus < 8 else 8,
                                     priority=5))
         if rng.random() < 0.5:
             profiles.append(Profile("cpu", "llamacpp", gpus=0, priority=1))
-        models.append(Model(f"model-{i:04d}", tuple(profiles), source=f"org/model-{i}", replicas=Replicas(1, 4)))
+        models.append(Model(f"model-{i:04d}", tuple(profiles), source=f"org/model-{i}", replicas=Replicas(1, 4),
+                            priority=rng.choice((0, 1, 2))))
     return Catalog(models)
 
 
-def applied(plan, running: list[Running]) -> list[Running]:
+def applied(plan, running: list[Running], cat: Catalog) -> list[Running]:
     stopped = {s.replica_id for s in plan.stop}
+    memory = {(m.name, p.name): p.gpu_memory_mib or 0 for m in cat.models for p in m.profiles}
     out = [r for r in running if r.replica_id not in stopped]
-    out += [Running(f"r-{i}", a.model, a.profile, a.node, a.gpu_indices, ready=True)
+    out += [Running(f"r-{i}", a.model, a.profile, a.node, a.gpu_indices, ready=True,
+                    memory_mib=memory[(a.model, a.profile)])
             for i, a in enumerate(plan.start, start=len(running))]
     return out
+
+
+def reported(nodes: list[NodeView], running: list[Running]) -> list[NodeView]:
+    """The nodes as their agents report them once `running` (all ready) allocated their memory."""
+    used: dict = defaultdict(int)
+    for r in running:
+        for g in r.gpu_indices:
+            used[(r.node, g)] += r.memory_mib
+    return [NodeView(n.name, n.pools, n.gpus, n.engines, n.schedulable,
+                     memory={g: (t, f - used[(n.name, g)]) for g, (t, f) in n.memory.items()}) for n in nodes]
+
+
+PREEMPTORS = 100
+
+
+def preemption_case(n_nodes: int, rng: random.Random):
+    """A fleet full of priority-0 replicas and 100 priority-10 models short of their minimum."""
+    nodes = fleet(n_nodes, rng)
+    for node in nodes:
+        object.__setattr__(node, "schedulable", True)
+    fillers = 900
+    models = [Model(f"fill-{i:03d}", (Profile("main", "vllm", gpus=1, gpu_memory_mib=(40 * 1024 if i % 4 == 0 else None)),),
+                    source=f"org/fill-{i}", replicas=Replicas(1, 100)) for i in range(fillers)]
+    models += [Model(f"prod-{i:03d}", (Profile("main", "vllm", pool=POOLS[i % len(POOLS)], gpus=8, priority=10),),
+                     source=f"org/prod-{i}", replicas=Replicas(1, 1), priority=10) for i in range(PREEMPTORS)]
+    cat = Catalog(models)
+    running, wanted, k = [], {m.name: 0 for m in models}, 0
+    for node in nodes:
+        for g in node.gpus:
+            # Two 40 GiB replicas share a GPU for the memory fillers, one whole-GPU replica otherwise.
+            model = models[k % fillers]
+            share = 2 if model.profiles[0].gpu_memory_mib else 1
+            for _ in range(share):
+                running.append(Running(f"f-{len(running)}", model.name, "main", node.name, (g,), ready=True,
+                                       memory_mib=model.profiles[0].gpu_memory_mib or 0))
+                wanted[model.name] += 1
+            k += 1
+    # Inside the catalog's bounds: each filler wants what it runs (45, or 90 sharing, of max 100).
+    wanted.update({f"prod-{i:03d}": 1 for i in range(PREEMPTORS)})
+    return cat, reported(nodes, running), running, wanted
 
 
 def floor(nodes: list[NodeView], running: list[Running]) -> None:
@@ -123,8 +187,9 @@ def main() -> int:
         nodes, cat = fleet(n_nodes, rng), catalog(n_models, rng)
         wanted = {m.name: rng.randint(m.replicas.min, m.replicas.max) for m in cat.models}
         full_s, plan = timed(lambda cat=cat, nodes=nodes, wanted=wanted: place(cat, nodes, [], wanted), args.repeat)
-        running = applied(plan, [])
-        noop_s, again = timed(lambda cat=cat, nodes=nodes, running=running, wanted=wanted: place(cat, nodes, running, wanted),
+        running = applied(plan, [], cat)
+        after = reported(nodes, running)
+        noop_s, again = timed(lambda cat=cat, after=after, running=running, wanted=wanted: place(cat, after, running, wanted),
                                args.repeat)
         if again.start or again.stop:
             print(f"BUG: the no-op pass at {n_nodes} nodes was not empty: "
@@ -144,6 +209,28 @@ def main() -> int:
         print(f"| {n_nodes:,} | {n_models:,} | {want:,} | {placed:,} | {unplaced:,} | {full_s * 1000:,.1f} ms "
               f"| {full_s / want * 1e6:,.1f} µs | {noop_s * 1000:,.1f} ms "
               f"| {noop_s / floor_s:.1f}x of {floor_s * 1000:,.2f} ms | {vs_scan} |")
+
+    rng = random.Random(args.seed)
+    cat, nodes, running, wanted = preemption_case(5000, rng)
+    preempt_s, plan = timed(lambda: place(cat, nodes, running, wanted), args.repeat)
+    preemptors = {s.preempted_by for s in plan.stop}
+    if len(preemptors) != PREEMPTORS or plan.start:
+        print(f"BUG: preemption made room for {len(preemptors)} of {PREEMPTORS} models", file=sys.stderr)
+        return 1
+    stopping = {s.replica_id for s in plan.stop}
+    leaving = [Running(**{**{f: getattr(r, f) for f in Running.__slots__}, "leaving": r.replica_id in stopping})
+               for r in running]
+    drain_s, again = timed(lambda: place(cat, nodes, leaving, wanted), args.repeat)
+    if again.stop or again.start:
+        print(f"BUG: while victims drain, {len(again.stop)} more stops and {len(again.start)} starts", file=sys.stderr)
+        return 1
+    print(f"\n| preemption, {len(nodes):,} nodes x {GPUS_PER_NODE} GPUs | models | replicas | preemptors "
+          "| victims | pass |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print(f"| preempt pass (full fleet) | {len(cat):,} | {len(running):,} | {len(preemptors)} | {len(plan.stop):,} "
+          f"| {preempt_s * 1000:,.1f} ms |")
+    print(f"| drain pass (victims leaving) | {len(cat):,} | {len(running):,} | {PREEMPTORS} waiting | 0 more "
+          f"| {drain_s * 1000:,.1f} ms |")
     print(f"\nwhole run: {time.perf_counter() - began:.1f} s (python {sys.version.split()[0]})")
     return 0
 

@@ -404,7 +404,13 @@ class Agent:
         """The replica's GPU indices: the controller's choice, or the lowest free ones."""
         spec = r.spec
         have = {g.index for g in self.gpus}
-        taken = {i for o in self.replicas.values() if o is not r and o.running for i in o.gpu_indices}
+        others = [o for o in self.replicas.values() if o is not r and o.running]
+        taken = {i for o in others for i in o.gpu_indices}
+        if spec.gpu_memory_mib:
+            # A replica with a memory share may sit beside others that have one:
+            # the controller fitted their needs into the GPU's memory. Only a GPU
+            # held whole by another replica is off limits to it.
+            taken = {i for o in others if not o.spec.gpu_memory_mib for i in o.gpu_indices}
         if spec.gpu_indices:
             wanted = tuple(spec.gpu_indices)
             unknown = [i for i in wanted if i not in have]
@@ -496,9 +502,30 @@ class Agent:
             # Identity (see inventory.Inventory._claim): which process speaks for
             # the node, on which machine boot, succeeding which process.
             instance_id=self.instance_id, boot_id=self.machine_boot, previous_instance_id=self.previous_instance_id,
-            pools=self.pools, engines=MappingProxyType(dict(sorted(self.engines.items()))), gpus=self.gpus,
+            pools=self.pools, engines=MappingProxyType(dict(sorted(self.engines.items()))), gpus=self._gpus_now(),
             replicas=tuple(self._replica_report(r) for r in sorted(self.replicas.values(), key=lambda r: r.spec.id)),
         )
+
+    def _gpus_now(self) -> tuple[Gpu, ...]:
+        """The GPUs with free memory as it stands: what discovery read, less our memory shares since.
+
+        Free memory is read once, when the agent starts (nvidia-smi, or the
+        simulated SPEC). Each replica running with a memory share is taken
+        off it, as the engine allocates its share: without that, placement
+        would see a GPU as free as it was before anything started and could
+        overfill it. A replica adopted at start was already in the figure, so
+        it counts twice until the agent restarts; that errs towards not
+        sharing, never towards overcommitting.
+        """
+        used: dict[int, int] = {}
+        for r in self.replicas.values():
+            if r.running and r.spec.gpu_memory_mib:
+                for i in r.gpu_indices or r.spec.gpu_indices:
+                    used[i] = used.get(i, 0) + r.spec.gpu_memory_mib
+        if not used:
+            return self.gpus
+        return tuple(dataclasses.replace(g, memory_free_mib=max(0, g.free_mib - used[g.index]))
+                     if g.index in used and g.memory_mib else g for g in self.gpus)
 
     def _replica_report(self, r: Replica) -> ReportedReplica:
         return ReportedReplica(

@@ -17,10 +17,13 @@ from .errors import GpuSpecError
 
 log = logging.getLogger("llmgw.agent.gpus")
 
-NVIDIA_SMI_QUERY = ("--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader,nounits")
+# Free memory is read with the rest: placement fits profiles that state their
+# memory into what is free, which includes what processes outside llmgw hold.
+NVIDIA_SMI_QUERY = ("--query-gpu=index,uuid,name,memory.total,memory.free", "--format=csv,noheader,nounits")
 
-SPEC_FORM = "COUNTxNAME-MEMGB[,COUNTxNAME-MEMGB...], e.g. 4xH100-80GB or 2xA100-80GB,1xL4-24GB"
-_SPEC_PART = re.compile(r"^\s*(\d+)\s*[xX]\s*([A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*?)-(\d+)GB\s*$")
+SPEC_FORM = ("COUNTxNAME-MEMGB[:FREEGB][,...], e.g. 4xH100-80GB, 2xA100-80GB,1xL4-24GB, "
+             "or 1xL4-24GB:16GB for an L4 with 16 GB of its 24 free")
+_SPEC_PART = re.compile(r"^\s*(\d+)\s*[xX]\s*([A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*?)-(\d+)GB(?::(\d+)GB)?\s*$")
 
 # A fixed namespace so a simulated inventory gets the same uuids on every run
 # (and a different set per node name): reports and state files stay comparable.
@@ -28,39 +31,48 @@ _SIM_NAMESPACE = uuid.UUID("6c6c6d67-772d-7369-6d2d-677075000000")
 
 
 def parse_spec(spec: str, node: str = "") -> tuple[Gpu, ...]:
-    """`2xA100-80GB,1xL4-24GB` -> three simulated GPUs, indices 0.. in order."""
+    """`2xA100-80GB,1xL4-24GB` -> three simulated GPUs, indices 0.. in order.
+
+    Free memory is the total unless the part says otherwise (`1xL4-24GB:16GB`),
+    which simulates memory held by something outside llmgw.
+    """
     gpus: list[Gpu] = []
     parts = spec.split(",")
     for part in parts:
         m = _SPEC_PART.match(part)
-        if not m or int(m.group(1)) < 1 or int(m.group(3)) < 1:
+        if not m or int(m.group(1)) < 1 or int(m.group(3)) < 1 or int(m.group(4) or 0) > int(m.group(3)):
             raise GpuSpecError(f"GPU spec {spec!r}: part {part.strip()!r} is not understood; expected {SPEC_FORM}")
         count, name, gb = int(m.group(1)), m.group(2), int(m.group(3))
+        free_gb = int(m.group(4)) if m.group(4) is not None else gb
         for _ in range(count):
             index = len(gpus)
             fake = uuid.uuid5(_SIM_NAMESPACE, f"{node}/{index}/{name}-{gb}GB")
-            gpus.append(Gpu(index=index, uuid=f"GPU-{fake}", name=f"{name}-{gb}GB", memory_mib=gb * 1024))
+            gpus.append(Gpu(index=index, uuid=f"GPU-{fake}", name=f"{name}-{gb}GB", memory_mib=gb * 1024,
+                            memory_free_mib=free_gb * 1024))
     return tuple(gpus)
 
 
 def parse_nvidia_smi(text: str) -> tuple[Gpu, ...]:
-    """Parse `nvidia-smi --query-gpu=index,uuid,name,memory.total --format=csv,noheader,nounits`.
+    """Parse `nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.free --format=csv,noheader,nounits`.
 
-    Lines look like `0, GPU-5f0c..., NVIDIA H100 80GB HBM3, 81559`. A name could
-    hold a comma, so index and uuid come from the left and memory from the right.
+    Lines look like `0, GPU-5f0c..., NVIDIA H100 80GB HBM3, 81559, 80873`. A name
+    could hold a comma, so index and uuid come from the left and the two memory
+    columns from the right.
     """
     gpus = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         fields = [f.strip() for f in line.split(",")]
-        if len(fields) < 4:
-            raise ValueError(f"nvidia-smi line {lineno}: expected 'index, uuid, name, memory', got {line!r}")
+        if len(fields) < 5:
+            raise ValueError(f"nvidia-smi line {lineno}: expected 'index, uuid, name, memory total, memory free', "
+                             f"got {line!r}")
         try:
-            index, memory = int(fields[0]), int(float(fields[-1]))
+            index, memory, free = int(fields[0]), int(float(fields[-2])), int(float(fields[-1]))
         except ValueError:
             raise ValueError(f"nvidia-smi line {lineno}: index and memory must be numbers, got {line!r}") from None
-        gpus.append(Gpu(index=index, uuid=fields[1], name=", ".join(fields[2:-1]), memory_mib=memory))
+        gpus.append(Gpu(index=index, uuid=fields[1], name=", ".join(fields[2:-2]), memory_mib=memory,
+                        memory_free_mib=free))
     return tuple(sorted(gpus, key=lambda g: g.index))
 
 

@@ -37,6 +37,7 @@ from typing import Any, Iterable, Mapping, Sequence, cast
 import yaml
 
 from .durations import parse_duration
+from .sizes import parse_size_mib
 from .errors import CatalogError, Problem, format_path
 from .model import Autoscale, Catalog, EngineSpec, Model, Origin, Profile, Replicas
 
@@ -657,10 +658,11 @@ def _model(raw: Mapping[str, Any], origin: Origin) -> Model:
             idle = parse_duration(idle)
         except ValueError as exc:
             raise _FieldError(("idle_timeout",), str(exc)) from None
-    profiles = tuple(_profile(p) for p in raw["profiles"])
+    profiles = tuple(_profile(p, i) for i, p in enumerate(raw["profiles"]))
     return Model(
         name=raw["name"], profiles=profiles, source=raw.get("source") or raw["name"],
-        aliases=tuple(raw.get("aliases") or ()), replicas=replicas, idle_timeout=idle, origin=origin,
+        aliases=tuple(raw.get("aliases") or ()), replicas=replicas, idle_timeout=idle,
+        priority=raw.get("priority", 0), origin=origin,
         autoscale=_autoscale(raw.get("autoscale")),
     )
 
@@ -711,8 +713,15 @@ def _lenient_model(raw: Mapping[str, Any], origin: Origin, bad: list[tuple]) -> 
     return _model(clean, origin)
 
 
-def _profile(raw: Mapping[str, Any]) -> Profile:
+def _profile(raw: Mapping[str, Any], i: int = 0) -> Profile:
+    memory = raw.get("gpu_memory")
+    if memory is not None:
+        try:
+            memory = parse_size_mib(memory)
+        except ValueError as exc:
+            raise _FieldError(("profiles", i, "gpu_memory"), str(exc)) from None
     return Profile(
+        gpu_memory_mib=memory,
         name=raw.get("name") or raw["engine"], engine=raw["engine"], pool=raw.get("pool"), source=raw.get("source"),
         gpus=raw.get("gpus", 1), priority=raw.get("priority", 0), weight=float(raw.get("weight", 1.0)),
         args=tuple(_scalar(a) for a in raw.get("args") or ()),

@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from .durations import format_duration
+from .sizes import format_size_mib
 from .errors import CatalogError, Problem, format_path
 
 API_VERSION = "llmgw/v1"
@@ -89,6 +90,10 @@ MAX_WEIGHT = 1e6
 # Priorities only order profiles; ±1e6 leaves room for any numbering scheme and
 # stays exact in every int and float a metric or JSON reader uses.
 PRIORITY_RANGE = (-1_000_000, 1_000_000)
+# The most memory a profile may ask for per GPU: 1 TiB. The largest GPUs
+# today hold under 300 GB, so this leaves room for generations to come and
+# keeps sums of needs across a node's GPUs exact in every int.
+MAX_GPU_MEMORY_MIB = 1 << 20
 # An idle timeout past a year is "never" (write null), and a bound keeps clock
 # arithmetic (now + timeout) exact in floats.
 MAX_IDLE_TIMEOUT = 365 * 86400.0
@@ -228,6 +233,10 @@ class Profile:
     weight: float = 1.0
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # MiB this profile needs on each of its GPUs. None: it takes whole GPUs (no
+    # one else shares them). Set: placement fits it into a GPU's free memory,
+    # beside other replicas whose needs fit too.
+    gpu_memory_mib: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "engine": self.engine}
@@ -236,6 +245,8 @@ class Profile:
         if self.pool is not None:
             out["pool"] = self.pool
         out.update(gpus=self.gpus, priority=self.priority, weight=self.weight)
+        if self.gpu_memory_mib is not None:
+            out["gpu_memory"] = format_size_mib(self.gpu_memory_mib)
         if self.args:
             out["args"] = list(self.args)
         if self.env:
@@ -251,7 +262,10 @@ class Model:
     operator wrote them); `ranked()` gives them best first, the order
     placement tries them in.
     `idle_timeout` is seconds without requests before scaling down to
-    `replicas.min`; None means never.
+    `replicas.min`; None means never. `priority` orders models against each
+    other when GPUs are short: a model's minimum replicas may stop replicas
+    of models with a lower priority to make room (equal priorities never
+    preempt each other; the catalog order decides who gets free room first).
     """
 
     name: str
@@ -260,6 +274,7 @@ class Model:
     aliases: tuple[str, ...] = ()
     replicas: Replicas = Replicas()
     idle_timeout: float | None = None
+    priority: int = 0
     origin: Origin = field(default=Origin(), compare=False)
     autoscale: Autoscale = Autoscale()
 
@@ -273,6 +288,8 @@ class Model:
             out["aliases"] = list(self.aliases)
         out["source"] = self.source
         out["replicas"] = self.replicas.to_yaml()
+        if self.priority:
+            out["priority"] = self.priority
         if self.idle_timeout is not None:
             out["idle_timeout"] = format_duration(self.idle_timeout)
         if self.autoscale != Autoscale():
@@ -421,7 +438,17 @@ def _check_numbers(model: Model) -> Iterable[tuple[tuple[str | int, ...], str]]:
             yield ("idle_timeout",), why.replace(f"{MAX_IDLE_TIMEOUT:g}", "31536000 (365d)") + \
                 " seconds; omit it or write null to never scale down"
     yield from _check_autoscale(model.autoscale)
+    why = _bounded(model.priority, *PRIORITY_RANGE, integer=True)
+    if why:
+        yield ("priority",), why
     for i, profile in enumerate(model.profiles):
+        if profile.gpu_memory_mib is not None:
+            why = _bounded(profile.gpu_memory_mib, 1, MAX_GPU_MEMORY_MIB, integer=True)
+            if why:
+                yield ("profiles", i, "gpu_memory"), why.replace(f"{MAX_GPU_MEMORY_MIB:g}", "1048576 (1TiB)") + " MiB"
+            elif profile.gpus == 0:
+                yield ("profiles", i, "gpu_memory"), ("a profile with gpus: 0 uses no GPU memory; "
+                                                      "remove gpu_memory or give it gpus")
         for key, low, high, integer in (("gpus", 0, MAX_GPUS, True), ("priority", *PRIORITY_RANGE, True),
                                         ("weight", 0, MAX_WEIGHT, False)):
             value = getattr(profile, key)

@@ -89,18 +89,22 @@ def render(status: dict, now: float | None = None, events: int = 8, wide: bool =
         for m in status["models"]]))
     for m in status["models"]:
         if m.get("unplaceable"):
-            out.extend(_wrap(f"cannot place {m['name']}: {m['unplaceable']}"))
+            never = " (never, with this fleet)" if m.get("unplaceable_permanent") else ""
+            out.extend(_wrap(f"cannot place {m['name']}{never}: {m['unplaceable']}"))
     cut = (lambda text, width: "" if text is None else str(text)) if wide else _cut
     if status["replicas"]:
         out.append("")
         headers = ("REPLICA", "PROFILE", "NODE", "GPUS", "STATE", "ENDPOINT", "RST", "USED")
         out.append(table(headers + (("MODEL", "ENGINE", "PID", "EXIT") if wide else ()), [
-            (r["id"], cut(r["profile"], 10), cut(r["node"], 16), ",".join(map(str, r["gpus"])) or "-",
+            (r["id"], cut(r["profile"], 10) + ("*" if r.get("fallback") else ""), cut(r["node"], 16),
+             ",".join(map(str, r["gpus"])) or "-",
              r["state"], (r.get("url") or "-").replace("http://", ""), r["restarts"],
              _ago(r.get("idle_seconds")).replace(" ago", ""))
             + ((r["model"], r["engine"], r.get("pid") or "-", "-" if r.get("last_exit") is None else r["last_exit"])
                if wide else ())
             for r in status["replicas"]]))
+        if any(r.get("fallback") for r in status["replicas"]):
+            out.append("  * a fallback profile: moved back to the best one when it fits")
         for r in status["replicas"]:
             if r["state"] == "ready":
                 continue

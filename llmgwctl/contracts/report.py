@@ -8,7 +8,7 @@ schema cannot say (a state the agent may not report) and for callers that
 skip the API (the tests, `serve`'s in-process agent through the same route).
 
     AgentReport                          node; instance_id, boot_id, previous_instance_id (who speaks for it)
-     ├ gpus: Gpu...                      index, uuid, name, memory
+     ├ gpus: Gpu...                      index, uuid, name, memory (total, free)
      ├ engines: {name: EngineAvailability}   (available, reason with the fix)
      └ replicas: ReportedReplica...      id, spec hash, state, port, pid, ... and its whole ReplicaSpec
 """
@@ -34,15 +34,29 @@ class Gpu:
     index: int              # nvidia-smi's index, which is PCI bus order (the agent sets CUDA_DEVICE_ORDER to match)
     uuid: str = ""
     name: str = ""
-    memory_mib: int = 0     # 0: unknown (the schema allows null)
+    memory_mib: int = 0     # total; 0: unknown (the schema allows null)
+    # Free right now, as the driver counts it (what every process on the GPU,
+    # ours or not, leaves). None: unknown -- an agent from before this field,
+    # or a simulated GPU, which nothing else uses: placement then takes the total.
+    memory_free_mib: int | None = None
+
+    @property
+    def free_mib(self) -> int:
+        """Free memory for placement: the reported figure, else the total."""
+        return self.memory_mib if self.memory_free_mib is None else min(self.memory_free_mib, self.memory_mib)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "uuid": self.uuid, "name": self.name, "memory_mib": self.memory_mib}
+        out: dict[str, Any] = {"index": self.index, "uuid": self.uuid, "name": self.name, "memory_mib": self.memory_mib}
+        if self.memory_free_mib is not None:
+            # Only when known, so a report reads the same to a controller from before the field.
+            out["memory_free_mib"] = self.memory_free_mib
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Gpu":
+        free = d.get("memory_free_mib")
         return cls(index=int(d["index"]), uuid=str(d.get("uuid") or ""), name=str(d.get("name") or ""),
-                   memory_mib=int(d.get("memory_mib") or 0))
+                   memory_mib=int(d.get("memory_mib") or 0), memory_free_mib=None if free is None else max(0, int(free)))
 
 
 class EngineAvailability(NamedTuple):

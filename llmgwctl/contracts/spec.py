@@ -34,6 +34,13 @@ class ReplicaSpec:
     command: tuple[str, ...] = ()
     health: str = "/health"
     metrics: str | None = "/metrics"
+    # MiB the profile declared per GPU (0: whole GPUs). In the hash: it shapes
+    # the process (the engine is told how much of the GPU it may use).
+    gpu_memory_mib: int = 0
+    # That need as a fraction of the placed GPUs' total memory, chosen with the
+    # GPUs (so, like gpu_indices, not in the hash); None for whole GPUs. The
+    # vllm driver passes it as --gpu-memory-utilization.
+    gpu_memory_share: float | None = None
     # `spec_hash`, computed on first use: the controller compares every desired
     # replica's hash on every pass, and a JSON dump + sha256 per replica per
     # pass was most of a pass over a big fleet. Not a field anything compares.
@@ -41,8 +48,9 @@ class ReplicaSpec:
 
     @classmethod
     def for_profile(cls, replica_id: str, model: Model, profile: Profile, engine: EngineSpec,
-                    gpu_indices: Sequence[int] = ()) -> "ReplicaSpec":
+                    gpu_indices: Sequence[int] = (), gpu_memory_share: float | None = None) -> "ReplicaSpec":
         return cls(
+            gpu_memory_mib=profile.gpu_memory_mib or 0, gpu_memory_share=gpu_memory_share,
             id=replica_id, model=model.name, profile=profile.name, engine=profile.engine,
             source=profile.source or model.source or model.name, gpus=profile.gpus, args=tuple(profile.args),
             env=MappingProxyType(dict(profile.env)), gpu_indices=tuple(gpu_indices),
@@ -61,6 +69,10 @@ class ReplicaSpec:
             "args": list(self.args), "env": dict(sorted(self.env.items())),
             "command": list(self.command), "health": self.health, "metrics": self.metrics,
         }
+        if self.gpu_memory_mib:
+            # Only when set, so every replica without it keeps the hash it had
+            # before the field existed and is adopted after an upgrade.
+            shape["gpu_memory_mib"] = self.gpu_memory_mib
         return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
@@ -69,6 +81,7 @@ class ReplicaSpec:
             "source": self.source, "gpus": self.gpus, "args": list(self.args), "env": dict(self.env),
             "gpu_indices": list(self.gpu_indices), "command": list(self.command),
             "health": self.health, "metrics": self.metrics, "spec_hash": self.spec_hash,
+            "gpu_memory_mib": self.gpu_memory_mib, "gpu_memory_share": self.gpu_memory_share,
         }
 
     @classmethod
@@ -81,6 +94,8 @@ class ReplicaSpec:
             gpu_indices=tuple(int(i) for i in data.get("gpu_indices", ())),
             command=tuple(str(c) for c in data.get("command", ())),
             health=str(data.get("health", "/health")), metrics=data.get("metrics", "/metrics"),
+            gpu_memory_mib=int(data.get("gpu_memory_mib") or 0),
+            gpu_memory_share=None if data.get("gpu_memory_share") is None else float(data["gpu_memory_share"]),
         )
 
 

@@ -11,8 +11,10 @@ record for both, so the metrics and the status page cannot disagree.
      ├ routers                       standalone routers reporting usage
      ├ log_streams                   engine logs being relayed to `llmgwctl logs`
      └ fleet: FleetStatus            settled, passes, failed passes (the loop degraded, and why)
-        ├ models: ModelStatus...     min, max, desired, ready, why unplaceable, load against target
-        ├ replicas: ReplicaStatus... state, node, GPUs, url, in flight, idle, last exit and last log lines
+        ├ models: ModelStatus...     min, max, desired, ready, priority, why unplaceable (and if for good),
+        │                            load against target
+        ├ replicas: ReplicaStatus... state, node, GPUs, url, in flight, idle, last exit and last log lines,
+        │                            on a fallback profile
         ├ nodes: NodeStatus...       reachable, pools, GPUs (each with memory and whether used), engines
         │                            (missing ones with why), conflict
         └ events: Event...
@@ -54,11 +56,15 @@ class ModelStatus:
     target: float | None = None
     load: float | None = None
     needed: int | None = None
+    # True: it can never be placed on this fleet as it is (placement's Unplaceable.permanent).
+    unplaceable_permanent: bool = False
+    priority: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "aliases": list(self.aliases), "min": self.min, "max": self.max,
                 "desired": self.desired, "ready": self.ready, "replicas": self.replicas,
-                "unplaceable": self.unplaceable,
+                "priority": self.priority, "unplaceable": self.unplaceable,
+                "unplaceable_permanent": self.unplaceable_permanent,
                 "autoscale": {"metric": self.metric, "target": self.target, "load": self.load, "needed": self.needed}}
 
 
@@ -84,13 +90,16 @@ class ReplicaStatus:
     # (contracts.report.LAST_LOG_LINES at most): why it failed, without a login
     # to the node. Empty while it never exited.
     last_log: tuple[str, ...] = ()
+    # Runs a profile below its model's best (a fallback); placement moves it
+    # back by surge when the better profile fits.
+    fallback: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "model": self.model, "profile": self.profile, "engine": self.engine,
                 "node": self.node, "gpus": list(self.gpus), "state": self.state.value, "url": self.url,
                 "pid": self.pid, "restarts": self.restarts, "last_exit": self.last_exit, "adopted": self.adopted,
                 "inflight": self.inflight, "idle_seconds": self.idle_seconds, "reason": self.reason,
-                "spec_hash": self.spec_hash, "last_log": list(self.last_log)}
+                "spec_hash": self.spec_hash, "last_log": list(self.last_log), "fallback": self.fallback}
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,9 @@ that this Python cannot import (vLLM in a venv or image of its own) runs as
 Profiles. With GPUs, the replica gets its devices through
 CUDA_VISIBLE_DEVICES and one tensor-parallel rank per GPU. With `gpus: 0`
 the driver adds what the CPU backend needs to start on a shared node (see
-CPU_DEFAULTS). The profile's args come last either way, so an operator's
+CPU_DEFAULTS). A profile with `gpu_memory` gets `--gpu-memory-utilization`
+set to its share of the GPU, so replicas placed on one GPU fit beside each
+other. The profile's args come last either way, so an operator's
 flag wins over ours (`--no-enforce-eager`, a bigger `--kv-cache-memory-bytes`).
 
 Sources. A hub id or a model directory is passed to vLLM as is. A GGUF
@@ -36,6 +38,7 @@ share of the replica's KV cache in use.
 from __future__ import annotations
 
 import importlib.metadata
+import math
 import importlib.util
 import shutil
 import sys
@@ -107,6 +110,13 @@ class VllmDriver:
             argv += ["--tensor-parallel-size", str(spec.gpus)]
         if spec.gpus == 0:
             argv += CPU_DEFAULTS
+        elif spec.gpu_memory_share is not None:
+            # The profile stated its memory and placement may have put other
+            # replicas on the same GPU: vLLM takes 0.9 of the GPU by default,
+            # which would leave them nothing. Its flag is the fraction of the
+            # GPU's total memory this instance may use, i.e. our share. Rounded
+            # down, so the shares of one GPU never add up to more than it has.
+            argv += ["--gpu-memory-utilization", f"{math.floor(spec.gpu_memory_share * 1000) / 1000:.3f}"]
         # The profile's args go last, so an operator's flag wins over ours.
         argv += spec.args
         return Launch(argv=tuple(wrapper + argv), env=replica_env(spec), health_path="/health",

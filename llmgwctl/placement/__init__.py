@@ -1,10 +1,13 @@
 """Placement: which profile of which model runs on which node's GPUs.
 
-Owns one pure function, `place(catalog, nodes, running, wanted) -> Plan`: from
-the catalog, the inventory's view of the nodes, every replica that exists and
-how many replicas the reconciler wants of each model, it decides what to start
-(profile, node, GPU indices), what to stop and why, what to keep, and which
-wanted replicas fit nowhere (with a reason an operator can act on).
+Owns one pure function, `place(catalog, nodes, running, wanted, movable) -> Plan`:
+from the catalog, the inventory's view of the nodes (GPUs and their memory),
+every replica that exists and how many replicas the reconciler wants of each
+model, it decides what to start (profile, node, GPU indices), what to stop and
+why (scale-down, orphans, rollouts, preemption by a higher-priority model's
+minimum), which fallback replicas to move back to their best profile, what to
+keep, and which wanted replicas fit nowhere: with a reason an operator can act
+on and `Unplaceable.permanent` saying whether waiting can help.
 
 It must not know about processes, HTTP or time: no I/O, no clock, no state
 kept between calls. The same inputs always give the same plan, which is what

@@ -1,29 +1,55 @@
-"""Free GPUs per node during one placement pass, indexed so picking a node does not scan the fleet.
+"""Free GPUs and free GPU memory per node during one placement pass, indexed so picking a node does not scan the fleet.
 
 One `Fleet` lives for one call of `place()`. It starts from the inventory,
-marks every existing replica's GPUs as taken, and then only ever takes more:
-nothing is freed inside a pass (a replica being stopped keeps its GPUs until it
-is gone, and the next pass sees the room). That monotonicity is what keeps the
-index cheap and exact:
+marks every existing replica's GPUs (or its share of a GPU's memory) as taken,
+and then only ever takes more: nothing is freed inside a pass (a replica being
+stopped keeps its GPUs until it is gone, and the next pass sees the room).
+That monotonicity is what keeps the indexes cheap and exact.
+
+A GPU is in one of three conditions:
+
+- *whole-free*: nobody holds it. A profile without `gpu_memory` takes whole
+  GPUs only, as it always did, and only whole-free ones.
+- *shared*: replicas of profiles with `gpu_memory` hold parts of its memory.
+  Its **budget** is what a further such replica may still take:
+  `min(total - declared, reported free - declared by replicas not ready)`.
+  The reported free memory already excludes what ready replicas allocated
+  and what anything outside llmgw holds; a replica not yet ready (starting,
+  or placed this pass) may not have allocated yet, so its need is taken off
+  the free figure too. Counting a starting replica that did allocate twice
+  only errs towards not sharing, never towards overcommitting a GPU.
+- *held whole*: a replica without `gpu_memory` has it; its budget is 0.
+
+A whole-free GPU is also open to memory profiles (its budget is its free
+memory). Memory profiles are packed best-fit, onto the GPU with the least
+budget that still fits, so whole GPUs stay whole for the profiles that need
+them. A GPU whose agent reports no memory (0) is never shared: a memory
+profile cannot be checked against it.
+
+The indexes:
 
 - Nodes that could run a profile form a *group* keyed by (pool, engine). A group
   is built the first time a profile asks for it, so a pass that places nothing
   (the no-op pass, the common case) builds none.
-- Inside a group, nodes sit in buckets by free-GPU count, each bucket a heap of
-  node names. Best-fit is "the first bucket at or above the profile's GPU count
-  that has a usable node"; the heap gives the lowest name for determinism.
-- When a node's free count drops it is pushed into its new bucket; the entry in
-  the old bucket is dropped lazily when it reaches the top (its count no longer
-  matches). Counts only fall, so a node never comes back to a bucket it left
-  and an entry is never duplicated.
+- Inside a group, nodes sit in buckets by whole-free GPU count, each bucket a
+  heap of node names. Best-fit is "the first bucket at or above the profile's
+  GPU count that has a usable node"; the heap gives the lowest name for
+  determinism. When a node's count drops it is pushed into its new bucket; the
+  entry in the old bucket is dropped lazily when it reaches the top (its count
+  no longer matches). Counts only fall, so an entry is never duplicated.
+- For memory profiles spanning `g` GPUs, a group keeps a sorted list of
+  (the node's g-th largest budget, node name), built the first time such a
+  profile asks; a node fits a need of `m` per GPU when that key is >= m, so
+  the first usable entry at or after `m` is the best fit. Budgets only fall,
+  so stale entries (key no longer the node's) are dropped when met.
 - A node also has a number of replica slots (MAX_REPLICAS_PER_NODE less what
-  it runs), which only fall too; a node out of slots leaves every bucket the
-  same lazy way.
-- If a (pool, engine, gpus) asked for finds no node, no later request in the
-  pass can find one either; it is remembered as full.
+  it runs), which only fall too; a node out of slots leaves every bucket and
+  memory index the same lazy way.
+- If a (pool, engine, gpus, memory) asked for finds no node, no later request
+  in the pass can find one either; it is remembered as full.
 
-It knows nodes and GPU counts, nothing about models beyond the per-node replica
-counts the caller passes in for spreading.
+It knows nodes, GPU counts and memory, nothing about models beyond the
+per-node replica counts the caller passes in for spreading.
 """
 from __future__ import annotations
 
@@ -45,12 +71,13 @@ MAX_REPLICAS_PER_NODE = 1000
 class _Group:
     """The schedulable nodes of one pool (or all pools) whose agents run one engine."""
 
-    __slots__ = ("members", "buckets", "counts")
+    __slots__ = ("members", "buckets", "counts", "by_memory")
 
     def __init__(self) -> None:
         self.members: set[str] = set()
-        self.buckets: dict[int, list[str]] = {}   # free GPUs -> heap of node names
+        self.buckets: dict[int, list[str]] = {}   # whole-free GPUs -> heap of node names
         self.counts: list[int] = []                # sorted keys of `buckets`
+        self.by_memory: dict[int, list[tuple[int, str]]] = {}   # g -> sorted (g-th largest budget, node)
 
     def push(self, name: str, free: int) -> None:
         heap = self.buckets.get(free)
@@ -71,10 +98,20 @@ class Fleet:
         # Replicas each node may still take (MAX_REPLICAS_PER_NODE less what runs
         # there); like free GPUs, it only falls during a pass.
         self.slots: dict[str, int] = {n.name: MAX_REPLICAS_PER_NODE for n in nodes}
+        # What our replicas hold, filled by occupy() and take(): GPU index -> declared MiB
+        # (memory profiles), and the indices held whole. Only nodes that have some.
+        self.needs: dict[str, dict[int, int]] = {}
+        self.pending: dict[str, dict[int, int]] = {}     # the part of `needs` not yet seen allocated
+        self.whole: dict[str, set[int]] = {}
+        # The same for existing replicas only (occupy), so preemption can tell
+        # this pass's starts, which nothing frees, from replicas that may leave.
+        self.base_needs: dict[str, dict[int, int]] = {}
+        self.base_whole: dict[str, set[int]] = {}
+        self._budgets: dict[str, dict[int, int]] = {}     # computed per node on first use
         self._by_pool: dict[str, list[str]] | None = None
         self._groups: dict[tuple[str | None, str], _Group] = {}
         self._member_of: dict[str, list[_Group]] = {}
-        self._full: set[tuple[str | None, str, int]] = set()
+        self._full: set[tuple[str | None, str, int, int]] = set()
 
     # -- reading ----------------------------------------------------------
 
@@ -101,30 +138,87 @@ class Fleet:
         return (node is not None and node.schedulable and engine in node.engines
                 and (pool is None or pool in node.pools))
 
+    def budgets(self, name: str) -> dict[int, int]:
+        """GPU index -> MiB a memory profile may still take there (0: none), for every GPU of the node."""
+        budget = self._budgets.get(name)
+        if budget is None:
+            node = self.nodes[name]
+            needs, whole = self.needs.get(name, {}), self.whole.get(name, ())
+            pending = self.pending.get(name, {})
+            budget = {}
+            for index in node.gpus:
+                total, free = node.memory.get(index, (0, 0))
+                if total <= 0 or index in whole:
+                    budget[index] = 0
+                else:
+                    budget[index] = max(0, min(total - needs.get(index, 0), free - pending.get(index, 0)))
+            self._budgets[name] = budget
+        return budget
+
+    def kth_budget(self, name: str, gpus: int) -> int:
+        """The `gpus`-th largest budget on the node: a memory need up to this fits on `gpus` of its GPUs."""
+        values = sorted(self.budgets(name).values(), reverse=True)
+        return values[gpus - 1] if len(values) >= gpus else 0
+
     # -- changing ---------------------------------------------------------
 
-    def occupy(self, name: str, indices: Sequence[int]) -> None:
-        """Mark GPUs of an existing replica taken. Only before the first pick (groups read counts once)."""
+    def occupy(self, name: str, indices: Sequence[int], memory_mib: int = 0, allocated: bool = False) -> None:
+        """Mark GPUs of an existing replica taken (its `memory_mib` per GPU, or the whole GPUs).
+
+        `allocated`: its memory is already in the reported free figure (it is
+        ready). Only before the first pick (groups read counts once).
+        """
         free = self.free.get(name)
         if free is None:
             return
         self.slots[name] -= 1
+        if memory_mib:
+            maps = [self.needs.setdefault(name, {}), self.base_needs.setdefault(name, {})]
+            if not allocated:
+                maps.append(self.pending.setdefault(name, {}))
+            for needs in maps:
+                for index in indices:
+                    needs[index] = needs.get(index, 0) + memory_mib
+        else:
+            self.whole.setdefault(name, set()).update(indices)
+            self.base_whole.setdefault(name, set()).update(indices)
         for index in indices:
             pos = bisect.bisect_left(free, index)
             if pos < len(free) and free[pos] == index:
                 del free[pos]
 
-    def pick(self, pool: str | None, engine: str, gpus: int, spread: Mapping[str, int]) -> str | None:
-        """The node for one more replica, or None when no node of this kind has `gpus` free.
+    def pick(self, pool: str | None, engine: str, gpus: int, spread: Mapping[str, int],
+             memory_mib: int = 0) -> str | None:
+        """The node for one more replica, or None when no node of this kind has room.
 
         Spread first: a node without a replica of the model (`spread` maps node
         name -> that model's replicas there) beats any node with one. Then
-        best-fit: the fewest free GPUs that still fit, so whole machines stay
-        free for the models that need them. Then the name, for determinism.
+        best-fit: the fewest free GPUs (or the least memory budget) that still
+        fit, so whole machines stay free for the models that need them. Then
+        the name, for determinism.
         """
-        if (pool, engine, gpus) in self._full:
+        if (pool, engine, gpus, memory_mib) in self._full:
             return None
         group = self._group(pool, engine)
+        found = self._pick_memory(group, gpus, memory_mib, spread) if memory_mib and gpus else \
+            self._pick_whole(group, gpus, spread)
+        if found is not None:
+            return found
+        # Every node that fits already runs this model: fewest of its replicas, then best-fit.
+        best, best_key = None, None
+        for name, count in spread.items():
+            if not count or name not in group.members or self.slots[name] <= 0:
+                continue
+            room = self.kth_budget(name, gpus) if memory_mib and gpus else len(self.free.get(name, ()))
+            if room >= (memory_mib if memory_mib and gpus else gpus):
+                key = (count, room, name)
+                if best_key is None or key < best_key:
+                    best, best_key = name, key
+        if best is None:
+            self._full.add((pool, engine, gpus, memory_mib))
+        return best
+
+    def _pick_whole(self, group: _Group, gpus: int, spread: Mapping[str, int]) -> str | None:
         for free in group.counts[bisect.bisect_left(group.counts, gpus):]:
             heap = group.buckets[free]
             skipped: list[str] = []
@@ -142,37 +236,67 @@ class Fleet:
                 heapq.heappush(heap, name)
             if found is not None:
                 return found
-        # Every node that fits already runs this model: fewest of its replicas, then best-fit.
-        best, best_key = None, None
-        for name, count in spread.items():
-            free = len(self.free.get(name, ()))
-            if count and name in group.members and free >= gpus and self.slots[name] > 0:
-                key = (count, free, name)
-                if best_key is None or key < best_key:
-                    best, best_key = name, key
-        if best is None:
-            self._full.add((pool, engine, gpus))
-        return best
+        return None
 
-    def take(self, name: str, gpus: int) -> tuple[int, ...]:
-        """Take `gpus` free GPUs of `name`: the lowest run of adjacent indices, else the lowest indices."""
+    def _pick_memory(self, group: _Group, gpus: int, memory_mib: int, spread: Mapping[str, int]) -> str | None:
+        index = self._memory_index(group, gpus)
+        i = bisect.bisect_left(index, (memory_mib, ""))
+        while i < len(index):
+            key, name = index[i]
+            if self.slots[name] <= 0:
+                del index[i]                   # full for this pass; slots never come back
+            elif self.kth_budget(name, gpus) != key:
+                del index[i]                   # its budget fell; its current entry is further left
+            elif spread.get(name):
+                i += 1
+            else:
+                return name
+        return None
+
+    def take(self, name: str, gpus: int, memory_mib: int = 0) -> tuple[int, ...]:
+        """Take room for one replica on `name` and return its GPU indices.
+
+        Whole GPUs: the lowest run of adjacent indices, else the lowest indices.
+        Memory: the GPUs with the least budget that still fits, lowest index first.
+        """
         self.slots[name] -= 1
         if gpus == 0:
             return ()
         free = self.free[name]
-        chosen = None
-        for i in range(len(free) - gpus + 1):
-            if free[i + gpus - 1] - free[i] == gpus - 1:
-                # Adjacent indices usually share a PCIe switch or NVLink island,
-                # and taking them keeps the other end of the machine in one piece.
-                chosen = free[i:i + gpus]
-                break
-        if chosen is None:
+        widths = {g for group in self._member_of.get(name, ()) for g in group.by_memory}
+        before = {g: self.kth_budget(name, g) for g in widths}
+        if memory_mib:
+            budget = self.budgets(name)
+            fitting = sorted((b, i) for i, b in budget.items() if b >= memory_mib)
+            chosen = sorted(i for _, i in fitting[:gpus])
+            needs, pending = self.needs.setdefault(name, {}), self.pending.setdefault(name, {})
+            for i in chosen:
+                budget[i] -= memory_mib
+                needs[i] = needs.get(i, 0) + memory_mib
+                pending[i] = pending.get(i, 0) + memory_mib
+        else:
+            # The lowest indices unless a run of adjacent ones is free below them:
+            # adjacent indices usually share a PCIe switch or NVLink island, and
+            # taking them keeps the other end of the machine in one piece.
             chosen = free[:gpus]
+            for i in range(len(free) - gpus + 1):
+                if free[i + gpus - 1] - free[i] == gpus - 1:
+                    chosen = free[i:i + gpus]
+                    break
+            self.whole.setdefault(name, set()).update(chosen)
+            if name in self._budgets:
+                for i in chosen:
+                    self._budgets[name][i] = 0
         taken = set(chosen)
         self.free[name] = [i for i in free if i not in taken]
+        after = {g: self.kth_budget(name, g) for g in widths}
+        moved = len(self.free[name]) != len(free)
         for group in self._member_of.get(name, ()):
-            group.push(name, len(self.free[name]))
+            if moved:
+                group.push(name, len(self.free[name]))
+            for g, index in group.by_memory.items():
+                if after[g] != before[g] and after[g] > 0:
+                    bisect.insort(index, (after[g], name))
         return tuple(chosen)
 
     def _group(self, pool: str | None, engine: str) -> _Group:
@@ -186,3 +310,11 @@ class Fleet:
                     group.push(name, len(self.free[name]))
                     self._member_of.setdefault(name, []).append(group)
         return group
+
+    def _memory_index(self, group: _Group, gpus: int) -> list[tuple[int, str]]:
+        index = group.by_memory.get(gpus)
+        if index is None:
+            # Nodes with nothing to share (no memory reported, all held whole) stay out of it.
+            index = group.by_memory[gpus] = sorted(
+                (key, name) for name in group.members if (key := self.kth_budget(name, gpus)) > 0)
+        return index

@@ -19,6 +19,9 @@ class NodeView:
     # which names the fix ("llama-server not found ...; install it with: ...").
     # Only for explaining an unplaceable replica; placement itself reads `engines`.
     unavailable: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), compare=False)
+    # GPU index -> (total MiB, free MiB) as its agent reported them; a GPU not
+    # in it, or with total 0, has unknown memory and is never shared.
+    memory: Mapping[int, tuple[int, int]] = field(default_factory=lambda: MappingProxyType({}), compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +37,12 @@ class Running:
     ready: bool = False
     failed: bool = False                  # crashed; the agent restarts it with backoff. Still counts toward wanted
     lost: bool = False                    # its node stopped reporting: it no longer counts, so a replacement is placed
+    # Being drained or stopped already: it holds its GPUs until it is gone, but
+    # counts for nothing and is never stopped again. Preemption counts its room
+    # as coming free, which is what keeps it from choosing more victims while
+    # the first ones drain.
+    leaving: bool = False
+    memory_mib: int = 0                   # declared per GPU (a shared GPU); 0: it holds its GPUs whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,18 +53,29 @@ class Assignment:
     profile: str
     node: str
     gpu_indices: tuple[int, ...]
+    # Set when this start moves the model back to a better profile: the id of
+    # the fallback replica it is to replace once it is ready (a surge).
+    replaces: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Stop:
     replica_id: str
     reason: str                           # "model left the catalog", "scaled down", "replaced: profile changed"
+    preempted_by: str | None = None       # the higher-priority model this stop makes room for
 
 
 @dataclass(frozen=True, slots=True)
 class Unplaceable:
     model: str
     reason: str                           # a person can act on it: "pool h100: 1 of 8 GPUs free, profile needs 2"
+    # True when no profile of the model could ever be placed on this fleet as
+    # it is, even with every other replica gone (no node has its pool or
+    # engine, the largest node or GPU is too small): only an operator's change
+    # to the catalog or the fleet helps, so waiting is pointless. False when
+    # it is a matter of room now (GPUs held, nodes unreachable), which can
+    # change by itself.
+    permanent: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,42 +2,63 @@
 
 The rules, in the order one pass applies them:
 
-1. Every existing replica keeps its GPUs for the whole pass, whatever its
-   state (starting, ready, failed, stale, being stopped now): an engine holds
-   its devices until it is gone, so room freed by a stop is used by the *next*
-   pass. Running replicas are never moved.
+1. Every existing replica keeps its GPUs (or its share of their memory) for
+   the whole pass, whatever its state (starting, ready, failed, stale, being
+   stopped now, leaving): an engine holds its devices until it is gone, so
+   room freed by a stop is used by the *next* pass. Running replicas are
+   never moved in place.
 2. Orphans are stopped: a replica whose model left the catalog, or whose
    profile no longer exists in its model.
 3. A model's *current* replicas (spec hash matches, node reporting) count
    toward `wanted`. Failed ones count too: the agent restarts them with
    backoff, and placing a second copy of a crash-looping engine would only
    double the crash loop; the reconciler surfaces the failure instead. Stale
-   replicas (profile changed) and lost ones (node not reporting) don't count.
+   replicas (profile changed), lost ones (node not reporting) and leaving
+   ones (already draining) don't count.
 4. Too many current replicas: stop the surplus, lowest-priority profile first,
-   then not-ready before ready, then newest (highest id) first.
+   then not-ready before ready, then newest (highest id) first -- except that
+   a serving replica is not stopped while a replica on a better profile is
+   still starting and the model would be left with fewer serving than it
+   wants (that is how a move back to the best profile finishes: rule 8).
 5. Stale replicas are replaced surge-first: new current replicas are placed
    beside them while there is room, and the stale ones are stopped only once
    `wanted` current replicas are ready. When there is no room for a new one,
    one stale replica whose GPUs would make room is stopped (stop-then-start),
    but only while every current replica is ready, so one model never has an
    old replica going down while a new one is still coming up.
-6. Missing replicas are placed round-robin across models (every short model
-   gets its next replica before any gets two more), each on its best profile
-   that fits: see `Fleet.pick` for spread, best-fit and ties.
+6. Missing replicas are placed by model priority, highest first; within one
+   priority round-robin across models in catalog order (every short model gets
+   its next replica before any gets two more), each on its best profile that
+   fits: see `Fleet.pick` for spread, best-fit and ties.
    A node takes at most MAX_REPLICAS_PER_NODE replicas whatever their GPUs
    (see `fleet`), so GPU-less profiles cannot pile without end on a few nodes.
-7. A replica that fits nowhere is reported once in `unplaceable`, with why.
+7. Preemption: a model still short of its *minimum* (not of a scale-up) may
+   stop replicas of models with a strictly lower priority, on one node where
+   that makes one replica of it fit (see `_Preemption`). Equal priorities
+   never preempt. Room already coming free (replicas leaving) is counted
+   first, so a preemptor waits for its victims to drain instead of choosing
+   more; and since higher priorities fill first (rule 6), the freed room goes
+   to the preemptor, not back to its victims.
+8. Back to the best profile: a model with everything it wants, all serving,
+   that runs a replica on a fallback (not its best-ranked profile) gets one
+   replica on a better profile if one fits now (a surge; rule 4 stops the
+   fallback once that one is ready). One per model per pass, and only for
+   models the caller lists in `movable` (the reconciler rate-limits moves).
+   Surges come after everything short has been placed and never preempt.
+9. A replica that fits nowhere is reported once in `unplaceable`, with why,
+   and whether it is permanent (see `Unplaceable.permanent`).
 
 Applying a plan with no stops and placing again gives an empty plan. A plan
 with stops can lead to one more step (room freed by a stop is used next pass).
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections import defaultdict
-from typing import Mapping, Sequence
+from typing import Container, Mapping, Sequence
 
-from ..catalog import Catalog, Model
+from ..catalog import Catalog, Model, Profile
 from .fleet import Fleet
 from .model import Assignment, NodeView, Plan, Running, Stop, Unplaceable
 from .reasons import Explainer
@@ -51,7 +72,8 @@ REPLACED_NO_ROOM = "replaced: profile changed (no room to start the new one firs
 class _Share:
     """One model's replicas, sorted into what they mean for this pass."""
 
-    __slots__ = ("model", "ranked", "rank", "current", "stale", "spread", "placed", "missing", "next_profile")
+    __slots__ = ("model", "ranked", "rank", "current", "stale", "lost", "spread", "placed", "missing", "next_profile",
+                 "want", "note")
 
     def __init__(self, model: Model):
         self.model = model
@@ -59,22 +81,26 @@ class _Share:
         self.rank = {p.name: i for i, p in enumerate(self.ranked)}   # 0 = best
         self.current: list[Running] = []
         self.stale: list[Running] = []
+        self.lost = 0
         self.spread: dict[str, int] = defaultdict(int)          # node -> current replicas there
         self.placed = 0
         self.missing = 0
+        self.want = 0
         # Profiles that found no room stay full for the rest of the pass (nothing
         # is freed), so later replicas of this model start at the first that may fit.
         self.next_profile = 0
+        self.note = ""                                           # said before the reason when preempting
 
 
 def place(catalog: Catalog, nodes: Sequence[NodeView], running: Sequence[Running],
-          wanted: Mapping[str, int]) -> Plan:
+          wanted: Mapping[str, int], movable: Container[str] | None = None) -> Plan:
     """The starts and stops that bring every catalog model to its wanted replica count.
 
     `wanted` maps a model name to how many current replicas it should have; a
-    model not in it wants `replicas.min`. ValueError for input that cannot be
-    right (a wanted model not in the catalog, a negative count, a replica id or
-    node name given twice) rather than a plan built on it.
+    model not in it wants `replicas.min`. `movable` names the models that may
+    be moved back to their best profile this pass (None: all). ValueError for
+    input that cannot be right (a wanted model not in the catalog, a negative
+    count, a replica id or node name given twice) rather than a plan built on it.
     """
     shares = {m.name: _Share(m) for m in catalog.models}
     _check(wanted, shares)
@@ -85,7 +111,9 @@ def place(catalog: Catalog, nodes: Sequence[NodeView], running: Sequence[Running
         if replica.replica_id in seen:
             raise ValueError(f"replica {replica.replica_id!r} appears twice in the replicas given to placement")
         seen.add(replica.replica_id)
-        fleet.occupy(replica.node, replica.gpu_indices)
+        fleet.occupy(replica.node, replica.gpu_indices, replica.memory_mib, allocated=_serving(replica))
+        if replica.leaving:
+            continue
         share = shares.get(replica.model)
         if share is None:
             stops.append(Stop(replica.replica_id, MODEL_LEFT))
@@ -95,19 +123,20 @@ def place(catalog: Catalog, nodes: Sequence[NodeView], running: Sequence[Running
             # Left in keep: its node is not reporting, so there is nobody to
             # stop it; if the node comes back, it counts again and any surplus
             # is scaled down then.
-            pass
+            share.lost += 1
         elif replica.current:
             share.current.append(replica)
         else:
             share.stale.append(replica)
 
     for share in shares.values():
-        want = wanted.get(share.model.name, share.model.replicas.min)
+        want = share.want = wanted.get(share.model.name, share.model.replicas.min)
         current = share.current
         if len(current) > want:
-            order = _stop_order(current, share.rank)
-            stops.extend(Stop(r.replica_id, SCALED_DOWN) for r in order[:len(current) - want])
-            current = share.current = order[len(current) - want:]
+            surplus = _surplus(current, share.rank, want)
+            stops.extend(Stop(r.replica_id, SCALED_DOWN) for r in surplus)
+            gone = {r.replica_id for r in surplus}
+            current = share.current = [r for r in current if r.replica_id not in gone]
         if share.stale and sum(map(_serving, current)) >= want:
             stops.extend(Stop(r.replica_id, REPLACED) for r in share.stale)
             share.stale = []
@@ -115,20 +144,37 @@ def place(catalog: Catalog, nodes: Sequence[NodeView], running: Sequence[Running
             share.spread[r.node] += 1
         share.missing = max(0, want - len(current))
 
-    starts = _fill(shares, fleet)
+    # Highest priority first; sorted() is stable, so equal priorities keep the catalog order.
+    tiers = sorted(shares.values(), key=lambda s: -s.model.priority)
+    starts = _fill(tiers, fleet)
+
+    priorities = {m.name: m.priority for m in catalog.models}
+    preemption = None
+    lowest = min(priorities.values(), default=0)
+    for share in tiers:
+        short = _short_of_min(share)
+        if not short or share.model.priority <= lowest:
+            continue
+        if preemption is None:
+            preemption = _Preemption(fleet, running, shares, stops)
+        stops.extend(preemption.make_room(share, short))
+
+    starts.extend(_back_to_best(tiers, fleet, movable))
 
     unplaceable: list[Unplaceable] = []
-    explain = Explainer(fleet)
+    explain = Explainer(fleet, running, priorities, starts)
     for share in shares.values():
         if not share.missing:
             continue
         stop = _make_room(share, fleet)
         if stop is not None:
             stops.append(stop)
-        reason = explain.why(share.model)
+        reason, permanent = explain.why(share.model)
+        if share.note:
+            reason, permanent = f"{share.note}; {reason}", False
         # One value repeated, not one built per replica: a catalog at its bounds
         # can be 100,000 replicas short, and this runs on every pass.
-        unplaceable.extend([Unplaceable(share.model.name, reason)] * share.missing)
+        unplaceable.extend([Unplaceable(share.model.name, reason, permanent)] * share.missing)
 
     stopped = {s.replica_id for s in stops}
     return Plan(start=tuple(starts), stop=tuple(stops),
@@ -145,19 +191,41 @@ def _check(wanted: Mapping[str, int], shares: Mapping[str, _Share]) -> None:
         raise ValueError(f"wanted replica counts must be 0 or more: {', '.join(negative)}")
 
 
-def _fill(shares: Mapping[str, _Share], fleet: Fleet) -> list[Assignment]:
-    """Place missing replicas round-robin: one per short model per round, catalog order within a round."""
+def _surplus(current: list[Running], rank: Mapping[str, int], want: int) -> list[Running]:
+    """The replicas to stop when there are more than `want`, in stop order (rule 4)."""
+    order = _stop_order(current, rank)
+    serving = sum(map(_serving, current))
+    out = []
+    for r in order[:len(current) - want]:
+        if _serving(r) and serving - 1 < want and any(
+                not _serving(o) and rank[o.profile] < rank[r.profile] for o in current):
+            # A better-ranked replica is still starting: this one serves until
+            # it is ready, so a move to a better profile never drops capacity.
+            break
+        serving -= _serving(r)
+        out.append(r)
+    return out
+
+
+def _fill(tiers: Sequence[_Share], fleet: Fleet) -> list[Assignment]:
+    """Place missing replicas: priority by priority, round-robin within one (catalog order within a round)."""
     starts: list[Assignment] = []
-    short = [s for s in shares.values() if s.missing]
-    while short:
-        still_short = []
-        for share in short:
-            if _place_one(share, fleet, starts):
-                share.missing -= 1
-                if share.missing:
-                    still_short.append(share)
-            # else: nothing fits now and nothing will this pass; share.missing is reported
-        short = still_short
+    i = 0
+    while i < len(tiers):
+        j = i
+        while j < len(tiers) and tiers[j].model.priority == tiers[i].model.priority:
+            j += 1
+        short = [s for s in tiers[i:j] if s.missing]
+        while short:
+            still_short = []
+            for share in short:
+                if _place_one(share, fleet, starts):
+                    share.missing -= 1
+                    if share.missing:
+                        still_short.append(share)
+                # else: nothing fits now and nothing will this pass; share.missing is reported
+            short = still_short
+        i = j
     return starts
 
 
@@ -165,14 +233,257 @@ def _place_one(share: _Share, fleet: Fleet, starts: list[Assignment]) -> bool:
     ranked = share.ranked
     while share.next_profile < len(ranked):
         profile = ranked[share.next_profile]
-        node = fleet.pick(profile.pool, profile.engine, profile.gpus, share.spread)
+        memory = profile.gpu_memory_mib or 0
+        node = fleet.pick(profile.pool, profile.engine, profile.gpus, share.spread, memory)
         if node is not None:
-            starts.append(Assignment(share.model.name, profile.name, node, fleet.take(node, profile.gpus)))
+            starts.append(Assignment(share.model.name, profile.name, node, fleet.take(node, profile.gpus, memory)))
             share.spread[node] += 1
             share.placed += 1
             return True
         share.next_profile += 1
     return False
+
+
+def _short_of_min(share: _Share) -> int:
+    """Replicas of its minimum the model still lacks after filling: what it may preempt for, and only that.
+
+    Not while it rolls out a profile change (its stale replicas serve, and
+    rule 5 replaces them) nor while some of its replicas are on a lost node
+    (the node may come back with them; replacing them is the lost-node path's
+    business, which waits for room rather than making it).
+    """
+    if share.stale or share.lost:
+        return 0
+    protected = min(share.want, share.model.replicas.min)
+    return min(share.missing, max(0, protected - len(share.current) - share.placed))
+
+
+class _NodeRoom:
+    """One node's GPUs as preemption sees them: who holds what, and what would be free without some of them.
+
+    Built only for nodes preemption looks at. `held` maps a GPU index to the
+    existing replicas on it (replica id -> MiB declared, 0 for a whole GPU);
+    `fixed_*` is what this pass took for its starts and for the preemptors it
+    already promised room to, which nothing frees. `replicas` are the node's
+    victim candidates in victim order, less those already given up.
+    """
+
+    __slots__ = ("gpus", "memory", "held", "fixed_whole", "fixed_mib", "foreign", "replicas")
+
+    def __init__(self, fleet: Fleet, name: str, existing: Sequence[Running], candidates: list[Running]):
+        node = fleet.nodes[name]
+        self.gpus = tuple(node.gpus)
+        self.memory = node.memory
+        self.replicas = candidates
+        self.held: dict[int, dict[str, int]] = defaultdict(dict)
+        for r in existing:
+            for i in r.gpu_indices:
+                self.held[i][r.replica_id] = r.memory_mib
+        base_whole, base_needs = fleet.base_whole.get(name, set()), fleet.base_needs.get(name, {})
+        needs = fleet.needs.get(name, {})
+        self.fixed_whole = set(fleet.whole.get(name, ())) - base_whole
+        self.fixed_mib = {i: needs.get(i, 0) - base_needs.get(i, 0) for i in self.gpus}
+        # Memory something outside llmgw holds, as far as the report tells:
+        # used minus what our replicas there declared (0 where one holds it whole).
+        self.foreign = {}
+        pending = fleet.pending.get(name, {})
+        for i in self.gpus:
+            total, free = self.memory.get(i, (0, 0))
+            # Allocated by our replicas: what they declared, less what is not yet seen allocated
+            # (pending also holds this pass's starts, which are in fixed_mib instead).
+            allocated = base_needs.get(i, 0) - (pending.get(i, 0) - self.fixed_mib[i])
+            self.foreign[i] = 0 if i in base_whole else max(0, total - free - allocated)
+
+    def fits(self, gpus: int, memory_mib: int, gone: set[str]) -> list[int] | None:
+        """The GPUs one replica (`gpus` of them, `memory_mib` each or whole) gets once `gone` have left, or None."""
+        usable = []
+        for i in self.gpus:
+            if i in self.fixed_whole:
+                continue
+            holders = [m for rid, m in self.held.get(i, {}).items() if rid not in gone]
+            if 0 in holders:
+                continue                    # held whole by one that stays
+            if not memory_mib:
+                if not holders and not self.fixed_mib[i]:
+                    usable.append((0, i))
+                continue
+            total = self.memory.get(i, (0, 0))[0]
+            budget = total - sum(holders) - self.fixed_mib[i] - self.foreign[i]
+            if total > 0 and budget >= memory_mib:
+                usable.append((budget, i))
+        if len(usable) < gpus:
+            return None
+        return sorted(i for _, i in sorted(usable)[:gpus])
+
+    def claim(self, indices: list[int], memory_mib: int, gone: set[str]) -> None:
+        for holders in self.held.values():
+            for rid in gone:
+                holders.pop(rid, None)
+        self.replicas = [r for r in self.replicas if r.replica_id not in gone]
+        for i in indices:
+            if memory_mib:
+                self.fixed_mib[i] += memory_mib
+            else:
+                self.fixed_whole.add(i)
+
+
+class _Preemption:
+    """Choosing victims for models short of their minimum, for one pass (rule 7).
+
+    Victims are ordered once: replicas already leaving first (their room is
+    coming free at no cost), then by their model's priority, lowest first;
+    within it replicas above their own model's minimum before the ones its
+    minimum needs, not serving before serving, newest first. A victim may be
+    taken below its own model's minimum: priority says the higher model's
+    minimum matters more, and otherwise a fleet filled by low-priority
+    minimums could never make room. A preemptor replica goes, profile by
+    profile best first, through that order and stops at the first node where
+    freeing that node's eligible replicas, in order, makes it fit; the fewest
+    of them that still make it fit are stopped. A node found short for a
+    profile shape stays short for the pass (room only shrinks), so each shape
+    walks the order once.
+    """
+
+    def __init__(self, fleet: Fleet, running: Sequence[Running], shares: Mapping[str, _Share], stops: list[Stop]):
+        self.fleet, self.shares = fleet, shares
+        stopping = {s.replica_id for s in stops}
+        self.leaving = {r.replica_id for r in running if r.leaving or r.replica_id in stopping}
+        self.existing: dict[str, list[Running]] = defaultdict(list)
+        for r in running:
+            if r.node in fleet:
+                self.existing[r.node].append(r)
+        above_min: set[str] = set()
+        for share in shares.values():
+            order = _stop_order(share.current, share.rank)
+            above_min.update(r.replica_id for r in order[:max(0, len(order) - share.model.replicas.min)])
+        self.priority = {r.replica_id: shares[r.model].model.priority if r.model in shares else -(1 << 62)
+                         for r in running}
+        # Lost replicas hold their GPUs (nobody can stop them), so they are never victims.
+        order = [r for r in running if r.node in fleet and not r.lost]
+        order.sort(key=lambda r: _id_key(r.replica_id), reverse=True)   # once per replica, then stable sorts
+        order.sort(key=lambda r: (r.replica_id not in self.leaving, self.priority[r.replica_id],
+                                  r.replica_id not in above_min, _serving(r)))
+        self.order = order
+        self.by_node: dict[str, list[Running]] = defaultdict(list)
+        for r in order:
+            self.by_node[r.node].append(r)
+        self.rooms: dict[str, _NodeRoom] = {}
+        self.short_nodes: dict[tuple, set[str]] = defaultdict(set)
+        self.cursor: dict[tuple, int] = defaultdict(int)
+
+    def make_room(self, share: _Share, short: int) -> list[Stop]:
+        stops: list[Stop] = []
+        notes: list[str] = []
+        for _ in range(short):
+            found = None
+            for profile in share.ranked:
+                if profile.gpus:
+                    found = self._victims_for(share.model.priority, profile)
+                    if found is not None:
+                        break
+            if found is None:
+                break
+            node, (fresh, victims) = found
+            self.leaving.update(v.replica_id for v in fresh)
+            p = share.model.priority
+            for v in fresh:
+                stops.append(Stop(v.replica_id, f"preempted by {share.model.name} (priority {p}) to place its "
+                                                f"minimum of {share.model.replicas.min}", preempted_by=share.model.name))
+            names = _names(self.shares, victims or fresh)
+            notes.append(f"preempting {names} on {node}" if fresh else f"waiting for {names} to leave {node}")
+        if notes:
+            share.note = "; ".join(dict.fromkeys(notes)) + " (it starts once they are gone)"
+        return stops
+
+    def _victims_for(self, p: int, profile: Profile) -> tuple[str, tuple[list[Running], list[Running]]] | None:
+        memory = profile.gpu_memory_mib or 0
+        shape = (profile.pool, profile.engine, profile.gpus, memory, p)
+        short_nodes = self.short_nodes[shape]
+        i = self.cursor[shape]
+        order = self.order
+        while i < len(order):
+            candidate = order[i]
+            node = candidate.node
+            if candidate.replica_id not in self.leaving and self.priority[candidate.replica_id] >= p:
+                break                       # by priority from here on: nothing further is eligible
+            if node not in short_nodes:
+                if self.fleet.can_host(node, profile.pool, profile.engine):
+                    chosen = self._on_node(node, profile.gpus, memory, p)
+                    if chosen is not None:
+                        self.cursor[shape] = i      # this node may fit another one
+                        return node, chosen
+                short_nodes.add(node)
+            i += 1
+        self.cursor[shape] = i
+        return None
+
+    def _on_node(self, name: str, gpus: int, memory: int, p: int) -> tuple[list[Running], list[Running]] | None:
+        """(the replicas to stop, the replicas it waits for: those and any leaving ones on its GPUs), or None."""
+        room = self.rooms.get(name)
+        if room is None:
+            room = self.rooms[name] = _NodeRoom(self.fleet, name, self.existing[name], self.by_node[name])
+        eligible = [r for r in room.replicas if r.replica_id in self.leaving or self.priority[r.replica_id] < p]
+        gone = {r.replica_id for r in eligible if r.replica_id in self.leaving}
+        if room.fits(gpus, memory, {r.replica_id for r in eligible}) is None:
+            return None                     # not even with every eligible replica gone: the common case, ruled out at once
+        chosen: list[Running] = []
+        indices = room.fits(gpus, memory, gone)
+        for r in eligible:
+            if indices is not None:
+                break
+            if r.replica_id not in gone:
+                gone.add(r.replica_id)
+                chosen.append(r)
+                indices = room.fits(gpus, memory, gone)
+        if indices is None:
+            return None
+        # The fewest that still make it fit: drop, last chosen first, any it can do without.
+        for r in reversed(list(chosen)):
+            if room.fits(gpus, memory, gone - {r.replica_id}) is not None:
+                gone.discard(r.replica_id)
+                chosen.remove(r)
+        indices = room.fits(gpus, memory, gone)
+        assert indices is not None          # `gone` still holds every replica the last fit needed gone
+        room.claim(indices, memory, gone)
+        # What it waits for: the replicas on the GPUs it gets (leaving ones included).
+        needed = set(indices)
+        waits = [r for r in eligible if r.replica_id in gone and needed & set(r.gpu_indices)]
+        return chosen, waits
+
+
+def _names(shares: Mapping[str, _Share], victims: list[Running]) -> str:
+    by_model: dict[str, list[str]] = {}
+    for v in victims:
+        by_model.setdefault(v.model, []).append(v.replica_id)
+    parts = []
+    for model, ids in by_model.items():
+        share = shares.get(model)
+        prio = f"priority {share.model.priority}, " if share is not None else ""
+        parts.append(f"{model} ({prio}{', '.join(ids)})")
+    return ", ".join(parts)
+
+
+def _back_to_best(tiers: Sequence[_Share], fleet: Fleet, movable: Container[str] | None) -> list[Assignment]:
+    """Rule 8: one surge replica on a better profile for each model running a fallback, where one fits now."""
+    starts = []
+    for share in tiers:
+        if movable is not None and share.model.name not in movable:
+            continue
+        if share.missing or share.stale or not share.current or not all(map(_serving, share.current)):
+            continue
+        worst = max(share.current, key=lambda r: (share.rank[r.profile], _id_key(r.replica_id)))
+        worst_rank = share.rank[worst.profile]
+        for profile in share.ranked[:worst_rank]:
+            if profile.priority == share.ranked[worst_rank].priority:
+                break                       # equal priority is not better, only written earlier
+            memory = profile.gpu_memory_mib or 0
+            node = fleet.pick(profile.pool, profile.engine, profile.gpus, share.spread, memory)
+            if node is not None:
+                starts.append(Assignment(share.model.name, profile.name, node,
+                                         fleet.take(node, profile.gpus, memory), replaces=worst.replica_id))
+                share.spread[node] += 1
+                break
+    return starts
 
 
 def _make_room(share: _Share, fleet: Fleet) -> Stop | None:
@@ -188,7 +499,7 @@ def _make_room(share: _Share, fleet: Fleet) -> Stop | None:
     room for this model: a short model earlier in the next pass's round can
     take it, and this model may then stop its next stale replica before the
     first is replaced. Rare (it needs two short models competing for the same
-    GPUs), and the catalog order decides who gets room first.
+    GPUs), and the priority and catalog order decide who gets room first.
     """
     if not share.stale or share.placed or not all(map(_serving, share.current)):
         return None
@@ -212,7 +523,17 @@ def _serving(replica: Running) -> bool:
     return replica.ready and not replica.failed
 
 
+_DIGITS = re.compile(r"(\d+)")
+
+
+# Memoised: a pass over a full fleet orders tens of thousands of replicas
+# several ways, and splitting their ids was most of a preemption pass. Ids are
+# never reused and the key is a pure function of the id, so a bounded cache
+# (a big fleet's replicas, twice over) changes nothing but the time.
+@functools.lru_cache(maxsize=1 << 17)
 def _id_key(replica_id: str) -> tuple:
     # Numbers inside ids compare as numbers, so r-10 is newer than r-9.
-    parts = re.split(r"(\d+)", replica_id)
+    parts = _DIGITS.split(replica_id)
     return tuple(int(p) if i % 2 else p for i, p in enumerate(parts))
+
+

@@ -1,36 +1,62 @@
-"""Why a replica could not be placed, in words an operator can act on.
+"""Why a replica could not be placed, in words an operator can act on, and whether waiting can help.
 
 Each profile of the model gets one clause, best first, saying the first thing
-that stands in its way: no node in its pool, no schedulable node there, no node
-whose agent runs its engine (with the reason each agent gave, which names the
-fix), or too few free GPUs (with the numbers). The text
-is computed from the fleet as it is at the end of the pass, i.e. what the
-operator will find once the plan is applied.
+that stands in its way, and whether it is *permanent* (this fleet can never
+run it: only a change to the catalog or the fleet helps) or *transient* (no
+room now; it can change by itself):
+
+- permanent: no node has its pool; no node in the pool can run its engine
+  (with the reason each agent gave, which names the fix); the largest node
+  has fewer GPUs than it needs; no GPU is big enough for its `gpu_memory`.
+- transient: every node that could run it is unreachable or draining, or
+  already runs MAX_REPLICAS_PER_NODE replicas; or too few free GPUs / too
+  little free GPU memory now, with the numbers and who holds the GPUs (model
+  and priority), so the operator sees what to move, stop or reprioritise.
+
+The model is permanent only when every profile is. The text is computed from
+the fleet as it is at the end of the pass, i.e. what the operator will find
+once the plan is applied.
 """
 from __future__ import annotations
 
+from collections import defaultdict
+from typing import Mapping, Sequence
+
 from ..catalog import Model, Profile
+from ..catalog.sizes import human_mib
 from .fleet import MAX_REPLICAS_PER_NODE, Fleet
+from .model import Assignment, Running
 
 # Naming every node that lacks an engine would bury the point in a big pool;
-# three names say which kind of node it is, the count says how many.
+# three names say which kind of node it is, the count says how many. The same
+# for the models holding a pool's GPUs: the three biggest holders are the ones
+# worth acting on.
 NAMES_SHOWN = 3
 
 
 class Explainer:
     """Builds reasons for one pass; clauses are cached because many replicas share a profile shape."""
 
-    def __init__(self, fleet: Fleet):
+    def __init__(self, fleet: Fleet, running: Sequence[Running] = (), priorities: Mapping[str, int] | None = None,
+                 starts: Sequence[Assignment] = ()):
         self.fleet = fleet
-        self._clauses: dict[tuple[str | None, str, int], str] = {}
+        self.running = running
+        self.starts = starts
+        self.priorities = priorities or {}
+        self._clauses: dict[tuple[str | None, str, int, int], tuple[str, bool]] = {}
+        self._holders: dict[tuple[str | None, str], str] = {}
+        self._by_node: dict[str, list[Running | Assignment]] | None = None
         self._fleet_reason: str | None = None
         self._fleet_checked = False
 
-    def why(self, model: Model) -> str:
+    def why(self, model: Model) -> tuple[str, bool]:
+        """(the reason, whether it is permanent) for a replica of `model` that fits nowhere."""
         blocked = self._whole_fleet()
         if blocked is not None:
-            return blocked
-        return "; ".join(f"{_title(p)}: {self._clause(p)}" for p in model.ranked())
+            return blocked, False           # agents may yet report, nodes come back
+        clauses = [(p, self._clause(p)) for p in model.ranked()]
+        text = "; ".join(f"{_title(p)}: {clause}" for p, (clause, _) in clauses)
+        return text, all(permanent for _, (_, permanent) in clauses)
 
     def _whole_fleet(self) -> str | None:
         if not self._fleet_checked:
@@ -43,36 +69,92 @@ class Explainer:
                                       "all unreachable or draining)")
         return self._fleet_reason
 
-    def _clause(self, profile: Profile) -> str:
-        key = (profile.pool, profile.engine, profile.gpus)
+    def _clause(self, profile: Profile) -> tuple[str, bool]:
+        key = (profile.pool, profile.engine, profile.gpus, profile.gpu_memory_mib or 0)
         clause = self._clauses.get(key)
         if clause is None:
             clause = self._clauses[key] = self._explain(*key)
         return clause
 
-    def _explain(self, pool: str | None, engine: str, gpus: int) -> str:
+    def _explain(self, pool: str | None, engine: str, gpus: int, memory: int) -> tuple[str, bool]:
         fleet = self.fleet
         names = fleet.in_pool(pool)
         where = f"pool {pool}" if pool is not None else "all pools"
+        inside = f" in pool {pool}" if pool is not None else ""
         if not names:
-            return f"no node in pool {pool}"
+            return f"no node has pool {pool}, so it can never be placed; start an agent with --pool {pool}", True
+        able = [n for n in names if engine in fleet.nodes[n].engines]
         schedulable = [n for n in names if fleet.nodes[n].schedulable]
-        if not schedulable:
-            return f"no schedulable node in {where} ({_count(len(names), 'node')}, all unreachable or draining)"
-        able = [n for n in schedulable if engine in fleet.nodes[n].engines]
         if not able:
-            inside = f" in pool {pool}" if pool is not None else ""
-            return f"no node{inside} can run engine {engine} ({self._lacking(schedulable, engine)})"
-        if all(fleet.slots[n] <= 0 for n in able):
-            return (f"every node that can run it ({_count(len(able), 'node')}) already runs "
-                    f"{MAX_REPLICAS_PER_NODE} replicas, the most one node runs")
-        total = sum(len(fleet.nodes[n].gpus) for n in able)
-        free = [fleet.free_count(n) for n in able]
-        text = f"{where}: {sum(free)} of {_count(total, 'GPU')} free on {_count(len(able), 'node')}"
-        if len(able) > 1:
-            text += f", at most {max(free)} on one"
-        return text + f", needs {gpus}"
+            if not schedulable:
+                return (f"no schedulable node in {where} ({_count(len(names), 'node')}, "
+                        "all unreachable or draining)"), False
+            return f"no node{inside} can run engine {engine} ({self._lacking(schedulable, engine)})", True
+        largest = max(len(fleet.nodes[n].gpus) for n in able)
+        if largest < gpus:
+            return (f"the largest node{inside} that runs {engine} has {_count(largest, 'GPU')}; this profile "
+                    f"needs {gpus}, so it can never be placed"), True
+        if memory and gpus:
+            biggest = max(self._kth_total(n, gpus) for n in able)
+            if biggest < memory:
+                if biggest == 0:
+                    return (f"no node{inside} reports the memory of {_count(gpus, 'GPU')}; this profile needs "
+                            f"{human_mib(memory)} per GPU, so it can never be placed"), True
+                return (f"the largest GPU{inside} has {human_mib(biggest)}; this profile needs "
+                        f"{human_mib(memory)} per GPU, so it can never be placed"), True
+        up = [n for n in able if fleet.nodes[n].schedulable]
+        if not up:
+            return (f"no schedulable node in {where} ({_count(len(able), 'node')}, "
+                    "all unreachable or draining)"), False
+        if all(fleet.slots[n] <= 0 for n in up):
+            # Transient: a scale-down or a model leaving frees slots by itself.
+            return (f"every node that can run it ({_count(len(up), 'node')}) already runs "
+                    f"{MAX_REPLICAS_PER_NODE} replicas, the most one node runs"), False
+        if memory and gpus:
+            best = max(fleet.kth_budget(n, gpus) for n in up)
+            text = (f"{where}: the most free GPU memory is {human_mib(best)}"
+                    + (f" on {gpus} GPUs of one node" if gpus > 1 else "")
+                    + f"; needs {human_mib(memory)} per GPU")
+        else:
+            total = sum(len(fleet.nodes[n].gpus) for n in up)
+            free = [fleet.free_count(n) for n in up]
+            text = f"{where}: {sum(free)} of {_count(total, 'GPU')} free on {_count(len(up), 'node')}"
+            if len(up) > 1:
+                text += f", at most {max(free)} on one"
+            text += f", needs {gpus}"
+        holders = self._held_by(pool, engine, up)
+        return (text + (f"; GPUs held by {holders}" if holders else "")), False
 
+    def _kth_total(self, name: str, gpus: int) -> int:
+        node = self.fleet.nodes[name]
+        totals = sorted((node.memory.get(i, (0, 0))[0] for i in node.gpus), reverse=True)
+        return totals[gpus - 1] if len(totals) >= gpus else 0
+
+    def _held_by(self, pool: str | None, engine: str, names: list[str]) -> str:
+        """The models holding GPUs on these nodes, most GPUs first: "llama-70b (priority 10, 6 GPUs), ..."."""
+        key = (pool, engine)
+        if key not in self._holders:
+            if self._by_node is None:
+                self._by_node = defaultdict(list)
+                holders: list[Running | Assignment] = [*self.running, *self.starts]
+                for r in holders:
+                    if r.gpu_indices:
+                        self._by_node[r.node].append(r)
+            # Who holds them once the plan is applied: existing replicas and this pass's starts.
+            held: dict[str, set[tuple[str, int]]] = defaultdict(set)
+            for name in names:
+                for r in self._by_node.get(name, ()):
+                    held[r.model].update((name, i) for i in r.gpu_indices)
+            ranked = sorted(held.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+            parts = []
+            for model, gpus in ranked[:NAMES_SHOWN]:
+                prio = self.priorities.get(model)
+                label = f"priority {prio}, " if prio is not None else "not in the catalog, "
+                parts.append(f"{model} ({label}{_count(len(gpus), 'GPU')})")
+            if len(ranked) > NAMES_SHOWN:
+                parts.append(f"{_count(len(ranked) - NAMES_SHOWN, 'more model')}")
+            self._holders[key] = ", ".join(parts)
+        return self._holders[key]
 
     def _lacking(self, names: list[str], engine: str) -> str:
         """The nodes that lack `engine`, grouped by the reason their agents gave, since the reason says the fix."""
@@ -93,7 +175,8 @@ class Explainer:
 
 def _title(profile: Profile) -> str:
     pool = f"pool {profile.pool}" if profile.pool is not None else "any pool"
-    return f"profile {profile.name} ({profile.engine}, {_count(profile.gpus, 'GPU')}, {pool})"
+    memory = f" x {human_mib(profile.gpu_memory_mib)}" if profile.gpu_memory_mib else ""
+    return f"profile {profile.name} ({profile.engine}, {_count(profile.gpus, 'GPU')}{memory}, {pool})"
 
 
 def _count(n: int, noun: str) -> str:

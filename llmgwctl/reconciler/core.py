@@ -26,7 +26,7 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, runtime_checkable
 
 from ..catalog import Catalog, Live, Model, Profile
 from ..contracts import (Endpoint, Event, FleetStatus, LoadReading, LoadSource, ModelState, ModelStatus, NodeStatus,
@@ -34,7 +34,7 @@ from ..contracts import (Endpoint, Event, FleetStatus, LoadReading, LoadSource, 
 from ..contracts.status import GpuStatus
 from ..contracts.usage import UNUSED
 from ..inventory import Inventory, Node
-from ..placement import NodeView, Running, place
+from ..placement import NodeView, Running, Unplaceable, place
 from .autoscale import Autoscaler, signal
 from .desired import DesiredStore
 from .modelstates import model_states
@@ -63,6 +63,12 @@ DRAIN_GRACE = 30.0
 REPLACE_AFTER = 60.0
 # Events kept for `status`: enough for the last few minutes of a busy fleet.
 EVENTS = 200
+# A model is moved from a fallback back to a better profile at most once per
+# 5 minutes. A move costs a cold start of the better replica (loading weights
+# takes minutes for a large model) and a drain of the fallback; GPUs that free
+# and fill again (a scale-to-zero neighbour waking and sleeping) would
+# otherwise bounce a model between profiles. The first move is not delayed.
+MOVE_EVERY = 300.0
 
 
 class EndpointSink(Protocol):
@@ -126,7 +132,7 @@ class Reconciler:
                  load: LoadSource | None = None,
                  clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
                  settle: float = SETTLE, drain_grace: float = DRAIN_GRACE, replace_after: float = REPLACE_AFTER,
-                 on_change: Callable[[], None] = lambda: None):
+                 on_change: Callable[[], None] = lambda: None, move_every: float = MOVE_EVERY):
         self.live, self.inventory, self.desired = live, inventory, desired
         self._sinks: list[EndpointSink] = [endpoints] if endpoints else []
         self.usage = usage
@@ -148,6 +154,14 @@ class Reconciler:
         # What the router is told beside the endpoints (see `modelstates`).
         self.model_states: tuple[ModelState, ...] = ()
         self._pushed_states: tuple = ()
+        # The same, whole: `unplaceable_detail[model].permanent` says whether
+        # waiting can help (the router answers at once when it cannot).
+        self.unplaceable_detail: dict[str, Unplaceable] = {}
+        # Back to the best profile: when each model last started a move, and
+        # which fallback each surge replica is to replace (new id -> old id).
+        self.move_every = move_every
+        self._moved: dict[str, float] = {}
+        self._moving: dict[str, str] = {}
         self.events: collections.deque[Event] = collections.deque(maxlen=EVENTS)
         self.endpoints: tuple[Endpoint, ...] = ()
         self._endpoint_fingerprint: str | None = None
@@ -430,26 +444,53 @@ class Reconciler:
         wanted = self._wanted(catalog, now, usage)
         self._trim_returned(catalog, wanted, now)
         running, views = self._placement_input(catalog)
-        plan = place(catalog, views, running, wanted)
+        # Moves back to the best profile are rate-limited per model (MOVE_EVERY).
+        movable = {m.name for m in catalog.models if now - self._moved.get(m.name, -self.move_every) >= self.move_every}
+        plan = place(catalog, views, running, wanted, movable=movable)
+        moved_by = {old: new for new, old in self._moving.items()}
         for stop in plan.stop:
             rec = self.replicas.get(stop.replica_id)
             if rec is not None and rec.state not in (ReplicaState.DRAINING, ReplicaState.STOPPING):
-                rec.state, rec.drain_since, rec.drain_reason = ReplicaState.DRAINING, now, stop.reason
-                self.event("replica-draining", f"{rec.spec.id} ({rec.spec.model} on {rec.node}): {stop.reason}")
+                reason = stop.reason
+                new = moved_by.get(stop.replica_id)
+                if new is not None and new in self.replicas:
+                    reason = f"moved back to profile {self.replicas[new].spec.profile}: {new} is ready"
+                rec.state, rec.drain_since, rec.drain_reason = ReplicaState.DRAINING, now, reason
+                if stop.preempted_by:
+                    self.event("replica-preempted", f"{rec.spec.id} ({rec.spec.model}/{rec.spec.profile} on {rec.node}) "
+                                                    f"{reason}")
+                else:
+                    self.event("replica-draining", f"{rec.spec.id} ({rec.spec.model} on {rec.node}): {reason}")
+        gpus_of = {n.name: n.memory for n in views}
         for a in plan.start:
             model = catalog.resolve(a.model)
             profile = _profile(model, a.profile)
             # place() starts only a model it took from this catalog, with one of that model's profiles.
             assert model is not None and profile is not None
             rid = _new_id(model.name)
-            spec = ReplicaSpec.for_profile(rid, model, profile, catalog.engines[profile.engine], a.gpu_indices)
+            share = _memory_share(profile.gpu_memory_mib, gpus_of.get(a.node, {}), a.gpu_indices)
+            spec = ReplicaSpec.for_profile(rid, model, profile, catalog.engines[profile.engine], a.gpu_indices,
+                                           gpu_memory_share=share)
             self.replicas[rid] = Replica(spec=spec, node=a.node, created=now)
-            self.event("replica-placed", f"{rid} ({model.name}/{profile.name}) on {a.node} GPUs {list(a.gpu_indices) or 'none'}")
-        unplaceable = {u.model: u.reason for u in plan.unplaceable}
-        for name, reason in unplaceable.items():
-            if self.unplaceable.get(name) != reason:
-                self.event("unplaceable", f"{name}: {reason}")
-        self.unplaceable = unplaceable
+            where = f"{a.node} GPUs {list(a.gpu_indices) or 'none'}"
+            if share is not None:
+                where += f" ({share:.0%} of their memory each)"
+            if a.replaces is not None:
+                self._moved[model.name] = now
+                self._moving[rid] = a.replaces
+                self.event("replica-moving", f"{rid} ({model.name}/{profile.name}) on {where}: replaces fallback "
+                                             f"{a.replaces} once ready")
+            else:
+                self.event("replica-placed", f"{rid} ({model.name}/{profile.name}) on {where}")
+        # A surge that finished (its fallback is gone) or was given up (it is gone) is forgotten.
+        self._moving = {new: old for new, old in self._moving.items() if new in self.replicas and old in self.replicas
+                        and self.replicas[old].state not in (ReplicaState.DRAINING, ReplicaState.STOPPING)}
+        detail = {u.model: u for u in plan.unplaceable}
+        for name, u in detail.items():
+            if self.unplaceable.get(name) != u.reason:
+                self.event("unplaceable", f"{name}{' (permanent)' if u.permanent else ''}: {u.reason}")
+        self.unplaceable = {name: u.reason for name, u in detail.items()}
+        self.unplaceable_detail = detail
         self._derive_model_states(catalog)
 
     def _derive_model_states(self, catalog: Catalog) -> None:
@@ -459,7 +500,7 @@ class Reconciler:
             node = self.inventory.get(rec.node)
             if node is not None and node.reachable and rec.state not in (ReplicaState.DRAINING, ReplicaState.STOPPING):
                 live[rec.spec.model].add(rec.state)
-        self.model_states = model_states(catalog, live, self.unplaceable, self.inventory.nodes())
+        self.model_states = model_states(catalog, live, self.unplaceable_detail, self.inventory.nodes())
 
     def _trim_returned(self, catalog: Catalog, wanted: Mapping[str, int], now: float) -> None:
         """A node came back with replicas replaced meanwhile: keep `wanted` of the model, drain the rest.
@@ -499,27 +540,47 @@ class Reconciler:
     def _placement_input(self, catalog: Catalog) -> tuple[list[Running], list[NodeView]]:
         expected = self._expected_hashes(catalog)
         running: list[Running] = []
-        held: dict[str, set[int]] = collections.defaultdict(set)
         for rec in self.replicas.values():
-            if rec.state in (ReplicaState.DRAINING, ReplicaState.STOPPING):
-                # Still holding its GPUs until its engine is gone, but no longer
-                # counted toward what the model wants.
-                held[rec.node].update(rec.spec.gpu_indices)
-                continue
             current = rec.spec_hash == expected.get((rec.spec.model, rec.spec.profile))
             running.append(Running(replica_id=rec.spec.id, model=rec.spec.model, profile=rec.spec.profile,
                                    node=rec.node, gpu_indices=rec.spec.gpu_indices, current=current,
-                                   ready=rec.state == ReplicaState.READY, failed=rec.state == ReplicaState.FAILED))
+                                   ready=rec.state == ReplicaState.READY, failed=rec.state == ReplicaState.FAILED,
+                                   # Draining or stopping: still holding its GPUs (or its share of
+                                   # their memory) until its engine is gone, but no longer counted
+                                   # toward what the model wants, and its room counts as coming free.
+                                   leaving=rec.state in (ReplicaState.DRAINING, ReplicaState.STOPPING),
+                                   memory_mib=rec.spec.gpu_memory_mib))
         views = []
         for node in self.inventory.nodes():
+            if not node.reachable:
+                running.extend(self._given_up_on(node, expected))
             views.append(NodeView(
                 name=node.name, pools=node.pools,
-                gpus=tuple(g.index for g in node.gpus if g.index not in held[node.name]),
+                gpus=tuple(g.index for g in node.gpus),
+                memory={g.index: (g.memory_mib, g.free_mib) for g in node.gpus},
                 engines=node.available_engines | _catalog_engines_known(node, catalog),
                 schedulable=node.reachable and node.name not in self._cordoned,
                 unavailable={name: why for name, (ok, why) in node.engines.items() if not ok},
             ))
         return running, views
+
+    def _given_up_on(self, node: Node, expected: Mapping[tuple[str, str], str]) -> Iterator[Running]:
+        """The replicas an unreachable node last reported that were given up (`_handle_lost_nodes`), as lost.
+
+        Their records are gone, so placement places replacements for them; it
+        is told they exist (`Running.lost`) so those replacements go only where
+        there is room: a model with replicas on a lost node never preempts
+        (the node may come back with them), and they hold the node's GPUs,
+        which nobody can free. Replicas of a lost node still waiting out
+        REPLACE_AFTER keep their records and count as they are (not lost to
+        placement): that wait is what spares a flapping node a reshuffle.
+        """
+        for rid, rep in node.replicas.items():
+            if rid in self._forgotten and rid not in self.replicas:
+                yield Running(replica_id=rid, model=rep.model, profile=rep.profile, node=node.name,
+                              gpu_indices=rep.gpu_indices, lost=True,
+                              current=rep.spec_hash == expected.get((rep.model, rep.profile)),
+                              memory_mib=rep.spec.gpu_memory_mib if rep.spec is not None else 0)
 
     def _expected_hashes(self, catalog: Catalog) -> Mapping[tuple[str, str], str]:
         """(model, profile) -> the spec hash a current replica of it has; computed once per catalog."""
@@ -596,7 +657,7 @@ class Reconciler:
         running, views = self._placement_input(catalog)
         plan = place(catalog, views, running, wanted)
         by_id = {r.replica_id: r for r in running}
-        stale = [r for r in running if not r.current and (m := catalog.resolve(r.model)) is not None
+        stale = [r for r in running if not r.current and not r.leaving and (m := catalog.resolve(r.model)) is not None
                  and m.name == r.model and _profile(m, r.profile) is not None]
         return {
             "start": [{"model": a.model, "profile": a.profile, "node": a.node, "gpus": list(a.gpu_indices)} for a in plan.start],
@@ -628,7 +689,8 @@ class Reconciler:
                 name=model.name, aliases=tuple(model.aliases), min=model.replicas.min, max=model.replicas.max,
                 desired=scale.wanted if scale else model.replicas.min,
                 ready=sum(r.state == ReplicaState.READY for r in recs), replicas=len(recs),
-                unplaceable=self.unplaceable.get(model.name),
+                unplaceable=self.unplaceable.get(model.name), priority=model.priority,
+                unplaceable_permanent=bool(getattr(self.unplaceable_detail.get(model.name), "permanent", False)),
                 metric=model.autoscale.metric, target=model.autoscale.target,
                 load=scale.load if scale else None, needed=scale.needed if scale else None,
             ))
@@ -645,6 +707,7 @@ class Reconciler:
                 inflight=inflight, idle_seconds=round(now - last, 1) if last is not None else None,
                 reason=rec.drain_reason if stopping else (rep.reason if rep else ""),
                 spec_hash=rec.spec_hash, last_log=rep.last_log if rep else (),
+                fallback=_is_fallback(catalog.resolve(rec.spec.model), rec.spec.profile),
             ))
         nodes = []
         for node in sorted(self.inventory.nodes(), key=lambda n: n.name):
@@ -674,6 +737,24 @@ def _profile(model: Model | None, name: str) -> Profile | None:
     if model is None:
         return None
     return next((p for p in model.profiles if p.name == name), None)
+
+
+def _is_fallback(model: Model | None, profile: str) -> bool:
+    """Whether `profile` ranks below the model's best (a strictly lower priority than its first-ranked)."""
+    if model is None or not model.profiles:
+        return False
+    mine = _profile(model, profile)
+    return mine is not None and mine.priority < model.ranked()[0].priority
+
+
+def _memory_share(need_mib: int | None, memory: Mapping[int, tuple[int, int]], indices) -> float | None:
+    """A profile's need as a fraction of its GPUs' memory (the smallest of them); None for whole GPUs."""
+    if not need_mib or not indices:
+        return None
+    totals = [memory.get(i, (0, 0))[0] for i in indices]
+    if min(totals) <= 0:
+        return None                 # placement never shares a GPU of unknown memory
+    return min(1.0, need_mib / min(totals))
 
 
 def _catalog_engines_known(node: Node, catalog: Catalog) -> frozenset[str]:

@@ -7,7 +7,8 @@ Derived every pass from the replica records and placement's unplaceable list:
   `starting`: a request waits for it (the cold start);
 - otherwise, a model placement could not place is `unplaceable`, with
   placement's reason and whether the situation can change by itself
-  (`can_change_by_itself`); a request is answered at once;
+  (`can_change_by_itself`: not when placement marked it permanent); a
+  request is answered at once;
 - anything else (a scale-to-zero model nobody asked for, a crash-looping one
   its agent restarts) gets no state, and a request waits as it always did.
 
@@ -22,13 +23,17 @@ from typing import Iterable, Mapping
 from ..catalog import Catalog, Model
 from ..contracts import ModelCondition, ModelState, ReplicaState
 from ..inventory import Node
+from ..placement import Unplaceable
 
 _COMING = frozenset({ReplicaState.PENDING, ReplicaState.STARTING})
 
 
-def model_states(catalog: Catalog, live: Mapping[str, set[ReplicaState]], unplaceable: Mapping[str, str],
-                 nodes: Iterable[Node]) -> tuple[ModelState, ...]:
-    """`live`: per model, the states of its replicas on reporting nodes, not being stopped."""
+def model_states(catalog: Catalog, live: Mapping[str, set[ReplicaState]],
+                 unplaceable: Mapping[str, Unplaceable | str], nodes: Iterable[Node]) -> tuple[ModelState, ...]:
+    """`live`: per model, the states of its replicas on reporting nodes, not being stopped.
+
+    `unplaceable`: per model, placement's record of why (or only its text).
+    """
     nodes = tuple(nodes)
     states = []
     for model in catalog.models:
@@ -38,26 +43,32 @@ def model_states(catalog: Catalog, live: Mapping[str, set[ReplicaState]], unplac
         if any(s in _COMING for s in have):
             states.append(ModelState(model.name, ModelCondition.STARTING))
         elif model.name in unplaceable and ReplicaState.FAILED not in have:
-            reason = unplaceable[model.name]
+            why = unplaceable[model.name]
+            reason = why.reason if isinstance(why, Unplaceable) else why
             states.append(ModelState(model.name, ModelCondition.UNPLACEABLE, reason,
-                                     retry=can_change_by_itself(model, reason, nodes)))
+                                     retry=can_change_by_itself(model, why, nodes)))
     return tuple(states)
 
 
-def can_change_by_itself(model: Model, reason: str, nodes: Iterable[Node]) -> bool:
+def can_change_by_itself(model: Model, reason: Unplaceable | str, nodes: Iterable[Node]) -> bool:
     """Could `model` become placeable without anyone changing the fleet or the catalog?
 
-    The one seam for that judgement (placement is to mark its reasons
-    permanent or transient; this is then where the marker is read). Until
-    then it is derived from the inventory, conservatively -- a wrong "never"
-    makes clients give up on a model that would have come, a wrong "retry"
-    only costs them a retry: only when no profile of the model has a node,
-    reporting or lost, that carries its pool and has as many GPUs in all as
-    it needs is the answer no. A node that lacks the engine still counts as
-    a possible home (its agent may find the engine on a later report); one
-    that is merely full or lost counts too (replicas end, nodes come back).
+    The one seam for that judgement. Placement decides it: an `Unplaceable`
+    marked permanent (no node has the pool or the engine, the largest node
+    or GPU is too small) cannot, anything else (room held now, nodes
+    unreachable or draining, victims still leaving) can.
+
+    A reason that is only text (no placement record behind it) is judged
+    from the inventory, conservatively -- a wrong "never" makes clients give
+    up on a model that would have come, a wrong "retry" only costs them a
+    retry: only when no profile of the model has a node, reporting or lost,
+    that carries its pool and has as many GPUs in all as it needs is the
+    answer no. A node that lacks the engine still counts as a possible home
+    (its agent may find the engine on a later report); one that is merely
+    full or lost counts too (replicas end, nodes come back).
     """
-    del reason      # the placement's marker will replace what follows
+    if isinstance(reason, Unplaceable):
+        return not reason.permanent
     sizes: dict[str | None, int] = {}
     for node in nodes:
         gpus = len(node.gpus)

@@ -38,6 +38,15 @@ def test_spec_mixed_kinds_keep_order_and_count():
         (0, "A100-80GB", 81920), (1, "A100-80GB", 81920), (2, "L4-24GB", 24576)]
 
 
+def test_spec_free_memory_defaults_to_the_total_and_may_be_given():
+    assert [g.memory_free_mib for g in parse_spec("2xL4-24GB")] == [24576, 24576]
+    gpus = parse_spec("1xL4-24GB:16GB,1xH100-80GB")
+    assert [(g.name, g.memory_mib, g.memory_free_mib) for g in gpus] == [
+        ("L4-24GB", 24576, 16384), ("H100-80GB", 81920, 81920)]
+    with pytest.raises(GpuSpecError, match="COUNTxNAME-MEMGB"):
+        parse_spec("1xL4-24GB:30GB")          # more free than it has
+
+
 def test_spec_uuids_are_deterministic_per_node():
     assert parse_spec("2xA100-80GB", "a") == parse_spec("2xA100-80GB", "a")
     assert parse_spec("2xA100-80GB", "a")[0].uuid != parse_spec("2xA100-80GB", "b")[0].uuid
@@ -72,9 +81,9 @@ def test_cli_needs_a_controller_or_a_desired_file(tmp_path):
 # Recorded from a DGX H100 (trimmed to three GPUs) and an L4 box; the second
 # name carries a comma to check names are taken from the middle.
 NVIDIA_SMI = """\
-0, GPU-5f0c1b2e-7a3d-4c1e-9b8a-0d2f3e4a5b6c, NVIDIA H100 80GB HBM3, 81559
-1, GPU-6a1d2c3f-8b4e-5d2f-ac9b-1e3f4a5b6c7d, NVIDIA H100 80GB HBM3, 81559
-2, GPU-7b2e3d4a-9c5f-6e3a-bdac-2f4a5b6c7d8e, NVIDIA H100 80GB HBM3, 81559
+0, GPU-5f0c1b2e-7a3d-4c1e-9b8a-0d2f3e4a5b6c, NVIDIA H100 80GB HBM3, 81559, 81000
+1, GPU-6a1d2c3f-8b4e-5d2f-ac9b-1e3f4a5b6c7d, NVIDIA H100 80GB HBM3, 81559, 40000
+2, GPU-7b2e3d4a-9c5f-6e3a-bdac-2f4a5b6c7d8e, NVIDIA H100 80GB HBM3, 81559, 81000
 """
 
 
@@ -84,14 +93,17 @@ def test_nvidia_smi_csv():
     assert gpus[0].uuid == "GPU-5f0c1b2e-7a3d-4c1e-9b8a-0d2f3e4a5b6c"
     assert gpus[2].name == "NVIDIA H100 80GB HBM3"
     assert gpus[1].memory_mib == 81559
+    # Free memory is read beside the total: placement fits profiles' gpu_memory into it.
+    assert [g.memory_free_mib for g in gpus] == [81000, 40000, 81000]
 
 
 def test_nvidia_smi_name_with_comma_and_unsorted_lines():
-    gpus = parse_nvidia_smi("1, GPU-b, Odd, Name, 24576\n\n0, GPU-a, NVIDIA L4, 23034\n")
+    gpus = parse_nvidia_smi("1, GPU-b, Odd, Name, 24576, 24000\n\n0, GPU-a, NVIDIA L4, 23034, 23000\n")
     assert [(g.index, g.name) for g in gpus] == [(0, "NVIDIA L4"), (1, "Odd, Name")]
 
 
-@pytest.mark.parametrize("bad", ["0, GPU-a, 80GB", "x, GPU-a, H100, 81559", "0, GPU-a, H100, [N/A]"])
+@pytest.mark.parametrize("bad", ["0, GPU-a, 80GB, 1", "x, GPU-a, H100, 81559, 81000", "0, GPU-a, H100, 81559, [N/A]",
+                                 "0, GPU-a, H100, 81559"])
 def test_nvidia_smi_garbage_names_the_line(bad):
     with pytest.raises(ValueError, match="nvidia-smi line 1"):
         parse_nvidia_smi(bad)

@@ -80,6 +80,21 @@ def test_vllm_tensor_parallel_with_profile_args_and_env_last(vllm_here):
     assert dict(got.env) == {"VLLM_ATTENTION_BACKEND": "FLASHINFER", "CUDA_VISIBLE_DEVICES": "4,5,6,7"}
 
 
+def test_vllm_with_a_memory_share_is_told_its_fraction_before_the_profile_args(vllm_here):
+    import dataclasses
+    shared = dataclasses.replace(spec("vllm", args=["--max-model-len", "8192"]), gpu_memory_mib=10240,
+                                 gpu_memory_share=10240 / 24576)
+    got = vllm_here.launch(shared, host="127.0.0.1", port=41001)
+    # 10 GiB of a 24 GiB GPU, rounded down so shares of one GPU never sum past it; then the operator's args.
+    assert got.argv[-4:] == ("--gpu-memory-utilization", "0.416", "--max-model-len", "8192")
+    # A profile's own flag comes later and wins.
+    over = dataclasses.replace(shared, args=("--gpu-memory-utilization", "0.5"))
+    assert vllm_here.launch(over, host="127.0.0.1", port=41001).argv[-4:] == (
+        "--gpu-memory-utilization", "0.416", "--gpu-memory-utilization", "0.5")
+    # Without a share (whole GPUs), vLLM keeps its own default.
+    assert "--gpu-memory-utilization" not in vllm_here.launch(spec("vllm"), host="127.0.0.1", port=41001).argv
+
+
 def test_vllm_on_the_cpu_sizes_its_kv_cache_and_runs_eager_unless_the_profile_says_otherwise(vllm_here):
     got = vllm_here.launch(spec("vllm", gpus=0, gpu_indices=(), args=["--kv-cache-memory-bytes", "1G",
                                                                        "--no-enforce-eager"],

@@ -31,10 +31,23 @@ def replica(rid: str, model: str, node: str, gpus=(0,), profile: str = "h100", *
 _new_ids = itertools.count(1_000_000)  # one sequence for the whole run, so ids are never reused
 
 
-def apply(plan: Plan, running) -> list[Running]:
-    """What the fleet runs once `plan` is done: stops gone, starts present (current, not yet ready)."""
+def apply(plan: Plan, running, cat: Catalog | None = None) -> list[Running]:
+    """What the fleet runs once `plan` is done: stops gone, starts present (current, not yet ready).
+
+    With `cat`, a start of a profile with gpu_memory holds that much of its GPUs, as the reconciler says.
+    """
     stopped = {s.replica_id for s in plan.stop}
     after = [r for r in running if r.replica_id not in stopped]
+    profiles = {(m.name, p.name): p for m in cat.models for p in m.profiles} if cat is not None else {}
     for a in plan.start:
-        after.append(Running(f"n{next(_new_ids)}", a.model, a.profile, a.node, a.gpu_indices))
+        profile = profiles.get((a.model, a.profile))
+        memory = (profile.gpu_memory_mib or 0) if profile is not None else 0
+        after.append(Running(f"n{next(_new_ids)}", a.model, a.profile, a.node, a.gpu_indices, memory_mib=memory))
     return after
+
+
+def memory_node(name: str, gib=(24,), free=None, pools=("h100",), engines=("vllm", "llamacpp")) -> NodeView:
+    """A node whose GPUs have `gib` GiB each (free: all unless `free` says per GPU)."""
+    free = free if free is not None else gib
+    return NodeView(name, frozenset(pools), tuple(range(len(gib))), frozenset(engines),
+                    memory={i: (t * 1024, f * 1024) for i, (t, f) in enumerate(zip(gib, free))})

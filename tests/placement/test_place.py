@@ -113,12 +113,17 @@ def test_round_robin_gives_every_model_its_first_replica_before_any_its_second()
 
 # -- running replicas stay -----------------------------------------------------------------
 
-def test_running_replicas_are_never_moved_even_on_a_worse_profile():
+def test_running_replicas_are_never_moved_in_place_even_on_a_worse_profile():
+    # Issue 15 changed this on purpose: a fallback replica is now *replaced* by a
+    # surge on the better profile (tests/placement/test_priority_memory.py); it is
+    # still never stopped first, and not at all while its model may not move.
     cat = catalog(model("a", profile("big", gpus=1, priority=10),
                         profile("cpu", engine="llamacpp", pool=None, gpus=0, priority=1)))
     running = [replica("r1", "a", "x", gpus=(), profile="cpu", ready=True)]
-    plan = place(cat, [node("x")], running, {"a": 1})
+    plan = place(cat, [node("x")], running, {"a": 1}, movable=())
     assert plan.start == () and plan.stop == () and plan.keep == ("r1",)
+    plan = place(cat, [node("x")], running, {"a": 1})
+    assert plan.stop == () and plan.keep == ("r1",) and [a.replaces for a in plan.start] == ["r1"]
 
 
 def test_gpus_of_every_existing_replica_stay_taken_whatever_its_state():
@@ -148,7 +153,12 @@ def test_scale_down_order_lowest_priority_then_not_ready_then_newest():
         replica("r-1", "a", "x", gpus=(4,), profile="low", ready=False),
     ]
     assert stops(place(cat, [node("x")], running, {"a": 4})) == [("r-1", SCALED_DOWN)]
-    assert stops(place(cat, [node("x")], running, {"a": 3})) == [("r-1", SCALED_DOWN), ("r-3", SCALED_DOWN)]
+    # r-3 (low, ready) is next, but r-2 on the better profile is still starting and
+    # stopping r-3 would leave 2 serving of 3 wanted: it serves until r-2 is ready
+    # (issue 15: the rule that finishes a move back to the best profile).
+    assert stops(place(cat, [node("x")], running, {"a": 3})) == [("r-1", SCALED_DOWN)]
+    ready = running[:2] + [replica("r-2", "a", "x", gpus=(2,), profile="best", ready=True)] + running[3:]
+    assert stops(place(cat, [node("x")], ready, {"a": 3})) == [("r-1", SCALED_DOWN), ("r-3", SCALED_DOWN)]
     assert [s for s, _ in stops(place(cat, [node("x")], running, {"a": 1}))] == ["r-1", "r-3", "r-2", "r-10"]
     plan = place(cat, [node("x")], running, {"a": 0})
     assert [s for s, _ in stops(plan)] == ["r-1", "r-3", "r-2", "r-10", "r-9"] and plan.keep == ()
@@ -228,7 +238,9 @@ def test_stale_is_not_stopped_when_its_room_would_not_help():
     running = [replica("r1", "a", "x", gpus=(0,), profile="a100", current=False, ready=True)]
     plan = place(cat, [node("x", pools=("h100",))], running, {"a": 1})
     assert plan.stop == () and plan.unplaceable[0].reason == \
-        "profile a100 (vllm, 1 GPU, pool a100): no node in pool a100"
+        "profile a100 (vllm, 1 GPU, pool a100): no node has pool a100, so it can never be placed; " \
+        "start an agent with --pool a100"
+    assert plan.unplaceable[0].permanent
 
 
 # -- lost replicas -------------------------------------------------------------------------
@@ -247,7 +259,9 @@ def test_reason_gpus_short_on_one_node():
     running = [replica("r1", "o", "x", gpus=range(7))]
     plan = place(cat, [node("x")], running, {"a": 1, "o": 1})
     assert [(u.model, u.reason) for u in plan.unplaceable] == [
-        ("a", "profile h100 (vllm, 2 GPUs, pool h100): pool h100: 1 of 8 GPUs free on 1 node, needs 2")]
+        ("a", "profile h100 (vllm, 2 GPUs, pool h100): pool h100: 1 of 8 GPUs free on 1 node, needs 2; "
+              "GPUs held by o (priority 0, 7 GPUs)")]
+    assert not plan.unplaceable[0].permanent
 
 
 def test_reason_gpus_short_on_several_nodes_one_per_missing_replica():
@@ -257,7 +271,8 @@ def test_reason_gpus_short_on_several_nodes_one_per_missing_replica():
     # y's free GPUs are 0, 1, 2, 6, 7: no four adjacent, so the lowest four.
     assert starts(plan) == [("a", "h100", "x", (3, 4, 5, 6)), ("a", "h100", "y", (0, 1, 2, 6))]
     # The reason counts what is left once the plan is applied.
-    reason = "profile h100 (vllm, 4 GPUs, pool h100): pool h100: 2 of 16 GPUs free on 2 nodes, at most 1 on one, needs 4"
+    reason = ("profile h100 (vllm, 4 GPUs, pool h100): pool h100: 2 of 16 GPUs free on 2 nodes, at most 1 on one, "
+              "needs 4; GPUs held by a (priority 0, 8 GPUs), o (priority 0, 6 GPUs)")
     assert [(u.model, u.reason) for u in plan.unplaceable] == [("a", reason)] * 2
 
 
@@ -267,7 +282,8 @@ def test_reason_per_profile_best_first():
     nodes = [node("c1", pools=("cpu",), engines=("vllm",)), node("c2", pools=("cpu",), engines=("vllm",))]
     plan = place(cat, nodes, [], {"a": 1})
     assert plan.unplaceable[0].reason == (
-        "profile h100 (vllm, 2 GPUs, pool h100): no node in pool h100; "
+        "profile h100 (vllm, 2 GPUs, pool h100): no node has pool h100, so it can never be placed; "
+        "start an agent with --pool h100; "
         "profile cpu (llamacpp, 0 GPUs, pool cpu): no node in pool cpu can run engine llamacpp (c1, c2 lack it)")
 
 

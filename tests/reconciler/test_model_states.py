@@ -1,7 +1,10 @@
 """What the router is told about models without a ready replica (issue 15), one pass at a time."""
+from llmgwctl.catalog import load_text
 from llmgwctl.contracts import ModelCondition
+from llmgwctl.placement import Unplaceable
+from llmgwctl.reconciler.modelstates import can_change_by_itself
 
-from .test_reconciler import World, catalog, converge, model
+from .test_reconciler import HEADER, World, catalog, converge, model
 
 
 class StateSink:
@@ -50,3 +53,25 @@ def test_a_node_joining_makes_the_model_starting_and_then_unmentioned():
     w.agent_follows("big")
     w.quiet_pass()
     assert told(w) == {}
+
+
+def test_placements_permanent_marker_decides_retry():
+    # A node in the pool lacks the engine: placement calls that permanent (only
+    # installing it, a change to the fleet, helps), and the router is told not
+    # to retry -- where judging from GPU counts alone would have said retry.
+    w = World(load_text(HEADER + "  - name: cpp\n    profiles: [{name: p, engine: llamacpp, pool: gpu, gpus: 1}]\n"),
+              settle=0)
+    w.report("n1", gpus=4)
+    w.quiet_pass()
+    assert w.rec.unplaceable_detail["cpp"].permanent
+    assert told(w) == {"cpp": (ModelCondition.UNPLACEABLE, False)}
+
+
+def test_a_reason_without_placements_record_is_judged_conservatively_from_the_inventory():
+    w = World(catalog(model("huge", gpus=8), model("fits", gpus=2)), settle=0)
+    w.report("n1", gpus=4)
+    cat, nodes = w.live.current, list(w.inventory.nodes())
+    assert not can_change_by_itself(cat.resolve("huge"), "no room", nodes)     # no node has 8 GPUs
+    assert can_change_by_itself(cat.resolve("fits"), "no room", nodes)
+    assert can_change_by_itself(cat.resolve("huge"), "no room", [])            # no agent has reported yet
+    assert can_change_by_itself(cat.resolve("huge"), Unplaceable("huge", "no room", permanent=False), nodes)
