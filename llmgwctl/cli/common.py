@@ -51,7 +51,7 @@ def controller_headers() -> dict[str, str]:
 # `llmgwctl serve`: an operator tuning one expects the other to take the same flags.
 # Each default is RouterConfig's, where its reason is given.
 _ROUTER_FIELDS = ("poll_interval", "cold_timeout", "cold_queue", "max_body_bytes", "max_connections_per_client",
-                  "upstream_idle_timeout", "access_log")
+                  "upstream_idle_timeout", "access_log", "cold_keepalive", "cors_origins")
 
 
 def _router_options() -> tuple:
@@ -77,6 +77,12 @@ def _router_options() -> tuple:
                           "event); 0: never."),
         click.option("--access-log/--no-access-log", default=d.access_log, show_default=True,
                      help="One line per router request on the llmgw.access log (at info level)."),
+        click.option("--cold-keepalive", type=click.FloatRange(min=0), default=d.cold_keepalive, show_default=True,
+                     metavar="SECONDS",
+                     help="A stream waiting for a cold start gets an SSE comment this often; 0: none."),
+        click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
+                     help="Let browser pages from ORIGIN (https://app.example.com, or *) call the API "
+                          "(repeatable). Default: no CORS."),
     )
 
 
@@ -87,6 +93,7 @@ def router_options(command):
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         values = {name: kwargs.pop(name) for name in _ROUTER_FIELDS}
+        values["cors_origins"] = tuple(values["cors_origins"])
         return command(*args, router_config=RouterConfig(**values), **kwargs)
     for option in reversed(_router_options()):
         wrapper = option(wrapper)

@@ -32,14 +32,18 @@ def command() -> None:
               help="Reply length when a request sets no max_tokens (finish_reason stop).")
 @click.option("--embedding-dim", type=click.IntRange(min=1), default=16, show_default=True,
               help="Length of the deterministic embedding vectors.")
+@click.option("--log-requests", is_flag=True,
+              help="One stderr line per request with its X-Request-Id, traceparent and tracestate; echo X-Request-Id.")
 def fake(model: str, port: int, host: str, replica_id: str, startup_delay: float, tokens_per_second: float,
-         ttft: float, max_num_seqs: int, fail_rate: float, default_max_tokens: int, embedding_dim: int) -> None:
+         ttft: float, max_num_seqs: int, fail_rate: float, default_max_tokens: int, embedding_dim: int,
+         log_requests: bool) -> None:
     """Serve a fake vLLM: OpenAI routes, /health, /metrics, no GPU."""
     from ..engines.fake_server import FakeConfig, run
 
     config = FakeConfig(model=model, host=host, port=port, replica_id=replica_id, startup_delay=startup_delay,
                         tokens_per_second=tokens_per_second, ttft=ttft, max_num_seqs=max_num_seqs,
-                        fail_rate=fail_rate, default_max_tokens=default_max_tokens, embedding_dim=embedding_dim)
+                        fail_rate=fail_rate, default_max_tokens=default_max_tokens, embedding_dim=embedding_dim,
+                        log_requests=log_requests)
 
     def announce(bound: int) -> None:
         # One line a parent process can read to learn the port when it asked for 0.

@@ -23,6 +23,7 @@ import json
 import math
 import signal
 import struct
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -58,6 +59,10 @@ class FakeConfig:
     embedding_dim: int = 16
     # A made-up context length reported in /v1/models, like vLLM's max_model_len.
     max_model_len: int = 4096
+    # Off: the benchmarks' engine should spend nothing per request on logging.
+    # On, each request is one stderr line naming the headers a gateway may
+    # pass on, and X-Request-Id is echoed (vLLM's --enable-request-id-headers).
+    log_requests: bool = False
 
 
 # Compact like vLLM's pydantic output: fewer bytes per reply on the hot path.
@@ -352,8 +357,22 @@ class FakeEngine:
         if finished:
             self.finished[gen.finish_reason] += 1
 
+    async def log_request(self, request: web.Request, response: web.StreamResponse) -> None:
+        """What a test of a gateway's header policy reads: the request's headers that matter, as received."""
+        h = request.headers
+        rid = h.get("X-Request-Id")
+        if rid is not None:
+            response.headers["X-Request-Id"] = rid
+        if request.method == "POST":
+            print(f"fake engine {self.replica}: {request.method} {request.path} x-request-id={rid or '-'} "
+                  f"traceparent={h.get('traceparent', '-')} tracestate={h.get('tracestate', '-')} "
+                  f"authorization={'present' if 'Authorization' in h else 'absent'} "
+                  f"cookie={'present' if 'Cookie' in h else 'absent'}", file=sys.stderr, flush=True)
+
     def app(self) -> web.Application:
         app = web.Application(middlewares=[_not_found_as_openai_error])
+        if self.config.log_requests:
+            app.on_response_prepare.append(self.log_request)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/v1/models", self.models)
