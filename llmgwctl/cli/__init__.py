@@ -16,6 +16,7 @@ from .. import __version__
 SUBCOMMANDS = {
     "agent": "llmgwctl.cli.agent",
     "catalog": "llmgwctl.cli.catalog",
+    "completion": "llmgwctl.cli.completion",
     "engine": "llmgwctl.cli.engine",
     "router": "llmgwctl.cli.router",
     "serve": "llmgwctl.cli.serve",

@@ -34,6 +34,38 @@ log_format_option = click.option(
     help="text for people, json (one object per line) for log collectors.")
 
 
+def log_level_options(command):
+    """`--log-level LEVEL`, every long-running command's one logging flag, and `-v` kept as a hidden alias.
+
+    `--log-level` because it is what uvicorn, vLLM's server and most daemons
+    take, and it says what it does; `-v` (`-vv` debug), which `serve` and
+    `agent` took before, still works so no unit file breaks. The command gets
+    `log_level` (None: not given, info) and `verbose` (a count).
+    """
+    command = click.option("-v", "--verbose", count=True, hidden=True,
+                           help="Deprecated alias: -v is info with aiohttp's access log, -vv is --log-level debug.")(command)
+    return click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None,
+                        show_default="info", help="Log this level and above.")(command)
+
+
+class PortRange(click.ParamType):
+    """`--ports LOW-HIGH`, inclusive, the one port-range syntax of `serve` and `agent` (as iptables' and nmap's)."""
+
+    name = "LOW-HIGH"
+
+    def convert(self, value, param, ctx):
+        from ..agent.ports import PortRange as Range, PortRangeError
+        if isinstance(value, Range):
+            return value
+        try:
+            return Range.parse(value)
+        except PortRangeError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+PORT_RANGE = PortRange()
+
+
 def controller_headers() -> dict[str, str]:
     """The bearer token for the control API, from $LLMGW_TOKEN or the file named by $LLMGW_TOKEN_FILE."""
     token = os.environ.get("LLMGW_TOKEN")
