@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
+
 from .errors import format_path
 from .model import Catalog
 
@@ -106,4 +108,13 @@ def _named_list(value: Any) -> bool:
 
 
 def _show(value: Any) -> str:
-    return "(absent)" if value is None else repr(value)
+    """A value as it would be written in a catalog file: YAML's flow style on one line, not a Python repr.
+
+    `[--max-model-len, '32768']` and `{VLLM_ATTENTION_BACKEND: FLASHINFER}`
+    read as the file does; a string is quoted only where YAML needs it (a
+    number-like '32768' stays quoted, so a type change shows).
+    """
+    if value is None:
+        return "(absent)"
+    text = yaml.safe_dump(value, default_flow_style=True, width=float("inf"), allow_unicode=True, sort_keys=False)
+    return text.removesuffix("\n...\n").strip()

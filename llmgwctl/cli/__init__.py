@@ -16,6 +16,7 @@ from .. import __version__
 SUBCOMMANDS = {
     "agent": "llmgwctl.cli.agent",
     "catalog": "llmgwctl.cli.catalog",
+    "completion": "llmgwctl.cli.completion",
     "engine": "llmgwctl.cli.engine",
     "logs": "llmgwctl.cli.logs",
     "router": "llmgwctl.cli.router",

@@ -8,15 +8,7 @@ import click
 
 from ..agent.controller import HEARTBEAT
 from ..agent.core import START_TIMEOUT, STOP_GRACE
-from .common import log_format_option, setup_logging
-
-
-def _ports(ctx: click.Context, param: click.Parameter, value: str):
-    from ..agent.ports import PortRange, PortRangeError
-    try:
-        return PortRange.parse(value)
-    except PortRangeError as exc:
-        raise click.BadParameter(str(exc)) from None
+from .common import PORT_RANGE, log_format_option, log_level_options, setup_logging
 
 
 def _gpus(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -47,8 +39,8 @@ def _gpus(ctx: click.Context, param: click.Parameter, value: str) -> str:
               help="Where replicas.json and the engines' logs live; keep it across agent restarts.")
 @click.option("--advertise-host", default="127.0.0.1", show_default=True,
               help="Address engines bind to and the router reaches them at.")
-@click.option("--ports", default="20000-20999", show_default=True, callback=_ports,
-              help="Port range engines listen on.")
+@click.option("--ports", default="20000-20999", show_default=True, type=PORT_RANGE,
+              help="Port range engines listen on, inclusive.")
 @click.option("--desired", "desired_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Follow a YAML/JSON file {replicas: [...]} instead of the controller's desired list.")
 @click.option("--token-file", type=click.File("r"),
@@ -59,10 +51,10 @@ def _gpus(ctx: click.Context, param: click.Parameter, value: str) -> str:
               help="Seconds an engine may take to pass its health check before it is restarted.")
 @click.option("--heartbeat", type=click.FloatRange(min=0.1), default=HEARTBEAT, show_default=True,
               help="Seconds between reports to the controller when nothing changes.")
-@click.option("-v", "--verbose", is_flag=True, help="Log debug detail.")
+@log_level_options
 @log_format_option
 def command(controller, node, gpus, pools, state_dir, advertise_host, ports, desired_file, token_file, grace,
-            start_timeout, heartbeat, verbose, log_format) -> None:
+            start_timeout, heartbeat, log_level, verbose, log_format) -> None:
     """Run the node agent: start, watch and stop this machine's engines."""
     from ..agent import AgentConfig, StateLockedError, main
 
@@ -71,7 +63,8 @@ def command(controller, node, gpus, pools, state_dir, advertise_host, ports, des
     token = token_file.read().strip() if token_file else None
     if token_file and not token:
         raise click.BadParameter(f"{token_file.name} is empty", param_hint="--token-file")
-    setup_logging(2 if verbose else 0, log_format)
+    # -v here always meant debug (it was a flag): kept so.
+    setup_logging(2 if verbose else 0, log_format, level=log_level)
     try:
         main(AgentConfig(node=node, state_dir=state_dir, ports=ports, gpus=gpus, pools=tuple(pools),
                          host=advertise_host, controller=controller, desired_file=desired_file, token=token,

@@ -34,6 +34,38 @@ log_format_option = click.option(
     help="text for people, json (one object per line) for log collectors.")
 
 
+def log_level_options(command):
+    """`--log-level LEVEL`, every long-running command's one logging flag, and `-v` kept as a hidden alias.
+
+    `--log-level` because it is what uvicorn, vLLM's server and most daemons
+    take, and it says what it does; `-v` (`-vv` debug), which `serve` and
+    `agent` took before, still works so no unit file breaks. The command gets
+    `log_level` (None: not given, info) and `verbose` (a count).
+    """
+    command = click.option("-v", "--verbose", count=True, hidden=True,
+                           help="Deprecated alias: -v is info with aiohttp's access log, -vv is --log-level debug.")(command)
+    return click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None,
+                        show_default="info", help="Log this level and above.")(command)
+
+
+class PortRange(click.ParamType):
+    """`--ports LOW-HIGH`, inclusive, the one port-range syntax of `serve` and `agent` (as iptables' and nmap's)."""
+
+    name = "LOW-HIGH"
+
+    def convert(self, value, param, ctx):
+        from ..agent.ports import PortRange as Range, PortRangeError
+        if isinstance(value, Range):
+            return value
+        try:
+            return Range.parse(value)
+        except PortRangeError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+PORT_RANGE = PortRange()
+
+
 def controller_headers() -> dict[str, str]:
     """The bearer token for the control API, from $LLMGW_TOKEN or the file named by $LLMGW_TOKEN_FILE."""
     token = os.environ.get("LLMGW_TOKEN")
@@ -51,7 +83,7 @@ def controller_headers() -> dict[str, str]:
 # `llmgwctl serve`: an operator tuning one expects the other to take the same flags.
 # Each default is RouterConfig's, where its reason is given.
 _ROUTER_FIELDS = ("poll_interval", "cold_timeout", "cold_queue", "max_body_bytes", "max_connections_per_client",
-                  "upstream_idle_timeout", "access_log")
+                  "upstream_idle_timeout", "access_log", "cold_keepalive", "cors_origins")
 
 
 def _router_options() -> tuple:
@@ -77,6 +109,12 @@ def _router_options() -> tuple:
                           "event); 0: never."),
         click.option("--access-log/--no-access-log", default=d.access_log, show_default=True,
                      help="One line per router request on the llmgw.access log (at info level)."),
+        click.option("--cold-keepalive", type=click.FloatRange(min=0), default=d.cold_keepalive, show_default=True,
+                     metavar="SECONDS",
+                     help="A stream waiting for a cold start gets an SSE comment this often; 0: none."),
+        click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
+                     help="Let browser pages from ORIGIN (https://app.example.com, or *) call the API "
+                          "(repeatable). Default: no CORS."),
     )
 
 
@@ -87,6 +125,7 @@ def router_options(command):
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         values = {name: kwargs.pop(name) for name in _ROUTER_FIELDS}
+        values["cors_origins"] = tuple(values["cors_origins"])
         return command(*args, router_config=RouterConfig(**values), **kwargs)
     for option in reversed(_router_options()):
         wrapper = option(wrapper)

@@ -38,7 +38,9 @@ def command() -> None:
                    "runs out of GPU memory does).")
 @click.option("--crash-code", type=click.IntRange(1, 255), default=3, show_default=True,
               help="The exit code of --crash-after.")
-@click.option("--log-requests", is_flag=True, help="Print one line per request on stdout, like vLLM's access log.")
+@click.option("--log-requests", is_flag=True,
+              help="One line per request on stdout, like vLLM's access log, and one on stderr with its X-Request-Id, "
+                   "traceparent and tracestate; echo X-Request-Id.")
 def fake(model: str, port: int, host: str, replica_id: str, startup_delay: float, tokens_per_second: float,
          ttft: float, max_num_seqs: int, fail_rate: float, default_max_tokens: int, embedding_dim: int,
          crash_after: float | None, crash_code: int, log_requests: bool) -> None:

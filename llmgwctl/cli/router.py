@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from .. import aio
-from .common import host_port, log_format_option, raise_fd_limit, router_options, setup_logging
+from .common import host_port, log_format_option, log_level_options, raise_fd_limit, router_options, setup_logging
 
 
 @click.command("router")
@@ -20,13 +20,12 @@ from .common import host_port, log_format_option, raise_fd_limit, router_options
               help="Read the controller's bearer token from FILE (keeps it out of the process list).")
 @click.option("--api-keys", type=click.Path(dir_okay=False), metavar="FILE",
               help="Require API keys (YAML: name, sha256, models, rpm); followed for edits. Without it the router is open.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
-              show_default=True)
+@log_level_options
 @log_format_option
 @router_options
 def command(listen: tuple[str, int], controller: str | None, endpoints_file: str | None, catalogs_dir: str | None,
-            token: str | None, token_file, api_keys: str | None, log_level: str, log_format: str,
-            router_config) -> None:
+            token: str | None, token_file, api_keys: str | None, log_level: str | None, verbose: int,
+            log_format: str, router_config) -> None:
     """Serve the OpenAI-compatible API, routing each request to a ready, lightly loaded replica."""
     if controller and (endpoints_file or catalogs_dir):
         raise click.UsageError("use either --controller or --endpoints with --catalogs, not both")
@@ -38,7 +37,7 @@ def command(listen: tuple[str, int], controller: str | None, endpoints_file: str
         token = token_file.read().strip()
         if not token:
             raise click.BadParameter(f"{token_file.name} is empty", param_hint="--token-file")
-    setup_logging(0, log_format, level=log_level)
+    setup_logging(verbose, log_format, level=log_level)
 
     from ..catalog import CatalogError
     from ..router.auth import KeyFileError
@@ -50,7 +49,10 @@ def command(listen: tuple[str, int], controller: str | None, endpoints_file: str
 
     def announce(bound: int) -> None:
         # One line a parent process can read to learn the port when it asked for 0.
-        click.echo(f"router listening on http://{host}:{bound}")
+        from ..observability.logs import stdout_line
+        url = f"http://{host}:{bound}"
+        click.echo(stdout_line(f"router listening on {url}", log_format, logger="llmgw.router",
+                               event="listening", url=url))
 
     coro = run(host, port, endpoints_file=endpoints_file, catalogs_dir=catalogs_dir, controller=controller,
                token=token, config=router_config, on_listening=announce, api_keys=api_keys)

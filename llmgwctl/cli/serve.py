@@ -6,7 +6,7 @@ from pathlib import Path
 import click
 
 from .. import aio
-from .common import host_port, log_format_option, raise_fd_limit, router_options, setup_logging
+from .common import PORT_RANGE, host_port, log_format_option, log_level_options, raise_fd_limit, router_options, setup_logging
 
 
 @click.command("serve")
@@ -24,8 +24,8 @@ from .common import host_port, log_format_option, raise_fd_limit, router_options
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the local agent keeps replica records and logs [default: $XDG_STATE_HOME/llmgw].")
 @click.option("--node", default=None, help="The local agent's node name [default: this host's name].")
-@click.option("--ports", default="20000-20999", show_default=True, metavar="LOW-HIGH",
-              help="Ports the local agent gives its engines.")
+@click.option("--ports", default="20000-20999", show_default=True, type=PORT_RANGE,
+              help="Ports the local agent gives its engines, inclusive.")
 @click.option("--settle", type=float, default=None, metavar="SECONDS",
               help="Settling window after start, adopting replicas before starting any [default: 15].")
 @click.option("--drain-grace", type=float, default=None, metavar="SECONDS",
@@ -42,9 +42,10 @@ from .common import host_port, log_format_option, raise_fd_limit, router_options
               help="Router API keys (YAML: name, sha256, models, rpm); followed for edits. Without it the router is open.")
 @router_options
 @log_format_option
-@click.option("-v", "--verbose", count=True, help="More logging (-vv for debug).")
+@log_level_options
 def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node, ports, settle, drain_grace,
-            node_timeout, replace_after, token_file, agent_token_file, api_keys, log_format, verbose, router_config):
+            node_timeout, replace_after, token_file, agent_token_file, api_keys, log_format, log_level, verbose,
+            router_config):
     """Serve the catalogs in DIR: place replicas, route OpenAI requests, follow every edit."""
     from ..catalog import CatalogError
     from ..control.auth import TokenError, check_bind, read_token_file
@@ -60,9 +61,9 @@ def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node
         check_bind(control[0], token)
     except TokenError as exc:
         raise click.UsageError(str(exc)) from None
-    setup_logging(verbose, log_format)
+    setup_logging(verbose, log_format, level=log_level)
     cfg = ServeConfig(catalogs=catalogs, listen=listen, control=control, local_agent=local_agent, gpus=gpus,
-                      pools=tuple(pools), ports=ports, settle=settle, drain_grace=drain_grace,
+                      pools=tuple(pools), ports=str(ports), settle=settle, drain_grace=drain_grace,
                       node_timeout=node_timeout, replace_after=replace_after, token=token, agent_token=agent_token,
                       api_keys=api_keys, router=router_config)
     if state_dir is not None:

@@ -23,6 +23,7 @@ import json
 import math
 import signal
 import struct
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -67,6 +68,9 @@ class FakeConfig:
     # One line on stdout per request (method, path, status), as vLLM's access
     # log does: what `llmgwctl logs -f` has to follow. Off: a benchmark's
     # engines should not spend time writing lines nobody reads.
+    # Each request is also one stderr line naming the headers a gateway may
+    # pass on, and X-Request-Id is echoed (vLLM's --enable-request-id-headers):
+    # what a test of a gateway's header policy reads.
     log_requests: bool = False
 
 
@@ -362,9 +366,23 @@ class FakeEngine:
         if finished:
             self.finished[gen.finish_reason] += 1
 
+    async def log_request(self, request: web.Request, response: web.StreamResponse) -> None:
+        """What a test of a gateway's header policy reads: the request's headers that matter, as received."""
+        h = request.headers
+        rid = h.get("X-Request-Id")
+        if rid is not None:
+            response.headers["X-Request-Id"] = rid
+        if request.method == "POST":
+            print(f"fake engine {self.replica}: {request.method} {request.path} x-request-id={rid or '-'} "
+                  f"traceparent={h.get('traceparent', '-')} tracestate={h.get('tracestate', '-')} "
+                  f"authorization={'present' if 'Authorization' in h else 'absent'} "
+                  f"cookie={'present' if 'Cookie' in h else 'absent'}", file=sys.stderr, flush=True)
+
     def app(self) -> web.Application:
         middlewares = [_not_found_as_openai_error] + ([_request_line] if self.config.log_requests else [])
         app = web.Application(middlewares=middlewares)
+        if self.config.log_requests:
+            app.on_response_prepare.append(self.log_request)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/v1/models", self.models)

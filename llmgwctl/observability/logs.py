@@ -57,7 +57,26 @@ def setup_logging(verbose: int = 0, fmt: str = "text", *, level: str | None = No
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper() if level else (logging.DEBUG if verbose > 1 else logging.INFO))
+    # Python's warnings (a deprecation in a library, say) are written to stderr
+    # by the warnings module itself, bypassing the handler: routed through
+    # logging ("py.warnings"), they come out in the chosen format too.
+    logging.captureWarnings(True)
     if verbose < 2 and not (level and level.lower() == "debug"):
         # aiohttp's own access log duplicates ours (the router writes its own,
         # with model and replica) and the control API's long-polls would flood it.
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def stdout_line(message: str, fmt: str, *, logger: str, **fields) -> str:
+    """A line for stdout that a parent process reads (the bound port), in the log format in force.
+
+    With json, even this line is a JSON object (the message, `event` and the
+    fields as keys), so a collector reading everything the process prints
+    sees no plain text; the message stays the same words, so a reader that
+    searches for them finds them in either format.
+    """
+    if fmt != "json":
+        return message
+    record = logging.LogRecord(logger, logging.INFO, __file__, 0, message, None, None)
+    record.__dict__.update(fields)
+    return JsonFormatter().format(record)

@@ -8,6 +8,8 @@ Router (hot path first):
 
     llmgw_router_requests_total{model,endpoint,code}          counter; code is the status the client got,
                                                               499 when it left mid-stream (nginx's convention)
+    llmgw_router_key_requests_total{key,code}                 counter, per API key *name* (only with --api-keys)
+    llmgw_router_key_tokens_total{key,direction="in|out"}     counter, the same per key
     llmgw_router_request_duration_seconds{model}              histogram, arrival to last byte sent
     llmgw_router_time_to_first_byte_seconds{model}            histogram, arrival to first body byte sent
     llmgw_router_overhead_seconds                             histogram, time in the router excluding upstream
@@ -26,6 +28,9 @@ Router (hot path first):
     llmgw_router_catalog_info{version}                        gauge, 1
     llmgw_router_connections_refused_total{reason}            counter, connections closed by the input limits
     llmgw_router_api_keys_reloads_total{result}               counter, applied | rejected
+    llmgw_router_endpoint_info{endpoint,model,profile,replica,url}  gauge, 1 per endpoint in the list: which
+                                                              replica holds a slot now (join on `endpoint`)
+    llmgw_build_info{version,python}                          gauge, 1 (on both /metrics)
 
 Control plane (all read at scrape from `Controller.state()`, a typed
 `contracts.ControlStatus`, except the pass duration and the API's request counter):
@@ -42,11 +47,22 @@ Control plane (all read at scrape from `Controller.state()`, a typed
     llmgw_node_last_report_age_seconds{node}                  gauge
     llmgw_control_requests_total{route,code}                  counter, route is the URL template
 
-Labels are bounded: `model` is a catalog model's canonical name (never the
-client's string: a request for an unknown name counts under model=""),
-`endpoint` a replica id the router was told about, and children of endpoints
-that left the list are removed (replica ids are never reused, so keeping them
-would grow without end). No request ids, keys or client addresses.
+Labels are bounded and stable: `model` is a catalog model's canonical name
+(never the client's string: a request for an unknown name counts under
+model=""); `endpoint` is a *slot*, `MODEL/PROFILE/N`, N the lowest index no
+other endpoint of that model and profile holds (`EndpointSlots`). Replica ids
+are never reused, so labelling by them would start new series on every
+restart or replacement and grow without end; a replacement takes the slot its
+predecessor left, so its counters continue the same series, and there are
+never more slots than a profile's peak replicas. Which replica holds a slot
+now is `llmgw_router_endpoint_info`, one series per live endpoint. `key` is an
+API key's *name* from the key file (never the secret), so it is bounded by
+that file; a name that leaves the file takes its series with it. No request
+ids or client addresses.
+
+No `_created` series: prometheus_client adds one per counter and histogram
+child by default, which doubles the series count and which no query here
+uses (`disable_created_metrics` below, process-wide, as both registries want).
 
 Hot-path cost: the router asks for an `EndpointMetrics` once per request (a
 dict lookup) and calls `done()`, which increments a pre-bound counter child and
@@ -72,14 +88,20 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
+import platform
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client import ProcessCollector
+from prometheus_client import ProcessCollector, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from .. import __version__
 from ..contracts import ControlStatus, ReplicaState
 
-__all__ = ["CONTENT_TYPE_LATEST", "ControlMetrics", "EndpointMetrics", "RouterMetrics", "RouterProbe",
-           "render", "usage_tokens"]
+# See the module docstring: no query reads _created, and it doubles the series.
+disable_created_metrics()
+
+__all__ = ["CONTENT_TYPE_LATEST", "ControlMetrics", "EndpointMetrics", "EndpointSlots", "RouterMetrics",
+           "RouterProbe", "render", "usage_tokens"]
 
 # Request duration: from a cached embedding (a few ms) to a long generation
 # (minutes); past 300 s only the count matters.
@@ -145,6 +167,70 @@ class StreamUsage:
             self._carry = b""
         else:
             self._carry = seen[seen.rfind(b"\n") + 1:][-self._CARRY:]
+
+
+class _BuildInfo:
+    """`llmgw_build_info{version,python} 1`: which release a target runs, joinable onto any of its series."""
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> list[Metric]:
+        info = GaugeMetricFamily("llmgw_build_info", "The llmgw release and Python this process runs.",
+                                 labels=("version", "python"))
+        info.add_metric((__version__, platform.python_version()), 1)
+        return [info]
+
+
+class EndpointSlots:
+    """Stable `endpoint` label values: `MODEL/PROFILE/N` per endpoint, N the lowest free index.
+
+    An endpoint keeps its slot while it stays in the list; one that joins takes
+    the lowest index of its model and profile that no endpoint in the list
+    holds -- so a replica restarted or replaced under a new id takes the slot
+    its predecessor left, and dashboards see one series go on.
+    """
+
+    # Slots of endpoints that left, remembered for requests still finishing
+    # there (a replica leaves the list first and drains after); a few hundred
+    # covers any drain, and the bound keeps replica churn from growing it.
+    _GONE_KEPT = 512
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, str] = {}
+        self._gone: dict[str, str] = {}
+
+    def update(self, endpoints: Iterable[Any]) -> None:
+        """Assign slots for `endpoints` (objects with replica_id, model, profile): the whole new list."""
+        eps = list(endpoints)
+        keep = {ep.replica_id for ep in eps}
+        by_id = {rid: slot for rid, slot in self._by_id.items() if rid in keep}
+        taken = set(by_id.values())
+        for ep in eps:
+            if ep.replica_id in by_id:
+                continue
+            n = 0
+            while f"{ep.model}/{ep.profile}/{n}" in taken:
+                n += 1
+            slot = f"{ep.model}/{ep.profile}/{n}"
+            by_id[ep.replica_id] = slot
+            taken.add(slot)
+        for rid, slot in self._by_id.items():
+            if rid not in keep:
+                self._gone[rid] = slot
+        while len(self._gone) > self._GONE_KEPT:
+            del self._gone[next(iter(self._gone))]
+        self._by_id = by_id
+
+    def current(self, replica_id: str) -> bool:
+        return replica_id in self._by_id
+
+    def label(self, replica_id: str) -> str:
+        """The slot `replica_id` holds, or held when it left; the id itself for one never in the list."""
+        slot = self._by_id.get(replica_id)
+        if slot is None:
+            slot = self._gone.get(replica_id, replica_id)
+        return slot
 
 
 def render(registry: CollectorRegistry) -> bytes:
@@ -297,10 +383,11 @@ class EndpointMetrics:
 
 
 class RouterMetrics:
-    """The router's registry. `endpoint(model, replica_id)` on the hot path; `retain(ids)` when the list changes."""
+    """The router's registry. `endpoint(model, replica_id)` on the hot path; `set_endpoints(eps)` when the list changes."""
 
     def __init__(self, probe: RouterProbe | None = None, *, process: bool = True):
         r = self.registry = CollectorRegistry(auto_describe=True)
+        self.slots = EndpointSlots()
         self.requests = _Family("llmgw_router_requests", "Requests answered by the router, by model, endpoint "
                                 "(empty when none was chosen) and HTTP status.", ("model", "endpoint", "code"))
         self.duration = _Family("llmgw_router_request_duration_seconds", "Arrival to last byte sent.",
@@ -312,7 +399,13 @@ class RouterMetrics:
         self.overhead = overhead.labels()
         self.tokens = _Family("llmgw_router_tokens", "Tokens the engines reported in `usage`, in (prompt) and "
                               "out (completion).", ("model", "direction"))
-        r.register(_LocalCollector([self.requests, self.duration, self.ttfb, overhead, self.tokens]))
+        # Per API key name: what a team used, for chargeback and for seeing which key a burst came from.
+        self.key_requests = _Family("llmgw_router_key_requests", "Requests by API key name (with --api-keys) and "
+                                    "HTTP status.", ("key", "code"))
+        self.key_tokens = _Family("llmgw_router_key_tokens", "Tokens the engines reported, by API key name, in "
+                                  "(prompt) and out (completion).", ("key", "direction"))
+        r.register(_LocalCollector([self.requests, self.duration, self.ttfb, overhead, self.tokens,
+                                    self.key_requests, self.key_tokens]))
         self.cold_wait = Histogram("llmgw_router_cold_wait_seconds", "Time requests waited for a cold model's "
                                    "first replica, or for one to come back when every replica refused.",
                                    ("model", "outcome"), buckets=COLD_WAIT_BUCKETS, registry=r)
@@ -323,7 +416,8 @@ class RouterMetrics:
         self._endpoints: dict[tuple[str, str], EndpointMetrics] = {}
         self._unrouted: dict[tuple[str, int], Any] = {}
         if probe is not None:
-            r.register(_RouterCollector(probe))
+            r.register(_RouterCollector(probe, self.slots.label))
+        r.register(_BuildInfo())
         if process:
             ProcessCollector(registry=r)
 
@@ -337,8 +431,26 @@ class RouterMetrics:
         key = (model, replica_id)
         em = self._endpoints.get(key)
         if em is None:
-            em = self._endpoints[key] = EndpointMetrics(self, model, replica_id)
+            em = EndpointMetrics(self, model, self.slots.label(replica_id))
+            if self.slots.current(replica_id):
+                # Kept only for endpoints in the list: one that left is
+                # finishing its last requests and is not asked for again.
+                self._endpoints[key] = em
         return em
+
+    def key_used(self, name: str, code: int, usage: tuple[int, int] | None) -> None:
+        """One request made with the key named `name`: its status and tokens. Only with keys on."""
+        self.key_requests.labels(name, str(code)).inc()
+        if usage is not None:
+            self.key_tokens.labels(name, "in").inc(usage[0])
+            self.key_tokens.labels(name, "out").inc(usage[1])
+
+    def retain_keys(self, names: Iterable[str]) -> None:
+        """Drop the series of key names no longer in the key file (a revoked key's usage stops growing)."""
+        keep = set(names)
+        for family in (self.key_requests, self.key_tokens):
+            for values in [v for v in family.children if v[0] not in keep]:
+                family.remove(*values)
 
     def unrouted(self, model: str, code: int) -> None:
         """A request answered before any endpoint was chosen (4xx, no replica, queue full); model may be ""."""
@@ -348,21 +460,27 @@ class RouterMetrics:
             child = self._unrouted[key] = self.requests.labels(model, "", str(code))
         child.inc()
 
-    def retain(self, replica_ids: Iterable[str]) -> None:
-        """Drop the series of endpoints no longer in the list (their ids are never reused)."""
-        keep = set(replica_ids)
+    def set_endpoints(self, endpoints: Iterable[Any]) -> None:
+        """The endpoint list changed: give newcomers their slots, forget the pre-bound children of those gone.
+
+        The series stay: the slot an endpoint left is the one its replacement
+        takes, and its counters go on from where they were (bounded by the
+        profile's peak replica count; see the module docstring).
+        """
+        eps = list(endpoints)
+        self.slots.update(eps)
+        keep = {ep.replica_id for ep in eps}
         for key in [k for k in self._endpoints if k[1] not in keep]:
-            em = self._endpoints.pop(key)
-            for code in em.codes():
-                self.requests.remove(key[0], key[1], code)
+            del self._endpoints[key]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
 class _RouterCollector:
-    def __init__(self, probe: RouterProbe):
+    def __init__(self, probe: RouterProbe, slot: Callable[[str], str]):
         self.probe = probe
+        self.slot = slot
 
     def describe(self) -> list[Metric]:
         return []       # names are known only at collect time; nothing to check at register
@@ -383,17 +501,22 @@ class _RouterCollector:
         kv = GaugeMetricFamily("llmgw_router_endpoint_kv_cache_usage_ratio", "Share of the endpoint's KV cache in "
                                "use, as its last load reading said (absent if the engine does not report it).",
                                labels=("endpoint",))
+        endpoint_info = GaugeMetricFamily("llmgw_router_endpoint_info", "The replica holding an endpoint slot now "
+                                          "(1 per endpoint in the list).",
+                                          labels=("endpoint", "model", "profile", "replica", "url"))
         ready: dict[str, int] = {}
         for st in p.states():
-            model = st.endpoint.model
-            inflight.add_metric((model, st.replica_id), st.inflight)
-            if st.endpoint.metrics_path is not None:
-                age.add_metric((st.replica_id,), now - st.load_at if math.isfinite(st.load_at) else math.inf)
+            ep = st.endpoint
+            model, slot = ep.model, self.slot(st.replica_id)
+            endpoint_info.add_metric((slot, model, ep.profile, st.replica_id, ep.url), 1)
+            inflight.add_metric((model, slot), st.inflight)
+            if ep.metrics_path is not None:
+                age.add_metric((slot,), now - st.load_at if math.isfinite(st.load_at) else math.inf)
             if st.load is not None:
-                running.add_metric((st.replica_id,), st.load.running)
-                queued.add_metric((st.replica_id,), st.load.waiting)
+                running.add_metric((slot,), st.load.running)
+                queued.add_metric((slot,), st.load.waiting)
                 if st.load.kv_cache is not None:
-                    kv.add_metric((st.replica_id,), st.load.kv_cache)
+                    kv.add_metric((slot,), st.load.kv_cache)
             ready[model] = ready.get(model, 0) + 1
         version, models = p.catalog()
         ready_g = GaugeMetricFamily("llmgw_router_ready_endpoints", "Ready endpoints per model.", labels=("model",))
@@ -406,7 +529,7 @@ class _RouterCollector:
         info = GaugeMetricFamily("llmgw_router_catalog_info", "The catalog version the router resolves against.",
                                  labels=("version",))
         info.add_metric((version,), 1)
-        return [inflight, age, running, queued, kv, ready_g, queue, info]
+        return [inflight, age, running, queued, kv, endpoint_info, ready_g, queue, info]
 
 
 class ControlMetrics:
@@ -420,6 +543,7 @@ class ControlMetrics:
                                 ("route", "code"), registry=r)
         if status is not None:
             r.register(_ControlCollector(status))
+        r.register(_BuildInfo())
         if process:
             ProcessCollector(registry=r)
 

@@ -72,6 +72,17 @@ class RouterConfig:
     client_write_timeout: float = 60.0
     # One line per request on the `llmgw.access` logger (at INFO).
     access_log: bool = True
+    # A stream held for a cold start gets an SSE comment (": waiting for model X
+    # to start") this often, so clients, proxies and load balancers see bytes
+    # and keep the connection: 5 s is under every idle timeout in common use
+    # (nginx's 60 s, AWS ALB's 60 s, Cloudflare's 100 s) by a wide margin, and
+    # a wait shorter than it sends none, so a warm model's errors keep their
+    # status codes. 0: no comments (the stream's headers wait for the model).
+    cold_keepalive: float = 5.0
+    # Browser origins allowed to call the API (CORS); empty: no CORS headers and
+    # no preflight answers, as a gateway is called by servers unless the
+    # operator says otherwise. "*" allows any origin.
+    cors_origins: tuple[str, ...] = ()
 
 
 # One knob's default, for a piece that takes a single setting (Pool,

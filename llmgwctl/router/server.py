@@ -40,6 +40,8 @@ from ..catalog import Catalog
 from ..observability.metrics import CONTENT_TYPE_LATEST, RouterMetrics, RouterProbe, StreamUsage, usage_tokens
 from . import auth as keyauth
 from . import errors
+from . import headers as reqheaders
+from .conventions import RID, ClientGone, held_for_cold_start, install_cors, method_not_allowed, stamp_request_id
 from .balancer import Balancer, EndpointState
 from .coldstart import ColdStart, ColdTimeout, QueueFull, Waker
 from .. import httpbody
@@ -75,7 +77,7 @@ class _Call:
     object of the router's own a request allocates.
     """
 
-    __slots__ = ("request", "t0", "api_key", "model", "view", "stream", "waited")
+    __slots__ = ("request", "t0", "api_key", "model", "view", "stream", "waited", "rid", "fwd", "early")
 
     def __init__(self, request: web.Request, t0: float, view: _View):
         self.request = request
@@ -89,6 +91,13 @@ class _Call:
         # answering engine -- so the router's own time (its overhead) is the
         # time since arrival less this.
         self.waited = 0.0
+        # The request id (the client's if valid, else ours) and the header lines
+        # the engine gets (see headers.py): taken at arrival.
+        self.rid, self.fwd = reqheaders.take(request.headers)
+        request[RID] = self.rid
+        # The event stream opened early to keep a client waiting for a cold
+        # start company (see conventions.held_for_cold_start); None until then.
+        self.early: web.StreamResponse | None = None
 
 
 class _Refused(Exception):
@@ -130,6 +139,7 @@ class Router:
         # Models the controller cannot place now, by name: a request finding no
         # endpoint for one is answered at once (set_model_states).
         self._unplaceable: dict[str, ModelState] = {}
+        self._told_endpoints = False        # set_endpoints was called once: /readyz
         self.limiter = keyauth.Limiter(clock)
         self.metrics = RouterMetrics(RouterProbe(
             states=self.balancer.states,
@@ -159,8 +169,9 @@ class Router:
                 continue
             usable.append(ep)
         self._bad_urls = refused
+        self._told_endpoints = True
         gained = self.balancer.set_endpoints(usable)
-        self.metrics.retain(st.replica_id for st in self.balancer.states())
+        self.metrics.set_endpoints(st.endpoint for st in self.balancer.states())
         self.cold.endpoints_changed(gained)
         if self.poller is not None:
             self.poller.resync()
@@ -192,6 +203,7 @@ class Router:
         self._keys = keys
         if keys is not None:
             self.limiter.retain(keys.names())
+            self.metrics.retain_keys(keys.names())
 
     def usage_snapshot(self) -> dict[str, Usage]:
         """{replica_id: (last use on the router's monotonic clock or None, requests in flight)}."""
@@ -208,9 +220,16 @@ class Router:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{name:.+}", self._model)
         app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/{tail:.+}", self._proxy)
+        if self.config.cors_origins:
+            # Only when origins are configured: with none, requests pay nothing for CORS.
+            install_cors(app, self.config.cors_origins)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
+        # Every answer carries the request's id, whichever handler (or error) made it.
+        app.on_response_prepare.append(stamp_request_id)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app
@@ -266,12 +285,44 @@ class Router:
         return web.json_response({"status": "ok", "catalog_version": view.version,
                                   "models": len(view.catalog), "endpoints": len(self.balancer.states())})
 
+    async def _health(self, request: web.Request) -> web.Response:
+        """Liveness, as vLLM's and llama-swap's /health: 200 while the process answers, whatever it routes.
+
+        A load balancer or an orchestrator restarts a process that fails this,
+        so it must not fail for what a restart cannot fix (no replica yet).
+        """
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        """Readiness (Kubernetes' /readyz): 200 once the router can route, else 503 with why.
+
+        Ready means it was told a catalog holding a model and was told an
+        endpoint list (the first push or watch answer), so a request gets an
+        answer from the fleet's state rather than a 404 from an empty router.
+        It does *not* need a ready endpoint: with scale to zero, a router with
+        none is how models get woken, and taking it out of the load balancer
+        would keep them asleep for good.
+        """
+        problems = []
+        if not len(self._view.catalog):
+            problems.append("no catalog with a model in it yet")
+        if not self._told_endpoints:
+            problems.append("no endpoint list received yet")
+        body = {"status": "ready" if not problems else "not ready", "catalog_version": self._view.version,
+                "models": len(self._view.catalog), "endpoints": len(self.balancer.states())}
+        if problems:
+            body["problems"] = problems
+        return web.json_response(body, status=503 if problems else 200)
+
     async def _not_found(self, request: web.Request) -> web.Response:
         try:
             check_target(request.raw_path, "/")
         except PathError as exc:
             # Refused as on /v1/: a dot segment there is a probe, not a typo.
             return errors.response(400, str(exc), "invalid_request_error", "invalid_path")
+        wrong_method = method_not_allowed(request, cors=bool(self.config.cors_origins))
+        if wrong_method is not None:
+            return wrong_method
         return errors.not_found(f"{request.method} {request.path}")
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -356,7 +407,19 @@ class Router:
             body = self._resolve(call, await self._read_body(call))
             return await self._forward(call, body)
         except _Refused as refused:
+            if call.early is not None:
+                return await self._refuse_in_stream(call, refused.response)
             return self._refuse(call, refused.response)
+        except ClientGone:
+            # Left while held for a cold start: a keep-alive comment found the connection closed.
+            self._refuse(call, web.Response(status=499))
+            return call.early
+        except asyncio.CancelledError:
+            # The same, seen first by aiohttp, which cancels the handler; a
+            # request cancelled before its stream opened is not counted, as before.
+            if call.early is not None:
+                self._refuse(call, web.Response(status=499))
+            raise
 
     async def _read_body(self, call: _Call) -> bytes:
         """The body as sent, decoded; its size (compressed and inflated) at most max_body_bytes.
@@ -463,7 +526,8 @@ class Router:
             try:
                 up0 = perf_counter()
                 try:
-                    upstream = await pool.post(state.endpoint.url, path, body, idle_timeout=idle_timeout)
+                    upstream = await pool.post(state.endpoint.url, path, body, idle_timeout=idle_timeout,
+                                               headers=call.fwd)
                 except UpstreamTimeout as exc:
                     # The engine took the request and then said nothing for
                     # upstream_idle_timeout: wedged, and the request may have
@@ -531,7 +595,7 @@ class Router:
             return got
 
         try:
-            state = await cold.wait(model, pick)
+            state = await held_for_cold_start(call, cold.wait(model, pick), self.config.cold_keepalive)
         except _Refused:
             observed.labels(model, "unplaceable").observe(perf_counter() - wait_from)
             raise
@@ -558,6 +622,8 @@ class Router:
             headers["Content-Encoding"] = encoding
         if ctype.startswith(_EVENT_STREAM):
             return await self._pass_stream(call, upstream, state, headers)
+        if call.early is not None:
+            return await self._pass_whole_in_stream(call, upstream, state)
         return await self._pass_whole(call, upstream, state, headers)
 
     async def _pass_whole(self, call: _Call, upstream: Response, state: EndpointState,
@@ -591,8 +657,10 @@ class Router:
         headers["x-llmgw-overhead-ms"] = f"{overhead * 1e3:.3f}"
         status = upstream.status
         request = call.request
-        resp = web.StreamResponse(status=status, headers=headers)
-        await resp.prepare(request)
+        resp = call.early
+        if resp is None:
+            resp = web.StreamResponse(status=status, headers=headers)
+            await resp.prepare(request)
         self.balancer.succeeded(state)
         write = resp.write
         transport = request.transport
@@ -665,27 +733,77 @@ class Router:
         elapsed = now - call.t0
         self.metrics.endpoint(state.endpoint.model, state.replica_id).done(
             status, elapsed, (first or now) - call.t0, overhead, usage)
+        if call.api_key is not None:
+            self.metrics.key_used(call.api_key.name, status, usage)
         if self.config.access_log and access_log.isEnabledFor(logging.INFO):
-            self._log_access(call, status, state.replica_id, elapsed, overhead)
+            self._log_access(call, status, state.replica_id, elapsed, overhead, usage)
 
     def _refuse(self, call: _Call, resp: web.Response) -> web.Response:
         """Count and log a request answered without an endpoint (4xx, 5xx of the router's own)."""
         self.metrics.unrouted(call.model, resp.status)
+        if call.api_key is not None:
+            self.metrics.key_used(call.api_key.name, resp.status, None)
         if self.config.access_log and access_log.isEnabledFor(logging.INFO):
             self._log_access(call, resp.status, "", perf_counter() - call.t0)
         return resp
 
     def _log_access(self, call: _Call, status: int, endpoint: str, seconds: float,
-                    overhead: float | None = None) -> None:
+                    overhead: float | None = None, usage: tuple[int, int] | None = None) -> None:
         # The key's name, never the key; the client address, never a body.
+        # `endpoint` is the replica id: in a log line the exact replica is the
+        # point (metrics label by slot instead, see observability.metrics).
         request, model = call.request, call.model
         name = call.api_key.name if call.api_key is not None else "-"
-        access_log.info("%s %s %s %d model=%s endpoint=%s key=%s %.1fms", request.remote, request.method,
-                        request.path, status, model or "-", endpoint or "-", name, seconds * 1e3,
+        tokens_in, tokens_out = usage if usage is not None else (None, None)
+        access_log.info("%s %s %s %d model=%s endpoint=%s key=%s id=%s tokens=%s/%s %.1fms", request.remote,
+                        request.method, request.path, status, model or "-", endpoint or "-", name, call.rid,
+                        "-" if tokens_in is None else tokens_in, "-" if tokens_out is None else tokens_out,
+                        seconds * 1e3,
                         extra={"event": "access", "client": request.remote, "method": request.method,
                                "path": request.path, "status": status, "model": model, "endpoint": endpoint,
-                               "key": name, "duration_ms": round(seconds * 1e3, 3),
+                               "key": name, "request_id": call.rid, "tokens_in": tokens_in,
+                               "tokens_out": tokens_out, "duration_ms": round(seconds * 1e3, 3),
                                "overhead_ms": None if overhead is None else round(overhead * 1e3, 3)})
+
+    # -- a stream opened early for a cold start (see conventions.held_for_cold_start) ----------
+
+    async def _refuse_in_stream(self, call: _Call, refusal: web.Response) -> web.StreamResponse:
+        """A refusal (cold timeout, unplaceable, ...) for a stream whose 200 and headers are sent: its last event.
+
+        The OpenAI error body goes out as a `data:` event, which OpenAI SDKs
+        raise as an APIError; counted and logged under the refusal's status.
+        """
+        resp = call.early
+        try:
+            await resp.write(b"data: " + refusal.body + b"\n\n")
+            await resp.write_eof()
+        except ConnectionError:
+            pass
+        self._refuse(call, refusal)
+        return resp
+
+    async def _pass_whole_in_stream(self, call: _Call, upstream: Response, state: EndpointState) -> web.StreamResponse:
+        """An engine's whole (non-stream) answer to a stream already opened: an error, as the last event."""
+        try:
+            data = await upstream.read()
+        except UpstreamError as exc:
+            self.balancer.eject(state)
+            data = b""
+            detail = f"{state.replica_id} stopped mid-response: {exc or type(exc).__name__}"
+        else:
+            self.balancer.succeeded(state)
+            detail = f"{state.replica_id} answered {upstream.status} without a stream"
+        event = (b"data: " + data.strip().replace(b"\n", b"") + b"\n\n" if data.lstrip().startswith(b'{"error"')
+                 else errors.stream_error_event(detail))
+        resp = call.early
+        try:
+            await resp.write(event)
+            await resp.write_eof()
+        except ConnectionError:
+            self._served(call, state, 499, 0.0, perf_counter() - call.t0 - call.waited, None)
+            return resp
+        self._served(call, state, upstream.status, 0.0, perf_counter() - call.t0 - call.waited, None)
+        return resp
 
 
 def _usable_names(catalog: Catalog, api_key: "keyauth.ApiKey | None") -> list[str]:

@@ -461,7 +461,7 @@ class Pool:
         self._closed = False
 
     async def post(self, base_url: str, path: str, body: bytes, *,
-                   idle_timeout: float | None = None) -> Response:
+                   idle_timeout: float | None = None, headers: bytes = b"") -> Response:
         """POST `body` (JSON) to base_url + path; return once the answer's headers are in.
 
         With `idle_timeout`, the engine may not go silent for longer than that
@@ -477,8 +477,8 @@ class Pool:
         # What engines get: the body is always JSON. The client's Authorization
         # is the gateway's credential and is not passed on; no Accept-Encoding,
         # so engines answer uncompressed and the router never decompresses.
-        head = b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (
-            target.path_prefix, path.encode("utf-8", "surrogateescape"), target.host_header, len(body))
+        head = b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n" % (
+            target.path_prefix, path.encode("utf-8", "surrogateescape"), target.host_header, len(body), headers)
         while True:
             conn = await self._acquire(base_url, target)
             try:

@@ -24,7 +24,7 @@ class AgentProcess:
         self.args = args
         self.log_path = log_path
         self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "llmgwctl", "agent", "-v", *args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "llmgwctl", "agent", "--log-level", "debug", *args],
                                      stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def log(self) -> str:

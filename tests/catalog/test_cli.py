@@ -58,12 +58,26 @@ def test_diff_names_each_changed_field(tmp_path):
     new.write_text(catalog_yaml("a:x", "c").replace("gpus: 0}]\n  - name: c", "gpus: 0}]\n  - name: c"))
     result = run("catalog", "diff", str(old), str(new))
     assert result.exit_code == 1
-    assert result.output.splitlines() == ["+ model c", "- model b", "~ model a", "    aliases: (absent) -> ['x']"]
+    assert result.output.splitlines() == ["+ model c", "- model b", "~ model a", "    aliases: (absent) -> [x]"]
     data = json.loads(run("catalog", "diff", "-o", "json", str(old), str(new)).output)
     assert data["added"] == ["c"] and data["removed"] == ["b"]
     assert data["changed"] == {"a": [{"path": "aliases", "old": None, "new": ["x"]}]}
     same = run("catalog", "diff", str(old), str(old))
     assert same.exit_code == 0 and same.output.strip() == "no changes"
+
+
+def test_diff_prints_values_as_yaml_not_python_reprs(tmp_path):
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    base = ("apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n  - name: m\n    profiles:\n"
+            "      - {name: p, engine: fake, gpus: 0, args: %s, env: %s}\n")
+    old.write_text(base % ("[--max-model-len, '4096']", "{A: one}"))
+    new.write_text(base % ("[--max-model-len, '8192', --enforce-eager]", "{A: two words, B: 'yes'}"))
+    lines = run("catalog", "diff", str(old), str(new)).output.splitlines()
+    assert "    profiles[0].args: [--max-model-len, '4096'] -> [--max-model-len, '8192', --enforce-eager]" in lines
+    assert "    profiles[0].env.A: one -> two words" in lines
+    # A string YAML would read as another type stays quoted, so the diff never hides a type change.
+    assert "    profiles[0].env.B: (absent) -> 'yes'" in lines
+    assert not any("['" in line or "{'" in line for line in lines), lines
 
 
 def test_python_dash_m_works_like_the_console_script():
@@ -80,4 +94,4 @@ def test_diff_shows_engines_too(tmp_path):
     new.write_text(head + "  a: {command: [y]}\n  b: {command: [z]}\n")
     result = run("catalog", "diff", str(old), str(new))
     assert result.exit_code == 1
-    assert result.output.splitlines() == ["+ engine b", "- engine gone", "~ engine a", "    command: ['x'] -> ['y']"]
+    assert result.output.splitlines() == ["+ engine b", "- engine gone", "~ engine a", "    command: [x] -> [y]"]

@@ -98,3 +98,13 @@ def test_control_api_counts_its_own_requests(fleet):
         assert requests.get(fleet.control + "/api/v1/status", timeout=10).status_code == 200
     after = scrape(fleet.control + "/metrics")
     assert delta(before, after, "llmgw_control_requests_total", route="/api/v1/status", code="200") == 3
+
+
+def test_control_metrics_carry_build_info_and_no_created_series(fleet):
+    import platform
+    from llmgwctl import __version__
+    text = requests.get(fleet.control + "/metrics", timeout=10).text
+    page = scrape(fleet.control + "/metrics")
+    assert page[key("llmgw_build_info", version=__version__, python=platform.python_version())] == 1
+    # Counters and histograms alike: prometheus_client's _created series are off.
+    assert "llmgw_control_requests_total" in text and "_created" not in text

@@ -64,7 +64,9 @@ def router_proc(tmp_path, engines):
                                  "--endpoints", str(tmp_path / "eps.yaml"), "--catalogs", str(tmp_path / "cat"),
                                  *extra], stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
         procs.append(proc)
-        url = _readline(proc, 20).rsplit(" ", 1)[-1].strip()
+        line = _readline(proc, 20)
+        # With --log-format json even the "listening" line is JSON, with the URL as a field.
+        url = json.loads(line)["url"] if line.startswith("{") else line.rsplit(" ", 1)[-1].strip()
         return url, err
 
     yield start
@@ -92,6 +94,19 @@ def test_router_writes_one_json_access_line_per_request(router_proc):
     assert {(d["status"], d["model"], d["endpoint"], d["method"], d["path"]) for d in lines} == \
         {(200, MODEL, "log-r1", "POST", "/v1/chat/completions")}
     assert all(d["client"] == "127.0.0.1" and d["duration_ms"] > 0 and d["logger"] == "llmgw.access" for d in lines)
+
+
+def test_with_json_every_line_the_router_prints_is_json(router_proc):
+    url, err = router_proc("--log-format", "json", "--log-level", "debug")
+    r = requests.post(url + "/v1/chat/completions", timeout=30, headers={"X-Request-Id": "json-1"},
+                      json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200
+    wait_until(lambda: _access_lines(err), timeout=10, what="the access line")
+    err.seek(0)
+    lines = [line for line in err.read().splitlines() if line.strip()]
+    docs = [json.loads(line) for line in lines]     # every line, not only those that look like JSON
+    assert any(d.get("event") == "access" and d["request_id"] == "json-1" and d["tokens_out"] > 0 for d in docs)
+    assert any(d["msg"].startswith("router listening on http://") for d in docs)
 
 
 def test_router_access_log_off(router_proc):

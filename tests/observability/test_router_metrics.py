@@ -59,7 +59,7 @@ def test_counters_move_exactly_as_the_requests_did(engines, routers):
     assert requests.post(rt.url + "/v1/chat/completions", data=b"{not json", timeout=10).status_code == 400
     after = scrape(rt.url + "/metrics")
 
-    served = dict(model=MODEL, endpoint="obs-r1", code="200")
+    served = dict(model=MODEL, endpoint="obs-model/default/0", code="200")
     assert delta(before, after, "llmgw_router_requests_total", **served) == 8
     # Requests answered before an endpoint was chosen: no endpoint, and never the client's model string.
     assert delta(before, after, "llmgw_router_requests_total", model="", endpoint="", code="404") == 1
@@ -71,7 +71,7 @@ def test_counters_move_exactly_as_the_requests_did(engines, routers):
     assert delta(before, after, "llmgw_router_request_duration_seconds_count", model=MODEL) == 8
     assert delta(before, after, "llmgw_router_time_to_first_byte_seconds_count", model=MODEL) == 8
     assert delta(before, after, "llmgw_router_overhead_seconds_count") == 8
-    assert after[key("llmgw_router_inflight_requests", model=MODEL, endpoint="obs-r1")] == 0
+    assert after[key("llmgw_router_inflight_requests", model=MODEL, endpoint="obs-model/default/0")] == 0
     assert after[key("llmgw_router_ready_endpoints", model=MODEL)] == 1
     assert after[key("llmgw_router_catalog_info", version=rt.router.catalog.version)] == 1
 
@@ -80,19 +80,19 @@ def test_in_flight_and_poll_staleness_are_read_at_scrape_time(engines, routers):
     slow = engines(MODEL, "obs-slow", "--ttft", "30")
     rt = routers(make_router(catalog((MODEL, ())), poll_interval=0.2))
     rt.set_endpoints([slow.endpoint()])
-    age = key("llmgw_router_endpoint_metrics_age_seconds", endpoint="obs-slow")
+    age = key("llmgw_router_endpoint_metrics_age_seconds", endpoint="obs-model/default/0")
     wait_until(lambda: finite(scrape(rt.url + "/metrics").get(age, math.inf)), timeout=10, what="a first load reading")
 
     holder = threading.Thread(target=lambda: _swallow(lambda: chat(rt.url)), daemon=True)
     holder.start()
-    inflight = key("llmgw_router_inflight_requests", model=MODEL, endpoint="obs-slow")
+    inflight = key("llmgw_router_inflight_requests", model=MODEL, endpoint="obs-model/default/0")
     wait_until(lambda: scrape(rt.url + "/metrics").get(inflight) == 1, timeout=10, what="one request in flight")
     # The reading the balancer weighs this endpoint by, as the engine's page said it.
-    running = key("llmgw_router_endpoint_running_requests", endpoint="obs-slow")
+    running = key("llmgw_router_endpoint_running_requests", endpoint="obs-model/default/0")
     wait_until(lambda: scrape(rt.url + "/metrics").get(running) == 1, timeout=10, what="the engine's running count")
     now = scrape(rt.url + "/metrics")
-    assert now[key("llmgw_router_endpoint_waiting_requests", endpoint="obs-slow")] == 0
-    assert 0 < now[key("llmgw_router_endpoint_kv_cache_usage_ratio", endpoint="obs-slow")] < 1
+    assert now[key("llmgw_router_endpoint_waiting_requests", endpoint="obs-model/default/0")] == 0
+    assert 0 < now[key("llmgw_router_endpoint_kv_cache_usage_ratio", endpoint="obs-model/default/0")] < 1
 
     slow.kill()     # the poller gets no more readings: the age keeps growing
     first = scrape(rt.url + "/metrics")[age]
@@ -108,17 +108,49 @@ def _swallow(fn):
         pass
 
 
-def test_series_of_an_endpoint_that_left_are_dropped(engines, routers):
-    engine = engines(MODEL, "obs-gone")
+def test_a_replacement_replica_continues_the_series_of_the_one_it_replaced(engines, routers):
+    # The endpoint label is a slot (model/profile/N), not the replica id:
+    # replica ids are never reused, so a restart would otherwise start new
+    # series and grow them without end.
+    first = engines(MODEL, "obs-gone")
     rt = routers(make_router(catalog((MODEL, ()))))
-    rt.set_endpoints([engine.endpoint()])
+    rt.set_endpoints([first.endpoint()])
     assert chat(rt.url).status_code == 200
-    served = key("llmgw_router_requests_total", model=MODEL, endpoint="obs-gone", code="200")
-    assert scrape(rt.url + "/metrics")[served] == 1
+    slot = f"{MODEL}/default/0"
+    served = key("llmgw_router_requests_total", model=MODEL, endpoint=slot, code="200")
+    info = key("llmgw_router_endpoint_info", endpoint=slot, model=MODEL, profile="default", replica="obs-gone",
+               url=first.url)
+    page = scrape(rt.url + "/metrics")
+    assert page[served] == 1 and page[info] == 1
     rt.set_endpoints([])
     page = scrape(rt.url + "/metrics")
-    # Replica ids are never reused: keeping their series would grow without end.
-    assert not any(("endpoint", "obs-gone") in labels for _, labels in page)
+    # The replica's own series (its info, its gauges) are gone; the slot's counter stays.
+    assert not any(("replica", "obs-gone") in labels for _, labels in page)
+    assert page[served] == 1
+    second = engines(MODEL, "obs-new")
+    other = engines(MODEL, "obs-other")
+    rt.set_endpoints([second.endpoint(), other.endpoint()])
+    for _ in range(4):
+        assert chat(rt.url).status_code == 200
+    page = scrape(rt.url + "/metrics")
+    slots = {dict(labels)["replica"]: dict(labels)["endpoint"] for name, labels in page
+             if name == "llmgw_router_endpoint_info"}
+    # The first newcomer takes the free slot 0, the next one slot 1.
+    assert slots == {"obs-new": slot, "obs-other": f"{MODEL}/default/1"}
+    by_slot = {dict(labels)["endpoint"]: v for (name, labels), v in page.items()
+               if name == "llmgw_router_requests_total" and dict(labels).get("code") == "200"}
+    assert by_slot[slot] + by_slot[f"{MODEL}/default/1"] == 5 and by_slot[slot] >= 1
+    assert not any(name.endswith("_created") for name, _ in page)
+
+
+def test_build_info_and_no_created_series(routers):
+    import platform
+    from llmgwctl import __version__
+    rt = routers(make_router(catalog((MODEL, ()))))
+    text = requests.get(rt.url + "/metrics", timeout=10).text
+    page = scrape(rt.url + "/metrics")
+    assert page[key("llmgw_build_info", version=__version__, python=platform.python_version())] == 1
+    assert "_created" not in text
 
 
 class NoopWaker:
@@ -223,3 +255,42 @@ def test_stream_usage_on_every_chunk_counts_the_last_running_total_once():
     scan = StreamUsage()
     scan.feed(CONTENT_LINE * 4 + b"data: [DONE]\n\n")
     assert scan.usage is None
+
+
+def test_usage_per_api_key_is_labelled_by_the_key_name_never_the_secret(tmp_path, engines, routers):
+    from llmgwctl.router.auth import KeyFileWatcher, hash_key
+    secret_a, secret_b = "sk-obs-a-" + "a" * 32, "sk-obs-b-" + "b" * 32
+    engine = engines(MODEL, "obs-keys")
+    rt = routers(make_router(catalog((MODEL, ()))))
+    rt.set_endpoints([engine.endpoint()])
+    path = tmp_path / "keys.yaml"
+
+    def write(*names_secrets):
+        path.write_text("keys:\n" + "".join(
+            f"  - {{name: {n}, sha256: {hash_key(k)}, models: ['*'], rpm: 1000}}\n" for n, k in names_secrets))
+    write(("team-a", secret_a), ("team-b", secret_b))
+    watcher = KeyFileWatcher(path, rt.router.set_api_keys)
+    rt.call(watcher.load_initial)
+    auth = {"Authorization": f"Bearer {secret_a}"}
+    prompt = completion = 0
+    for _ in range(3):
+        r = requests.post(rt.url + "/v1/chat/completions", headers=auth, timeout=30,
+                          json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        assert r.status_code == 200
+        prompt += r.json()["usage"]["prompt_tokens"]
+        completion += r.json()["usage"]["completion_tokens"]
+    r = requests.post(rt.url + "/v1/chat/completions", headers=auth, json={"model": "nope"}, timeout=30)
+    assert r.status_code == 404
+    bees = {"Authorization": f"Bearer {secret_b}"}
+    text = requests.get(rt.url + "/metrics", headers=bees, timeout=10).text
+    page = scrape(rt.url + "/metrics", headers=bees)
+    assert page[key("llmgw_router_key_requests_total", key="team-a", code="200")] == 3
+    assert page[key("llmgw_router_key_requests_total", key="team-a", code="404")] == 1
+    assert page[key("llmgw_router_key_tokens_total", key="team-a", direction="in")] == prompt > 0
+    assert page[key("llmgw_router_key_tokens_total", key="team-a", direction="out")] == completion > 0
+    assert secret_a not in text and hash_key(secret_a) not in text
+    # A key that leaves the file takes its series with it.
+    write(("team-b", secret_b))
+    rt.call(watcher.reload)
+    page = scrape(rt.url + "/metrics", headers=bees)
+    assert not any(("key", "team-a") in labels for _, labels in page)

@@ -11,8 +11,8 @@ def engines():
 
     started = []
 
-    def spawn(model: str, replica_id: str, *args: str):
-        engine = spawn_engine(model, replica_id, *args)
+    def spawn(model: str, replica_id: str, *args: str, stderr=None):
+        engine = spawn_engine(model, replica_id, *args, stderr=stderr)
         started.append(engine)
         return engine
 

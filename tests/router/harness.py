@@ -55,11 +55,17 @@ class Engine:
             self.proc.wait(timeout=10)
 
 
-def spawn_engine(model: str, replica_id: str, *args: str) -> Engine:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llmgwctl", "engine", "fake", "--port", "0", "--model", model,
-         "--replica-id", replica_id, *args],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+def spawn_engine(model: str, replica_id: str, *args: str, stderr=None) -> Engine:
+    """A fake engine process; `stderr`: a path its stderr goes to (with --log-requests, a line per request)."""
+    err = open(stderr, "ab") if stderr is not None else subprocess.DEVNULL
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "llmgwctl", "engine", "fake", "--port", "0", "--model", model,
+             "--replica-id", replica_id, *args],
+            stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
+    finally:
+        if stderr is not None:
+            err.close()
     engine = Engine(proc, "", model, replica_id)
     try:
         line = _readline(proc, START_DEADLINE)

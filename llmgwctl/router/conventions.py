@@ -1,0 +1,198 @@
+"""What clients, proxies and browsers expect of an HTTP API, each done the way the tool it mimics does it.
+
+- every answer carries `X-Request-Id` (`stamp_request_id`, a response-prepare
+  hook, so errors, streams and aiohttp's own answers on the app get it too);
+- a method a route does not take is 405 with `Allow` and an OpenAI-shaped body
+  (`method_not_allowed`), where aiohttp would say 404;
+- CORS, only for the origins the operator names (`--cors-origin`): a preflight
+  is answered as Starlette's CORSMiddleware (LiteLLM's) answers it, and the
+  answers name the allowed origin (`cors_preflight`, `cors_headers`);
+- a stream held for a cold start gets SSE comments every few seconds
+  (`held_for_cold_start`), so neither the client nor a proxy between takes the
+  silence for a dead connection.
+
+It must not know how requests are routed: the server hands each function the
+request (and, for the cold start, the one `_Call`-like object it needs).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from time import perf_counter
+from typing import Awaitable, Iterable, TypeVar
+
+from aiohttp import web
+
+from . import errors
+from .headers import REQUEST_ID, new_id, valid_id
+
+log = logging.getLogger("llmgw.router")
+
+T = TypeVar("T")
+
+# Where a proxied request's id is kept on the request, for the hook below.
+RID = web.RequestKey("llmgw_request_id", str)
+
+
+# -- request ids --------------------------------------------------------------------------------
+
+async def stamp_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """Put the request's id on `response` as it is prepared (on_response_prepare).
+
+    A proxied request's id was taken at arrival and stored on the request
+    (`Router._proxy`, which also sends it to the engine); any other route takes
+    the client's, if valid, or makes one here.
+    """
+    if REQUEST_ID in response.headers:
+        return
+    rid = request.get(RID)
+    if rid is None:
+        rid = request.headers.get(REQUEST_ID)
+        if not valid_id(rid):
+            rid = new_id()
+    response.headers["X-Request-Id"] = rid
+
+
+# -- 405 ------------------------------------------------------------------------------------------
+
+# The router's read-only routes (GET, and the HEAD aiohttp adds to each).
+_GET_PATHS = frozenset(("/v1/models", "/healthz", "/health", "/readyz", "/metrics"))
+
+
+def method_not_allowed(request: web.Request, *, cors: bool) -> web.Response | None:
+    """405 with Allow when `request`'s path is a route of the router's under another method; else None (a 404)."""
+    path = request.path
+    if path in _GET_PATHS or path.startswith("/v1/models/"):
+        allow = "GET, HEAD"
+    elif path.startswith("/v1/") and len(path) > 4:
+        allow = "POST"      # every other /v1/ path is proxied, by POST (see Router.app)
+    else:
+        return None
+    if cors:
+        allow += ", OPTIONS"
+    return errors.response(405, f"{request.method} is not allowed on {path}; it takes {allow}",
+                           "invalid_request_error", "method_not_allowed", headers={"Allow": allow})
+
+
+# -- CORS -------------------------------------------------------------------------------------
+
+# What a browser script may read off an answer: the id to quote in a bug report,
+# which replica answered, and how long to back off.
+_EXPOSE = "X-Request-Id, x-llmgw-replica, x-llmgw-catalog-version, x-llmgw-overhead-ms, Retry-After"
+# Starlette's default: browsers cache a preflight for 10 minutes.
+_MAX_AGE = "600"
+
+
+class _Origins:
+    __slots__ = ("any", "named")
+
+    def __init__(self, origins: Iterable[str]):
+        names = frozenset(o.rstrip("/") for o in origins)
+        self.any = "*" in names
+        self.named = names - {"*"}
+
+    def allows(self, origin: str) -> bool:
+        return self.any or origin in self.named
+
+
+def cors_preflight(origins: Iterable[str]):
+    """The handler for OPTIONS on every path when CORS is on: the preflight's answer, 204 or 400."""
+    allowed = _Origins(origins)
+
+    async def preflight(request: web.Request) -> web.Response:
+        origin = request.headers.get("Origin")
+        method = request.headers.get("Access-Control-Request-Method")
+        if origin is None or method is None:
+            # Not a preflight: a plain OPTIONS, answered with what the path takes.
+            return web.Response(status=204, headers={"Allow": "GET, HEAD, POST, OPTIONS"})
+        if not allowed.allows(origin):
+            return errors.response(400, f"origin {origin!r} is not allowed (the router's --cors-origin)",
+                                   "invalid_request_error", "cors_origin_not_allowed")
+        headers = {"Access-Control-Allow-Origin": "*" if allowed.any else origin,
+                   "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+                   "Access-Control-Max-Age": _MAX_AGE}
+        if not allowed.any:
+            headers["Vary"] = "Origin"
+        asked = request.headers.get("Access-Control-Request-Headers")
+        if asked:
+            # Echoed, as Starlette does with allow_headers=["*"]: browser SDKs
+            # send headers of their own (OpenAI's x-stainless-*), and the
+            # bearer key is checked whatever the preflight said.
+            headers["Access-Control-Allow-Headers"] = asked
+        return web.Response(status=204, headers=headers)
+
+    return preflight
+
+
+def cors_headers(origins: Iterable[str]):
+    """An on_response_prepare hook naming the allowed origin on every answer to one (streams included)."""
+    allowed = _Origins(origins)
+
+    async def add(request: web.Request, response: web.StreamResponse) -> None:
+        origin = request.headers.get("Origin")
+        if origin is None or not allowed.allows(origin) or "Access-Control-Allow-Origin" in response.headers:
+            return
+        response.headers["Access-Control-Allow-Origin"] = "*" if allowed.any else origin
+        response.headers["Access-Control-Expose-Headers"] = _EXPOSE
+        if not allowed.any:
+            response.headers.add("Vary", "Origin")
+
+    return add
+
+
+def install_cors(app: web.Application, origins: Iterable[str]) -> None:
+    """CORS on `app` for `origins`: preflights answered on every path, allowed origins named on every answer."""
+    origins = tuple(origins)
+    app.router.add_route("OPTIONS", "/{tail:.*}", cors_preflight(origins))
+    app.on_response_prepare.append(cors_headers(origins))
+
+
+# -- a stream held for a cold start ------------------------------------------------------------
+
+class ClientGone(Exception):
+    """The client left while its stream was held for a cold start (a keep-alive comment could not be written)."""
+
+
+async def held_for_cold_start(call, wait: Awaitable[T], interval: float) -> T:
+    """Await `wait` (the cold-start wait of `call`); for a stream, send an SSE comment every `interval` meanwhile.
+
+    A wait shorter than `interval` sends nothing, so its outcome keeps its own
+    status code. Past it, the stream's 200 and headers go out, `call.early`
+    holds the response, and `: waiting for model X to start` follows every
+    `interval` seconds: SSE comments, which every SSE parser skips (the OpenAI
+    SDKs included) and which keep proxies' idle timers from cutting the
+    connection. What happens next is the caller's: the engine's stream goes
+    into `call.early`, a refusal becomes its last event.
+    """
+    if not (call.stream and interval > 0):
+        return await wait
+    task = asyncio.ensure_future(wait)
+    t0 = perf_counter()
+    try:
+        while True:
+            done, _ = await asyncio.wait((task,), timeout=interval)
+            if done:
+                return task.result()
+            await _comment(call, f": waiting for model {call.model} to start, "
+                                 f"{perf_counter() - t0:.0f} s so far\n\n".encode())
+    finally:
+        if not task.done():
+            task.cancel()
+            try:
+                await task
+            except BaseException:       # its outcome no longer matters: the client left or we were cancelled
+                pass
+
+
+async def _comment(call, line: bytes) -> None:
+    try:
+        if call.early is None:
+            # No cache, and no buffering by a proxy in front (nginx), as for any stream.
+            resp = web.StreamResponse(status=200, headers={
+                "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                "x-llmgw-catalog-version": call.view.version})
+            await resp.prepare(call.request)
+            call.early = resp
+        await call.early.write(line)
+    except ConnectionError:
+        raise ClientGone() from None
