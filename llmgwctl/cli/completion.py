@@ -33,5 +33,8 @@ def command(shell: str) -> None:
 
     from . import main
 
-    completion = get_completion_class(shell)(main, {}, "llmgwctl", COMPLETE_VAR)
+    cls = get_completion_class(shell)
+    if cls is None:     # click.Choice above admits only shells click knows
+        raise click.UsageError(f"no completion for {shell}")
+    completion = cls(main, {}, "llmgwctl", COMPLETE_VAR)
     click.echo(completion.source())

@@ -47,9 +47,8 @@ async def stamp_request_id(request: web.Request, response: web.StreamResponse) -
         return
     rid = request.get(RID)
     if rid is None:
-        rid = request.headers.get(REQUEST_ID)
-        if not valid_id(rid):
-            rid = new_id()
+        sent = request.headers.get(REQUEST_ID)
+        rid = sent if sent is not None and valid_id(sent) else new_id()
     response.headers["X-Request-Id"] = rid
 
 

@@ -308,7 +308,8 @@ class Router:
             problems.append("no catalog with a model in it yet")
         if not self._told_endpoints:
             problems.append("no endpoint list received yet")
-        body = {"status": "ready" if not problems else "not ready", "catalog_version": self._view.version,
+        body: dict[str, object] = {"status": "ready" if not problems else "not ready",
+                                   "catalog_version": self._view.version,
                 "models": len(self._view.catalog), "endpoints": len(self.balancer.states())}
         if problems:
             body["problems"] = problems
@@ -413,6 +414,7 @@ class Router:
         except ClientGone:
             # Left while held for a cold start: a keep-alive comment found the connection closed.
             self._refuse(call, web.Response(status=499))
+            assert call.early is not None    # ClientGone is raised only by a keep-alive write to the opened stream
             return call.early
         except asyncio.CancelledError:
             # The same, seen first by aiohttp, which cancels the handler; a
@@ -774,6 +776,7 @@ class Router:
         raise as an APIError; counted and logged under the refusal's status.
         """
         resp = call.early
+        assert resp is not None and isinstance(refusal.body, bytes)    # the caller checked; our refusals are JSON bytes
         try:
             await resp.write(b"data: " + refusal.body + b"\n\n")
             await resp.write_eof()
@@ -796,6 +799,7 @@ class Router:
         event = (b"data: " + data.strip().replace(b"\n", b"") + b"\n\n" if data.lstrip().startswith(b'{"error"')
                  else errors.stream_error_event(detail))
         resp = call.early
+        assert resp is not None    # called only for a stream already opened for a cold start
         try:
             await resp.write(event)
             await resp.write_eof()
