@@ -66,6 +66,12 @@ def _degraded_loops(status: dict, now: float) -> list[str]:
 LOG_LINES = 5
 
 
+def _state(replica: dict) -> str:
+    """The state, with how long a load has taken so far while it starts."""
+    since = replica.get("starting_seconds")
+    return replica["state"] if since is None else f"{replica['state']} {_ago(since).removesuffix(' ago')}"
+
+
 def render(status: dict, now: float | None = None, events: int = 8, wide: bool = False) -> str:
     """The status as tables. Ids, GPUs, engines and endpoints are never cut (an id is what
     `llmgwctl logs` takes, and `0,1,…` hides which GPUs); `wide` cuts nothing and adds columns."""
@@ -98,7 +104,7 @@ def render(status: dict, now: float | None = None, events: int = 8, wide: bool =
         out.append(table(headers + (("MODEL", "ENGINE", "PID", "EXIT") if wide else ()), [
             (r["id"], cut(r["profile"], 10) + ("*" if r.get("fallback") else ""), cut(r["node"], 16),
              ",".join(map(str, r["gpus"])) or "-",
-             r["state"], (r.get("url") or "-").replace("http://", ""), r["restarts"],
+             _state(r), (r.get("url") or "-").replace("http://", ""), r["restarts"],
              _ago(r.get("idle_seconds")).replace(" ago", ""))
             + ((r["model"], r["engine"], r.get("pid") or "-", "-" if r.get("last_exit") is None else r["last_exit"])
                if wide else ())

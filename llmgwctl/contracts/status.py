@@ -93,13 +93,19 @@ class ReplicaStatus:
     # Runs a profile below its model's best (a fallback); placement moves it
     # back by surge when the better profile fits.
     fallback: bool = False
+    # Seconds since the controller placed it, while it is pending or starting:
+    # how long a load has taken so far (engines report no progress of their
+    # own; a vLLM load of a 70B model is minutes, and this tells a slow load
+    # from a hung one at a glance). None in every other state.
+    starting_seconds: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "model": self.model, "profile": self.profile, "engine": self.engine,
                 "node": self.node, "gpus": list(self.gpus), "state": self.state.value, "url": self.url,
                 "pid": self.pid, "restarts": self.restarts, "last_exit": self.last_exit, "adopted": self.adopted,
                 "inflight": self.inflight, "idle_seconds": self.idle_seconds, "reason": self.reason,
-                "spec_hash": self.spec_hash, "last_log": list(self.last_log), "fallback": self.fallback}
+                "spec_hash": self.spec_hash, "last_log": list(self.last_log), "fallback": self.fallback,
+                "starting_seconds": self.starting_seconds}
 
 
 @dataclass(frozen=True, slots=True)

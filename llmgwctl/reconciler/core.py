@@ -708,6 +708,8 @@ class Reconciler:
                 reason=rec.drain_reason if stopping else (rep.reason if rep else ""),
                 spec_hash=rec.spec_hash, last_log=rep.last_log if rep else (),
                 fallback=_is_fallback(catalog.resolve(rec.spec.model), rec.spec.profile),
+                starting_seconds=(round(now - rec.created, 1)
+                                  if rec.state in (ReplicaState.PENDING, ReplicaState.STARTING) else None),
             ))
         nodes = []
         for node in sorted(self.inventory.nodes(), key=lambda n: n.name):

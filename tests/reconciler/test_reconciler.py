@@ -310,3 +310,23 @@ def test_desired_long_poll_answers_at_once_when_versions_differ(after):
 
     version, specs = asyncio.run(go())
     assert version == 1 and specs == ()
+
+
+def test_status_says_how_long_a_replica_has_been_loading_and_stops_once_ready():
+    from llmgwctl.cli.status import render
+
+    w = World(catalog(model("a")), settle=0)
+    w.report("n1")
+    w.step()
+    w.agent_follows("n1", state="starting")
+    w.step(40.0)
+    (replica,) = w.rec.status()["replicas"]
+    assert replica["state"] == "starting" and replica["starting_seconds"] == 40.0
+    assert "starting 40s" in render(w.rec.status() | {"catalog": {"version": "v", "models": 1, "directory": "catalogs"}},
+                                  now=w.clock.now)
+    (rid,) = w.rec.replicas
+    w.running["n1"][rid]["state"] = "ready"
+    w.report("n1")
+    w.step()
+    (replica,) = w.rec.status()["replicas"]
+    assert replica["state"] == "ready" and replica["starting_seconds"] is None
