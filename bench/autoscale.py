@@ -12,7 +12,8 @@ loads weights), a batch limit (--max-num-seqs: more requests queue) and a
 token rate. The load is open loop: Poisson arrivals (the same schedule, from
 one seed, for each model) at a base rate, ramping up to `factor` times it,
 holding, ramping back down, then a tail at the base rate. Each request streams
-and its TTFT is the time to its first SSE chunk, queueing included.
+and its TTFT is the time until its first generated token reaches the client,
+queueing included.
 
 It prints the replicas of each model over time, TTFT p99 per phase, the time
 the auto model took to reach the count the hold needs (from the end of the
@@ -102,8 +103,27 @@ def phase_of(t: float, bounds) -> str:
     return next((name for name, start, end in bounds if start <= t < end), PHASES[-1])
 
 
+def has_token(buf: bytes) -> bool:
+    """Whether an SSE buffer holds a chunk with generated text (not the role-only opening chunk, not [DONE])."""
+    for line in buf.split(b"\n"):
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        try:
+            delta = json.loads(line[6:])["choices"][0].get("delta", {})
+        except (ValueError, KeyError, IndexError):
+            continue
+        if delta.get("content"):
+            return True
+    return False
+
+
 async def one(session: aiohttp.ClientSession, url: str, model: str, args) -> tuple[float | None, float, bool]:
-    """(TTFT or None on failure, whole duration, ok)."""
+    """(TTFT or None on failure, whole duration, ok).
+
+    TTFT is when the first generated token reaches this client: the role-only
+    chunk vLLM (and the fake) open a stream with is not a token, and a chunk
+    boundary may split an event, so events are parsed from the stream's lines.
+    """
     t0 = time.monotonic()
     first = None
     try:
@@ -113,9 +133,13 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, args) -> tup
             if resp.status != 200:
                 await resp.read()
                 return None, time.monotonic() - t0, False
-            async for _ in resp.content.iter_any():
+            pending = b""
+            async for chunk in resp.content.iter_any():
                 if first is None:
-                    first = time.monotonic() - t0
+                    pending += chunk
+                    complete, _, pending = pending.rpartition(b"\n")
+                    if has_token(complete):
+                        first = time.monotonic() - t0
             return first, time.monotonic() - t0, first is not None
     except (aiohttp.ClientError, asyncio.TimeoutError):
         return None, time.monotonic() - t0, False

@@ -12,11 +12,11 @@ from .durations import format_duration, parse_duration
 from .errors import CatalogError, Problem, format_path
 from .live import Live
 from .model import (API_VERSION, AUTOSCALE_METRICS, BUILTIN_ENGINES, KIND, Autoscale, Catalog, EngineSpec, Model,
-                    Origin, Profile, Replicas)
+                    Origin, Profile, Replicas, ScalingPolicy)
 
 __all__ = [
     "API_VERSION", "AUTOSCALE_METRICS", "Autoscale", "BUILTIN_ENGINES", "KIND", "Catalog", "CatalogError", "EngineSpec", "Live", "Model",
-    "Origin", "Problem", "Profile", "Replicas", "format_duration", "format_path", "parse_duration",
+    "Origin", "Problem", "Profile", "Replicas", "ScalingPolicy", "format_duration", "format_path", "parse_duration",
     "load_dir", "load_paths", "load_text",
 ]
 

@@ -683,7 +683,8 @@ def _autoscale(raw: Mapping[str, Any] | None) -> Autoscale:
     return Autoscale(metric=raw.get("metric", "inflight"),
                      target=float(target) if isinstance(target, (int, float)) and not isinstance(target, bool) else target,
                      scale_down_window=window, fast_factor=raw.get("fast_factor", _DEFAULT_AUTOSCALE.fast_factor),
-                     max_step=raw.get("max_step", _DEFAULT_AUTOSCALE.max_step))
+                     max_step=raw.get("max_step", _DEFAULT_AUTOSCALE.max_step),
+                     tolerance=raw.get("tolerance", _DEFAULT_AUTOSCALE.tolerance))
 
 
 def _lenient_model(raw: Mapping[str, Any], origin: Origin, bad: list[tuple]) -> Model:

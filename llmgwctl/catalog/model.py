@@ -108,6 +108,9 @@ MAX_SCALE_DOWN_WINDOW = 86400.0
 # The fast path's factor: 1000x the target per replica is "always"; below 1 it
 # would be below the target itself, where the normal path already steps.
 FAST_FACTOR_RANGE = (1.0, 1000.0)
+# The tolerance band: past half the target a band would let a fleet run at
+# 1.5x its target (or half of it) without a step, which is no policy at all.
+TOLERANCE_RANGE = (0.0, 0.5)
 # --- end autoscale bounds ---
 
 
@@ -182,21 +185,34 @@ AUTOSCALE_METRICS: Mapping[str, float] = MappingProxyType({"inflight": 16.0, "wa
 
 
 @dataclass(frozen=True, slots=True)
+class ScalingPolicy:
+    """An autoscale block with every default resolved: the numbers the reconciler's policy runs on."""
+
+    metric: str
+    target: float
+    scale_down_window: float
+    fast_factor: float
+    max_step: int
+    tolerance: float
+
+
+@dataclass(frozen=True, slots=True)
 class Autoscale:
-    """How a model's replica count follows its load between replicas.min and replicas.max.
+    """How a model's replica count follows its load between replicas.min and replicas.max, as written.
 
     Wanted = ceil(load / target), the load summed over the model's ready
-    replicas. Up: at most `max_step` replicas a step, and one step at a time
-    (the next waits for the last one's replicas to be ready unless the load
-    already needs a whole max_step more), unless the
-    load per wanted replica is `fast_factor` times the target or more -- then
-    straight to the count the load needs. Down: only to the highest count any
-    pass of the last `scale_down_window` seconds needed, and at most
-    `max_step` a step. The policy math is llmgwctl.reconciler.autoscale.
+    replicas; no step while the load per wanted replica is within `tolerance`
+    of the target. Up: at most `max_step` replicas a step (replicas still
+    starting count as capacity), unless the load per wanted replica is
+    `fast_factor` times the target or more -- then straight to the count the
+    load needs. Down: only to the highest count any pass of the last
+    `scale_down_window` seconds needed, and at most `max_step` a step.
+    `policy()` resolves the defaults; the policy math is
+    llmgwctl.reconciler.autoscale.
     """
 
     metric: str = "inflight"
-    # None: the metric's default from AUTOSCALE_METRICS (filled in below).
+    # None: the metric's default from AUTOSCALE_METRICS (resolved by policy()).
     target: float | None = None
     # 5 min, as Kubernetes HPA's default downscale stabilization: a GPU
     # replica's cold start costs tens of seconds to minutes, so releasing it
@@ -206,18 +222,27 @@ class Autoscale:
     # so stepping by max_step would take several cold starts to catch up.
     fast_factor: float = 2.0
     # Two at a time: a model's load rarely jumps more than 2x between passes
-    # unless the fast path says so, and a step's replicas are proven (ready)
-    # before the next, so a wrong signal costs two GPUs, not max.
+    # unless the fast path says so, so a wrong signal costs two GPUs, not max.
     max_step: int = 2
+    # 10 %, Kubernetes HPA's default: a load within a tenth of what the fleet
+    # is sized for is noise around the target, and a step on it (a replica
+    # bought for a burst, released a window later) is what flapping is.
+    tolerance: float = 0.1
 
-    def __post_init__(self) -> None:
-        if self.target is None and self.metric in AUTOSCALE_METRICS:
-            object.__setattr__(self, "target", AUTOSCALE_METRICS[self.metric])
+    def policy(self) -> ScalingPolicy:
+        """The block with its defaults resolved; ValueError for a metric llmgw cannot read (validation says so first)."""
+        if self.metric not in AUTOSCALE_METRICS:
+            raise ValueError(f"{self.metric!r} is not one of {', '.join(AUTOSCALE_METRICS)}")
+        target = AUTOSCALE_METRICS[self.metric] if self.target is None else self.target
+        return ScalingPolicy(metric=self.metric, target=target, scale_down_window=self.scale_down_window,
+                             fast_factor=self.fast_factor, max_step=self.max_step, tolerance=self.tolerance)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"metric": self.metric, "target": self.target,
+        # The resolved target where the metric is known: `catalog show` says what is in force.
+        target = self.policy().target if self.metric in AUTOSCALE_METRICS else self.target
+        return {"metric": self.metric, "target": target,
                 "scale_down_window": format_duration(self.scale_down_window),
-                "fast_factor": self.fast_factor, "max_step": self.max_step}
+                "fast_factor": self.fast_factor, "max_step": self.max_step, "tolerance": self.tolerance}
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,9 +490,10 @@ def _check_autoscale(policy: Autoscale) -> Iterable[tuple[tuple[str | int, ...],
         yield ("autoscale", "metric"), f"{policy.metric!r} is not one of {', '.join(AUTOSCALE_METRICS)}"
         return
     high = 1.0 if policy.metric == "kv_cache" else MAX_AUTOSCALE_TARGET
-    why = _bounded(policy.target, 0, high)
-    if why is None and policy.target <= 0:
-        why = f"expected a number greater than 0, got {policy.target:g}"
+    target = policy.policy().target
+    why = _bounded(target, 0, high)
+    if why is None and target <= 0:
+        why = f"expected a number greater than 0, got {target:g}"
     if why:
         yield ("autoscale", "target"), why + (" (KV-cache use is a fraction of the cache)" if high == 1.0 else "")
     why = _bounded(policy.scale_down_window, 0, MAX_SCALE_DOWN_WINDOW)
@@ -479,6 +505,9 @@ def _check_autoscale(policy: Autoscale) -> Iterable[tuple[tuple[str | int, ...],
     why = _bounded(policy.max_step, 1, MAX_REPLICAS, integer=True)
     if why:
         yield ("autoscale", "max_step"), why
+    why = _bounded(policy.tolerance, *TOLERANCE_RANGE)
+    if why:
+        yield ("autoscale", "tolerance"), why
 
 
 def _check_model(model: Model, engines: Mapping[str, EngineSpec]) -> Iterable[Problem]:

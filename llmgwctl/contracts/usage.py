@@ -132,16 +132,15 @@ def _load_from(rid: str, raw: Any) -> LoadReading | None:
         return None
     if not isinstance(raw, Mapping):
         raise ValueError(f"{rid}: load must be an object with running, waiting, kv_cache")
-    values = {}
-    for key in ("running", "waiting", "kv_cache"):
+
+    def gauge(key: str) -> float:
         value = raw.get(key)
-        if value is None and key == "kv_cache":
-            values[key] = None
-            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{rid}: load.{key} must be a number")
         value = float(value)
         if not (math.isfinite(value) and 0 <= value <= (1.0 if key == "kv_cache" else MAX_GAUGE)):
             raise ValueError(f"{rid}: load.{key} out of range: {value!r}")
-        values[key] = value
-    return LoadReading(**values)
+        return value
+
+    # kv_cache may be absent or null: an engine without the gauge (llama.cpp).
+    return LoadReading(gauge("running"), gauge("waiting"), None if raw.get("kv_cache") is None else gauge("kv_cache"))

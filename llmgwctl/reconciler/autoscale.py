@@ -11,12 +11,17 @@ times. The policy itself (metric, target, windows, step) is the catalog's
   the last SMOOTH seconds; with no reading (no ready
   replica, an engine without that gauge) the count holds: no signal is not
   zero load.
+- The tolerance band (Kubernetes HPA's): while the load per wanted replica is
+  within `tolerance` of the target, nothing changes either way. A burst a
+  tenth over what the fleet is sized for is noise, and a replica bought on it
+  is released a window later: a flap.
 - Up, when needed exceeds the count wanted now. Replicas still starting are
   part of that count, so a slow cold start does not look like missing
-  capacity. A step adds at most `max_step`, and while its replicas start the
-  next step waits for them -- their effect is measured before more is asked --
-  unless the load already needs a whole `max_step` more. The fast path: when the load per wanted replica is `fast_factor`
-  times the target or more, go straight to `needed`, starting or not.
+  capacity and asks only for what the load needs beyond them. A step adds at
+  most `max_step`; the next pass may step again (the step does not wait for
+  its replicas to be ready: on a ramp, waiting a cold start per step is what
+  left the first replicas queueing). The fast path: when the load per wanted
+  replica is `fast_factor` times the target or more, go straight to `needed`.
 - Down, when needed is below the count, only once the policy has watched the
   load for a whole `scale_down_window`, and only to the highest count any
   pass in that window needed (Kubernetes HPA's stabilization), at most
@@ -29,7 +34,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from ..catalog import Autoscale, format_duration
+from ..catalog import ScalingPolicy, format_duration
 from ..contracts import LoadReading
 
 # Loads are sums of floats (KV fractions); 16.000000001 in flight is 16, not a
@@ -99,7 +104,7 @@ class Autoscaler:
         self._recent.clear()
         self._since = None
 
-    def decide(self, policy: Autoscale, now: float, current: int, sig: Signal, low: int, high: int) -> Decision:
+    def decide(self, policy: ScalingPolicy, now: float, current: int, sig: Signal, low: int, high: int) -> Decision:
         """The count to want after this pass, given the count wanted now (`current`, starting replicas included)."""
         if sig.load is None:
             return Decision(current, None)
@@ -115,21 +120,19 @@ class Autoscaler:
             self._history.popleft()
         if self._since is None:
             self._since = now
+        per = load / max(current, 1)
+        # Inside the band the count holds -- unless min or max moved under it.
+        banded = current > 0 and abs(per / target - 1) <= policy.tolerance + _EPSILON and low <= current <= high
         what = (f"{policy.metric} {load:.3g} on {sig.ready} ready replica{'s' if sig.ready != 1 else ''}"
                 f" (target {target:g} each)")
-        if needed > current:
-            per = load / max(current, 1)
+        if needed > current and not banded:
             if per >= policy.fast_factor * target:
                 return Decision(needed, needed, load=load, reason=f"{what} needs {needed}; fast path: {per / target:.1f}x the "
                                 f"target per wanted replica, at least {policy.fast_factor:g}x")
-            if sig.starting and needed < current + policy.max_step:
-                # The last step's replicas are not measured yet: only a load
-                # that outgrew it by a whole step asks for more meanwhile.
-                return Decision(current, needed, load=load)
             wanted = min(needed, current + policy.max_step)
             return Decision(wanted, needed, load=load, reason=f"{what} needs {needed}"
                             + (f"; a step of at most {policy.max_step}" if wanted < needed else ""))
-        if needed < current:
+        if needed < current and not banded:
             if now - self._since < window:
                 return Decision(current, needed, load=load)    # not watched for a whole window yet
             recommended = max(n for _, n in self._history)

@@ -28,7 +28,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, runtime_checkable
 
-from ..catalog import Catalog, Live, Model, Profile
+from ..catalog import Catalog, Live, Model, Profile, ScalingPolicy
 from ..contracts import (Endpoint, Event, FleetStatus, LoadReading, LoadSource, ModelState, ModelStatus, NodeStatus,
                          ReplicaSpec, ReplicaState, ReplicaStatus, ReportedReplica, UsageSnapshot, UsageSource)
 from ..contracts.status import GpuStatus
@@ -121,7 +121,7 @@ class _ModelScale:
     woken: float | None = None
     # --- autoscaling (issue 17): the policy's state and its last measurement, for status ---
     autoscaler: Autoscaler = field(default_factory=Autoscaler)
-    policy: object = None           # the catalog policy the history was gathered under
+    policy: ScalingPolicy | None = None    # the catalog policy the history was gathered under
     load: float | None = None
     needed: int | None = None
 
@@ -404,9 +404,10 @@ class Reconciler:
             target = max(scale.wanted, model.replicas.min)
             why = "idle"
             # --- autoscaling (issue 17): the policy in llmgwctl.reconciler.autoscale ---
-            if scale.policy != model.autoscale:
+            policy = model.autoscale.policy()
+            if scale.policy != policy:
                 scale.autoscaler.reset()     # a history gathered under another target means nothing now
-                scale.policy = model.autoscale
+                scale.policy = policy
             if idle:
                 target = model.replicas.min
                 scale.autoscaler.reset()
@@ -414,10 +415,10 @@ class Reconciler:
                 ready = [r.spec.id for r in recs if r.state == ReplicaState.READY]
                 starting = sum(r.state in (ReplicaState.PENDING, ReplicaState.STARTING) for r in recs)
                 inflight_by = {r.spec.id: usage.get(r.spec.id, UNUSED)[1] for r in recs}
-                sig = signal(model.autoscale.metric, ready, starting, inflight_by, self._loads)
+                sig = signal(policy.metric, ready, starting, inflight_by, self._loads)
                 # A scale-to-zero model in use keeps one replica: only its idle timeout takes it to zero.
                 low = max(model.replicas.min, 1 if used is not None else 0)
-                decision = scale.autoscaler.decide(model.autoscale, now, min(target, model.replicas.max), sig,
+                decision = scale.autoscaler.decide(policy, now, min(target, model.replicas.max), sig,
                                                    low, model.replicas.max)
                 scale.load, scale.needed = decision.load, decision.needed
                 if decision.reason:
@@ -691,7 +692,7 @@ class Reconciler:
                 ready=sum(r.state == ReplicaState.READY for r in recs), replicas=len(recs),
                 unplaceable=self.unplaceable.get(model.name), priority=model.priority,
                 unplaceable_permanent=bool(getattr(self.unplaceable_detail.get(model.name), "permanent", False)),
-                metric=model.autoscale.metric, target=model.autoscale.target,
+                metric=model.autoscale.metric, target=model.autoscale.policy().target,
                 load=scale.load if scale else None, needed=scale.needed if scale else None,
             ))
         replicas = []

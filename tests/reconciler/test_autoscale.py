@@ -15,7 +15,8 @@ from llmgwctl.reconciler.autoscale import Autoscaler, Signal, signal
 from ..support import FakeClock
 from .test_reconciler import World, catalog, converge
 
-POLICY = Autoscale(metric="inflight", target=4, scale_down_window=30, fast_factor=2, max_step=2)
+# No tolerance band here: the tests of the rules below see every step; the band has its own tests.
+POLICY = Autoscale(metric="inflight", target=4, scale_down_window=30, fast_factor=2, max_step=2, tolerance=0).policy()
 
 
 def decide(scaler, now, current, load, *, ready=None, starting=0, low=1, high=10, policy=POLICY):
@@ -45,18 +46,62 @@ def test_no_reading_holds_the_count():
     assert (d.wanted, d.needed, d.reason) == (3, None, "")
 
 
-def test_a_normal_step_is_bounded_and_waits_for_the_last_steps_replicas():
+def test_a_normal_step_is_bounded_and_starting_replicas_count_as_capacity():
     s = Autoscaler()
     d = decide(s, 0, 2, 14)         # needs 4, 1.75x the target per replica: the normal path
     assert d.wanted == 4 and "needs 4" in d.reason
-    d = decide(Autoscaler(), 0, 2, 15.9, policy=Autoscale(target=4, max_step=1, fast_factor=3))
+    d = decide(Autoscaler(), 0, 2, 15.9, policy=Autoscale(target=4, max_step=1, fast_factor=3, tolerance=0).policy())
     assert d.wanted == 3 and "a step of at most 1" in d.reason
-    # The step's replicas are still starting: they count as capacity, and the
-    # load measured on the old replicas asks for nothing more until they are ready.
+    # The step's replicas are still starting: they count as capacity, so the
+    # same load measured on the old replicas asks for nothing more.
     d = decide(s, 1, 4, 15, ready=2, starting=2)
     assert d.wanted == 4 and d.reason == ""
-    # ...unless the load outgrew the step by a whole max_step meanwhile.
-    assert decide(Autoscaler(), 2, 4, 23, ready=2, starting=2).wanted == 6
+    # A load that grew past them steps again without waiting for them to be
+    # ready: on a ramp, a cold start per step is what left replicas queueing.
+    d = decide(s, 2, 4, 20, ready=2, starting=2)
+    assert d.wanted == 5 and "needs 5" in d.reason
+
+
+def test_inside_the_tolerance_band_nothing_changes_either_way():
+    policy = Autoscale(target=4, scale_down_window=0, tolerance=0.1).policy()
+    s = Autoscaler()
+    # 3 replicas sized for 12: 13.2 is 1.1x the target per replica, on the band's edge.
+    assert decide(s, 0, 3, 13.2, policy=policy).wanted == 3
+    assert decide(s, 1, 3, 13.2, policy=policy).needed == 4, "the load alone would need a fourth"
+    # Past the band, the step is the one the load needs.
+    d = decide(Autoscaler(), 0, 3, 13.3, policy=policy)
+    assert d.wanted == 4 and "needs 4" in d.reason
+    # Down: 20 replicas sized for 80; 75.9 needs only 19,
+    # 0.95x the target each: inside the band, the 20 stay (the window is 0 here).
+    assert decide(Autoscaler(), 0, 20, 75.9, high=20, policy=policy).wanted == 20
+    assert decide(Autoscaler(), 0, 20, 71.9, high=20, policy=policy).wanted == 18, "0.9x: outside the band"
+
+
+def test_the_band_stops_the_flap_a_burst_causes_right_after_a_down_step():
+    """Issue 17's bench: in the tail at a tenth of the target, a short burst asked a second replica
+    right after the window took the fleet down to one. With the band, a burst within a tenth of
+    the target per replica buys nothing; one past it still does."""
+    policy = Autoscale(target=1.5, scale_down_window=20, tolerance=0.1).policy()
+    clock = FakeClock()
+    s = Autoscaler()
+    wanted = 3
+    for _ in range(25):                   # quiet: the window takes the fleet down to one
+        wanted = s.decide(policy, clock.now, wanted, Signal(0.4, wanted), 1, 6).wanted
+        clock.advance(1)
+    assert wanted == 1
+    for load in (1.6, 1.6, 1.6, 0.4):     # a 3 s burst: mean 1.6, 1.07x the target on one replica
+        wanted = s.decide(policy, clock.now, wanted, Signal(load, 1), 1, 6).wanted
+        clock.advance(1)
+        assert wanted == 1, "within the band: no up-step after the down-step"
+    for load in (2.0, 2.0, 2.0):          # mean reaches 2.0: 1.33x, past the band
+        wanted = s.decide(policy, clock.now, wanted, Signal(load, 1), 1, 6).wanted
+        clock.advance(1)
+    assert wanted == 2
+
+
+def test_the_band_does_not_hold_a_count_outside_min_and_max():
+    policy = Autoscale(target=4, tolerance=0.5).policy()
+    assert decide(Autoscaler(), 0, 1, 4.0, low=2, policy=policy).wanted == 2, "min raised under the count"
 
 
 def test_the_fast_path_jumps_to_the_needed_count_even_while_replicas_start():
@@ -192,10 +237,11 @@ def test_load_scales_a_model_up_to_what_it_needs_and_starting_replicas_ask_for_n
     (event,) = [e for e in w.rec.events if e.kind == "scale-up"]
     assert "1 -> 2 replicas (inflight 4.67 on 1 ready replica (target 4 each) needs 2)" in event.message, \
         "stepped on the mean of the last 3 s (0, 7, 7), not on one pass"
-    # The new replica is starting; the load grows on the old one, to less than
-    # a whole step more: nothing more is asked until the new one is measured.
-    under(w, 11, passes=5)
-    assert count(w) == 2, "a slow cold start must not trigger more and more replicas"
+    # The new replica is starting and the load grows on the old one: 11 needs
+    # 3, the starting one counts, so one more is asked -- and no more, however
+    # long the cold start takes.
+    under(w, 11, passes=10)
+    assert count(w) == 3, "a slow cold start must not trigger more and more replicas"
     w.agent_follows("n1")                   # the second replica is ready now
     for _ in range(5):                      # 14 in flight over the ready replicas: needs 4
         load_total(w, 14)
