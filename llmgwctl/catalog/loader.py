@@ -661,6 +661,7 @@ def _model(raw: Mapping[str, Any], origin: Origin) -> Model:
     return Model(
         name=raw["name"], profiles=profiles, source=raw.get("source") or raw["name"],
         aliases=tuple(raw.get("aliases") or ()), replicas=replicas, idle_timeout=idle, origin=origin,
+        routing=raw.get("routing"),
     )
 
 

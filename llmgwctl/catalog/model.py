@@ -92,6 +92,9 @@ PRIORITY_RANGE = (-1_000_000, 1_000_000)
 # An idle timeout past a year is "never" (write null), and a bound keeps clock
 # arithmetic (now + timeout) exact in floats.
 MAX_IDLE_TIMEOUT = 365 * 86400.0
+# How the router picks among a model's replicas (llmgwctl.router.prefix
+# implements them). None in a Model means the router's default.
+ROUTING_POLICIES = ("round-robin", "least-load", "prefix", "session")
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +196,9 @@ class Model:
     replicas: Replicas = Replicas()
     idle_timeout: float | None = None
     origin: Origin = field(default=Origin(), compare=False)
+    # One of ROUTING_POLICIES; None: the router's default. Last, so the
+    # fields before it keep their positions for callers that pass them so.
+    routing: str | None = None
 
     def ranked(self) -> tuple[Profile, ...]:
         """Profiles by priority, highest first; the written order breaks ties."""
@@ -207,6 +213,9 @@ class Model:
         if self.idle_timeout is not None:
             out["idle_timeout"] = format_duration(self.idle_timeout)
         out["profiles"] = [p.to_dict() for p in self.profiles]
+        if self.routing is not None:
+            # Only when written: a catalog without it keeps its version.
+            out["routing"] = self.routing
         return out
 
 
@@ -371,6 +380,9 @@ def _check_model(model: Model, engines: Mapping[str, EngineSpec]) -> Iterable[Pr
             yield Problem(file, base + ("aliases", i), f"alias {alias!r} repeats the model's own name; remove it")
         elif alias in model.aliases[:i]:
             yield Problem(file, base + ("aliases", i), f"alias {alias!r} is listed twice")
+    if model.routing is not None and model.routing not in ROUTING_POLICIES:
+        yield Problem(file, base + ("routing",),
+                      f"{model.routing!r} is not one of {', '.join(ROUTING_POLICIES)}")
     if not model.profiles:
         yield Problem(file, base + ("profiles",), "a model needs at least one profile")
     seen: dict[str, int] = {}

@@ -38,13 +38,14 @@ from ..catalog import Catalog
 from ..observability.metrics import CONTENT_TYPE_LATEST, RouterMetrics, RouterProbe, StreamUsage, usage_tokens
 from . import auth as keyauth
 from . import errors
-from .balancer import Balancer, EndpointState
+from .balancer import Balancer, Chooser, EndpointState
 from .coldstart import ColdStart, ColdTimeout, QueueFull, Waker
 from ..contracts import Endpoint
 from ..httpserver import ConnectionGuard, bound_port, server_options
 from .config import DEFAULTS, RouterConfig
 from .limits import DepthError, check_depth
 from .poller import LoadPoller, ParseLoad, parse_with_drivers
+from .prefix import Policies
 from .upstream import BadEndpointURL, ConnectFailed, Pool, Response, UpstreamError, UpstreamTimeout, parse_target
 
 log = logging.getLogger("llmgw.router")
@@ -54,7 +55,7 @@ access_log = logging.getLogger("llmgw.access")
 class _View:
     """The per-catalog facts the hot path needs, built once per `set_catalog`."""
 
-    __slots__ = ("catalog", "version", "top_profile")
+    __slots__ = ("catalog", "version", "top_profile", "routing")
 
     def __init__(self, catalog: Catalog):
         self.catalog = catalog
@@ -62,6 +63,8 @@ class _View:
         # A model whose best profile has no ready endpoint is cold, even when a
         # fallback profile serves it meanwhile.
         self.top_profile = {m.name: m.ranked()[0].name for m in catalog.models if m.profiles}
+        # Only models whose policy is not least-load: the rest pay one failed lookup.
+        self.routing = {m.name: m.routing for m in catalog.models if m.routing not in (None, "least-load")}
 
 
 class _Call:
@@ -72,7 +75,7 @@ class _Call:
     object of the router's own a request allocates.
     """
 
-    __slots__ = ("request", "t0", "api_key", "model", "view", "stream", "waited")
+    __slots__ = ("request", "t0", "api_key", "model", "view", "stream", "waited", "chooser")
 
     def __init__(self, request: web.Request, t0: float, view: _View):
         self.request = request
@@ -86,6 +89,8 @@ class _Call:
         # answering engine -- so the router's own time (its overhead) is the
         # time since arrival less this.
         self.waited = 0.0
+        # The model's routing policy for this request (prefix.py); None: least-load.
+        self.chooser: Chooser | None = None
 
 
 class _Refused(Exception):
@@ -115,6 +120,7 @@ class Router:
         # A reading older than three polls is unknown: one missed scrape is noise,
         # three mean the engine is not answering.
         self.balancer = Balancer(clock=clock, stale_after=3 * config.poll_interval)
+        self.policies = Policies(self.balancer)
         self.cold = ColdStart(waker, max_waiting=config.cold_queue, timeout=config.cold_timeout, clock=clock)
         self._view = _View(catalog if catalog is not None else Catalog())
         self._session: aiohttp.ClientSession | None = None     # the poller's
@@ -375,6 +381,9 @@ class Router:
         if model is None:
             raise _Refused(errors.unknown_model(name, view.catalog.names()))
         call.stream = doc.get("stream") is True
+        policy = view.routing.get(model.name)
+        if policy is not None:
+            call.chooser = self.policies.chooser(policy, model.name, doc, call.request.headers)
         if name != model.name:
             # Only an alias costs a re-serialisation; the canonical name is
             # forwarded as the very bytes the client sent.
@@ -388,7 +397,8 @@ class Router:
         top = call.view.top_profile.get(model)
         if top is not None and not balancer.has_profile(model, top):
             self.cold.demand(model)
-        state = balancer.pick(model)
+        chooser = call.chooser
+        state = balancer.pick(model, (), chooser)
         if state is None:
             if not self.cold.can_wait:
                 raise _Refused(errors.no_replica(model))
@@ -434,7 +444,7 @@ class Router:
             finally:
                 balancer.finished(state)
             tried += (state,)
-            state = balancer.pick(model, tried)
+            state = balancer.pick(model, tried, chooser)
             if state is None and not held and self.cold.can_wait:
                 # Every endpoint of the model refused the connection: its engines
                 # are down -- the one replica crashed, say, and its agent is
@@ -460,7 +470,7 @@ class Router:
         observed = self.metrics.cold_wait
         wait_from = perf_counter()
         try:
-            state = await cold.wait(model, lambda: balancer.pick(model, tried))
+            state = await cold.wait(model, lambda: balancer.pick(model, tried, call.chooser))
         except QueueFull:
             observed.labels(model, "queue_full").observe(0.0)
             raise _Refused(errors.queue_full(model, cold.max_waiting)) from None
