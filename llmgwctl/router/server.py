@@ -45,7 +45,7 @@ from ..httpserver import ConnectionGuard, bound_port, server_options
 from .config import DEFAULTS, RouterConfig
 from .limits import DepthError, check_depth
 from .poller import LoadPoller, ParseLoad, parse_with_drivers
-from .prefix import Policies
+from .prefix import DEFAULT_POLICY, LEAST_LOAD, Policies
 from .upstream import BadEndpointURL, ConnectFailed, Pool, Response, UpstreamError, UpstreamTimeout, parse_target
 
 log = logging.getLogger("llmgw.router")
@@ -64,7 +64,8 @@ class _View:
         # fallback profile serves it meanwhile.
         self.top_profile = {m.name: m.ranked()[0].name for m in catalog.models if m.profiles}
         # Only models whose policy is not least-load: the rest pay one failed lookup.
-        self.routing = {m.name: m.routing for m in catalog.models if m.routing not in (None, "least-load")}
+        self.routing = {m.name: m.routing or DEFAULT_POLICY for m in catalog.models
+                        if (m.routing or DEFAULT_POLICY) != LEAST_LOAD}
 
 
 class _Call:

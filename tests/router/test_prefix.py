@@ -13,6 +13,9 @@ from llmgwctl.router.prefix import (BLOCK_CHARS, EndpointIndex, Policies, block_
 
 from ..support import FakeClock
 
+# The tests state the cost model's exchange rate rather than inherit the
+# default, so their arithmetic stays true when the default is retuned.
+PER_REQUEST = 512.0
 SYSTEM = "You are a careful assistant for the ACME support desk. " * 40     # ~2,200 chars: 8 blocks
 
 
@@ -25,7 +28,7 @@ def make(*rids: str) -> tuple[Balancer, Policies, FakeClock]:
     clock = FakeClock()
     b = Balancer(clock=clock, stale_after=3.0, rng=random.Random(7))
     b.set_endpoints([ep(r) for r in rids])
-    return b, Policies(b), clock
+    return b, Policies(b, tokens_per_request=PER_REQUEST), clock
 
 
 def state(b: Balancer, rid: str):
@@ -179,7 +182,7 @@ def test_weight_scales_the_cost_of_a_cold_prefill():
     def owner_with(fast_weight: float) -> str:
         b = Balancer(clock=FakeClock(), stale_after=3.0, rng=random.Random(1))
         b.set_endpoints([ep("holder"), ep("other", weight=fast_weight)])
-        p = Policies(b)
+        p = Policies(b, tokens_per_request=PER_REQUEST)
         p.index("m").of(state(b, "holder")).record(block_hashes(prompt_text(chat("x"))))
         b.record(state(b, "holder"), LoadReading(running=3, waiting=0))
         b.record(state(b, "other"), LoadReading(running=3, waiting=0))
