@@ -477,16 +477,21 @@ class FakeEngine:
 
         Without a prefill time this only counts and stores: no sleep, no lock.
         """
-        cached, hashes = self.cache.lookup(prompt)
         per_token = self.config.prefill_time_per_token
-        if per_token > 0 and len(prompt) > cached:
-            # One prefill at a time: a cold prompt occupies the device and
-            # delays the prefills queued behind it, as on a real engine.
+        if per_token <= 0:
+            self.cache.store(self.cache.lookup(prompt)[1])
+            return
+        # One prefill at a time: a cold prompt occupies the device and delays
+        # the prefills queued behind it, as on a real engine. The lookup is
+        # made when this prefill's turn comes, so a request queued behind one
+        # with the same prefix finds it cached, as a vLLM scheduler step would.
+        async with self._prefill_lock:
+            cached, hashes = self.cache.lookup(prompt)
             seconds = (len(prompt) - cached) * per_token
-            async with self._prefill_lock:
+            if seconds > 0:
                 await asyncio.sleep(seconds)
-            self.prefill_seconds += seconds
-        self.cache.store(hashes)
+            self.cache.store(hashes)
+        self.prefill_seconds += seconds
 
     def _decode_step(self) -> float:
         """Seconds one decode step takes now: longer as the batch of running requests grows."""
