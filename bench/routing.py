@@ -1,6 +1,6 @@
 """Routing policies compared: round robin, least-load, prefix+load, on fake engines that cache and on real vLLM.
 
-    python bench/routing.py [--requests 400] [--loads 0.5,0.8,0.95] [--workloads ...] [--quick]
+    python bench/routing.py [--requests 400] [--loads 0.5,0.8,0.95] [--workloads ...] [--rounds 1]
     python bench/routing.py --vllm [--vllm-requests 24]
 
 Fake fleet (the default). One helper process runs 8 fake engines on one
@@ -199,6 +199,15 @@ class Result:
     queries: float = 0.0
     errors: int = 0
 
+    def add(self, other: "Result") -> None:
+        """Pool another round's run of the same policy into this one."""
+        self.ttft += other.ttft
+        self.tokens += other.tokens
+        self.wall += other.wall
+        self.hits += other.hits
+        self.queries += other.queries
+        self.errors += other.errors
+
     def pct(self, q: float) -> float:
         v = sorted(self.ttft)
         return v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
@@ -329,11 +338,16 @@ def fake_fleet(args) -> None:
                 rate = load * capacity
                 grng = random.Random(7)
                 gaps = [grng.expovariate(rate) for _ in range(args.requests)]
-                results = {}
-                for i, policy in enumerate(POLICIES):
-                    reqs = workload(wl, args.requests, seed=100 + i)   # same shape, texts of its own
-                    results[policy] = uvloop.run(run_open_loop(router.url, MODEL_OF[policy], reqs, gaps,
-                                                               REPLY_TOKENS, urls[MODEL_OF[policy]]))
+                results = {p: Result() for p in POLICIES}
+                for rnd in range(args.rounds):
+                    # Each round starts with another policy, so drift on a shared
+                    # machine (and whatever running last costs) hits all alike.
+                    order = POLICIES[rnd % 3:] + POLICIES[:rnd % 3]
+                    for policy in order:
+                        i = POLICIES.index(policy)
+                        reqs = workload(wl, args.requests, seed=100 + 10 * rnd + i)   # same shape, own texts
+                        results[policy].add(uvloop.run(run_open_loop(router.url, MODEL_OF[policy], reqs, gaps,
+                                                                     REPLY_TOKENS, urls[MODEL_OF[policy]])))
                 print(table(f"{wl} at {load:.0%} of capacity ({rate:.1f} req/s, prompts ~{mean_tokens:.0f} tokens)",
                             results), flush=True)
                 rr, ll, px = results["round-robin"], results["least-load"], results["prefix"]
@@ -437,6 +451,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=400, help="requests per run (per policy, workload and load)")
     ap.add_argument("--loads", default="0.5,0.8,0.95", help="shares of the fleet's capacity")
     ap.add_argument("--workloads", default="shared-1,shared-8,shared-32,multiturn,zero-reuse")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="runs per policy, each round starting with the next policy; samples are pooled")
     ap.add_argument("--poll-interval", type=float, default=0.5, help="the router's /metrics poll")
     ap.add_argument("--vllm", action="store_true", help="2 real vLLM CPU replicas instead of the fake fleet")
     ap.add_argument("--vllm-requests", type=int, default=24)
