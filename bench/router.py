@@ -1,6 +1,6 @@
 """Router vs a bare aiohttp reverse proxy vs direct-to-engine, in one run.
 
-    python bench/router.py [--requests 3000] [--seconds 5] [--rounds 3]
+    python bench/router.py [--requests 3000] [--seconds 5] [--rounds 3] [--prompt-tokens N] [--endpoints N]
 
 Starts, as separate processes on 127.0.0.1 (uvloop in each):
   upstream   an instant OpenAI-shaped server: a fixed chat completion, or a
@@ -15,6 +15,12 @@ and measures each path from an aiohttp client in this process:
   - requests/s at concurrency 32
   - CPU time per request of the proxy process (/proc/PID/stat)
   - streaming time to first byte at concurrency 1
+With --prompt-tokens N every request carries a system prompt of about N
+tokens (4 characters each) and a row "llmgw router, prefix" is added: a model
+whose catalog entry says `routing: prefix`, so the router hashes the prompt
+and scores every endpoint's index on each request. --endpoints N lists the
+one upstream N times under different replica ids, so the pick has N
+candidates to score, as on a real fleet.
 Rounds alternate the paths so drift on a shared machine hits all of them alike;
 the median round is printed. Added latency is "path minus direct" within a round.
 """
@@ -34,6 +40,7 @@ import time
 
 MODEL = "bench-model"
 ALIAS = "bench"
+PREFIX_MODEL = "bench-prefix"      # the same endpoints, `routing: prefix`
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hello! How are you today?"}], "max_tokens": 16}
 REPLY = json.dumps({
     "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": MODEL,
@@ -181,15 +188,32 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
+def system_prompt(tokens: int) -> str:
+    """About `tokens` tokens of varied English-like text (4 characters a token)."""
+    words = ("the", "gateway", "routes", "requests", "to", "replicas", "whose", "cache", "holds", "prefix")
+    out, size, i = [], 0, 0
+    while size < tokens * 4:
+        w = words[(i * 7 + i // 10) % len(words)]
+        out.append(w)
+        size += len(w) + 1
+        i += 1
+    return " ".join(out)
+
+
 async def measure(paths: dict, args) -> dict:
     import aiohttp
-    body = json.dumps(CHAT).encode()
-    alias_body = json.dumps({**CHAT, "model": ALIAS}).encode()
-    stream_body = json.dumps({**CHAT, "stream": True}).encode()
+    chat = CHAT
+    if args.prompt_tokens:
+        chat = {**CHAT, "messages": [{"role": "system", "content": system_prompt(args.prompt_tokens)},
+                                     *CHAT["messages"]]}
+    body = json.dumps(chat).encode()
+    alias_body = json.dumps({**chat, "model": ALIAS}).encode()
+    prefix_body = json.dumps({**chat, "model": PREFIX_MODEL}).encode()
+    stream_body = json.dumps({**chat, "stream": True}).encode()
     rounds: dict[str, list[dict]] = {name: [] for name in paths}
     for _ in range(args.rounds):
         for name, (url, proc, req_body) in paths.items():
-            req_body = {"plain": body, "alias": alias_body}[req_body]
+            req_body = {"plain": body, "alias": alias_body, "prefix": prefix_body}[req_body]
             one = aiohttp.TCPConnector(limit=1)
             async with aiohttp.ClientSession(connector=one) as s:
                 await latency(s, url, req_body, 200)                    # warm-up
@@ -216,6 +240,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=3000, help="sequential requests per round at concurrency 1")
     ap.add_argument("--seconds", type=float, default=5.0, help="length of each concurrency-32 run")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prompt-tokens", type=int, default=0,
+                    help="add a system prompt of about this many tokens, and a prefix-routed row")
+    ap.add_argument("--endpoints", type=int, default=1, help="list the upstream this many times")
     args = ap.parse_args()
 
     me = os.path.abspath(__file__)
@@ -229,9 +256,14 @@ def main() -> None:
         os.mkdir(os.path.join(tmp, "cat"))
         with open(os.path.join(tmp, "cat", "bench.yaml"), "w") as f:
             f.write(f"apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n  - name: {MODEL}\n    aliases: [{ALIAS}]\n"
-                    f"    source: org/{MODEL}\n    profiles:\n      - {{name: default, engine: fake, gpus: 0}}\n")
+                    f"    source: org/{MODEL}\n    profiles:\n      - {{name: default, engine: fake, gpus: 0}}\n"
+                    f"  - name: {PREFIX_MODEL}\n    routing: prefix\n"
+                    f"    profiles:\n      - {{name: default, engine: fake, gpus: 0}}\n")
         with open(os.path.join(tmp, "eps.yaml"), "w") as f:
-            f.write(f"endpoints:\n  - {{model: {MODEL}, url: '{up.url}', id: up}}\n")
+            f.write("endpoints:\n")
+            for i in range(args.endpoints):
+                for model in (MODEL, PREFIX_MODEL):
+                    f.write(f"  - {{model: {model}, url: '{up.url}', id: {model}-{i}}}\n")
         router = Proc([sys.executable, "-m", "llmgwctl", "router", "--listen", "127.0.0.1:0", "--log-level", "warning",
                        "--endpoints", os.path.join(tmp, "eps.yaml"), "--catalogs", os.path.join(tmp, "cat")])
         procs.append(router)
@@ -240,6 +272,8 @@ def main() -> None:
                  "bare proxy": (bare_proxy.url + path, bare_proxy, "plain"),
                  "llmgw router": (router.url + path, router, "plain"),
                  "llmgw router, alias": (router.url + path, router, "alias")}
+        if args.prompt_tokens:
+            paths["llmgw router, prefix"] = (router.url + path, router, "prefix")
         import uvloop
         rounds = uvloop.run(measure(paths, args))
     finally:
@@ -266,6 +300,11 @@ def main() -> None:
               f"{m['rps'] / med['direct']['rps']:>9.2f}{m['rps'] / b['rps']:>8.2f}{cpu}{tt}")
     r = med["llmgw router"]
     ra = added["llmgw router"]
+    if "llmgw router, prefix" in med:
+        pr = med["llmgw router, prefix"]
+        print(f"\nprefix scoring ({args.prompt_tokens}-token prompts, {args.endpoints} endpoints): "
+              f"CPU {pr['cpu'] * 1e6:.0f} us/req at c=32, {(pr['cpu'] - r['cpu']) * 1e6:+.0f} us over least-load "
+              f"(target: <= 150 us/req with prefix scoring)")
     print(f"\nrouter vs targets: +p50 {ra['p50'] * 1e3:.3f} ms (<= 0.5), +p99 {ra['p99'] * 1e3:.3f} ms (<= 1.5), "
           f"throughput {r['rps'] / b['rps']:.2f}x bare (>= 0.9), CPU {r['cpu'] * 1e6:.0f} us/req (<= 250)")
 

@@ -664,6 +664,7 @@ def _model(raw: Mapping[str, Any], origin: Origin) -> Model:
         aliases=tuple(raw.get("aliases") or ()), replicas=replicas, idle_timeout=idle,
         priority=raw.get("priority", 0), origin=origin,
         autoscale=_autoscale(raw.get("autoscale")),
+        routing=raw.get("routing"),
     )
 
 

@@ -112,6 +112,9 @@ FAST_FACTOR_RANGE = (1.0, 1000.0)
 # 1.5x its target (or half of it) without a step, which is no policy at all.
 TOLERANCE_RANGE = (0.0, 0.5)
 # --- end autoscale bounds ---
+# How the router picks among a model's replicas (llmgwctl.router.prefix
+# implements them). None in a Model means the router's default.
+ROUTING_POLICIES = ("round-robin", "least-load", "prefix", "session")
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +305,9 @@ class Model:
     priority: int = 0
     origin: Origin = field(default=Origin(), compare=False)
     autoscale: Autoscale = Autoscale()
+    # One of ROUTING_POLICIES; None: the router's default. Last, so the
+    # fields before it keep their positions for callers that pass them so.
+    routing: str | None = None
 
     def ranked(self) -> tuple[Profile, ...]:
         """Profiles by priority, highest first; the written order breaks ties."""
@@ -321,6 +327,9 @@ class Model:
             # Only when set: catalogs written before issue 17 keep their version.
             out["autoscale"] = self.autoscale.to_dict()
         out["profiles"] = [p.to_dict() for p in self.profiles]
+        if self.routing is not None:
+            # Only when written: a catalog without it keeps its version.
+            out["routing"] = self.routing
         return out
 
 
@@ -522,6 +531,9 @@ def _check_model(model: Model, engines: Mapping[str, EngineSpec]) -> Iterable[Pr
             yield Problem(file, base + ("aliases", i), f"alias {alias!r} repeats the model's own name; remove it")
         elif alias in model.aliases[:i]:
             yield Problem(file, base + ("aliases", i), f"alias {alias!r} is listed twice")
+    if model.routing is not None and model.routing not in ROUTING_POLICIES:
+        yield Problem(file, base + ("routing",),
+                      f"{model.routing!r} is not one of {', '.join(ROUTING_POLICIES)}")
     if not model.profiles:
         yield Problem(file, base + ("profiles",), "a model needs at least one profile")
     seen: dict[str, int] = {}

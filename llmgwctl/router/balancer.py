@@ -22,6 +22,9 @@ The pick, for one model:
    loaded would send every request arriving in the same poll interval to the
    same endpoint (herding); two random choices keep nearly the same balance
    without that.
+   A per-request `Chooser` (see `prefix.py`: round robin, prefix and
+   session affinity) may take this step's place; it is handed the same
+   candidates, so tiers, room and ejection hold for every policy.
 3. Ejected endpoints (a refused or reset connection) are skipped until their
    ejection runs out; if every endpoint of the model is ejected, they are used
    anyway rather than failing a request on a guess.
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Protocol, Sequence
 
 from ..contracts import Endpoint, LoadReading, Usage
 
@@ -62,6 +65,17 @@ class EndpointState:
 
 
 Tiers = tuple[tuple[EndpointState, ...], ...]
+
+
+class Chooser(Protocol):
+    """Picks one of a tier's candidates for one request, in place of the two random choices.
+
+    Declared here, by the pick that calls it, so a routing policy (prefix.py)
+    plugs in without the balancer knowing any policy: the balancer still
+    decides which endpoints are candidates (tier, room, ejection).
+    """
+
+    def choose(self, cands: Sequence[EndpointState], now: float) -> EndpointState: ...
 
 
 class Balancer:
@@ -158,7 +172,8 @@ class Balancer:
 
     # -- the hot path ------------------------------------------------------------
 
-    def pick(self, model: str, exclude: tuple[EndpointState, ...] = ()) -> EndpointState | None:
+    def pick(self, model: str, exclude: tuple[EndpointState, ...] = (),
+             chooser: Chooser | None = None) -> EndpointState | None:
         tiers = self._tiers.get(model)
         if not tiers:
             return None
@@ -172,9 +187,9 @@ class Balancer:
                 first_usable = usable
             roomy = [st for st in usable if self._has_room(st, now)]
             if roomy:
-                return self._two_choices(roomy, now)
+                return self._two_choices(roomy, now) if chooser is None else chooser.choose(roomy, now)
         if first_usable is not None:
-            return self._two_choices(first_usable, now)
+            return self._two_choices(first_usable, now) if chooser is None else chooser.choose(first_usable, now)
         # Everything is ejected: the soonest to come back is the best guess.
         rest = [st for tier in tiers for st in tier if st not in exclude]
         return min(rest, key=lambda st: st.ejected_until) if rest else None
@@ -204,6 +219,14 @@ class Balancer:
             # engine's queue, and scale up as its KV cache fills.
             busy = (max(st.inflight, load.running) + load.waiting) * (1.0 + (load.kv_cache or 0.0))
         return busy
+
+    def two_choices(self, cands: list[EndpointState], now: float) -> EndpointState:
+        """Least-load's pick among `cands`, for a chooser that has no better idea."""
+        return self._two_choices(cands, now)
+
+    def random(self) -> float:
+        """The balancer's random source (seeded in tests), for choosers breaking ties."""
+        return self._rand()
 
     def _two_choices(self, cands: list[EndpointState], now: float) -> EndpointState:
         n = len(cands)

@@ -41,8 +41,8 @@ from ..observability.metrics import CONTENT_TYPE_LATEST, RouterMetrics, RouterPr
 from . import auth as keyauth
 from . import errors
 from . import headers as reqheaders
+from .balancer import Balancer, Chooser, EndpointState
 from .conventions import RID, ClientGone, held_for_cold_start, install_cors, method_not_allowed, stamp_request_id
-from .balancer import Balancer, EndpointState
 from .coldstart import ColdStart, ColdTimeout, QueueFull, Waker
 from .. import httpbody
 from ..contracts import Endpoint, LoadReading, ModelCondition, ModelState, Usage
@@ -50,6 +50,7 @@ from ..httpserver import ConnectionGuard, bound_port, json_errors, server_option
 from .config import DEFAULTS, RouterConfig
 from .limits import DepthError, PathError, check_depth, check_target
 from .poller import LoadPoller, ParseLoad, parse_with_drivers
+from .prefix import DEFAULT_POLICY, LEAST_LOAD, Policies
 from .upstream import BadEndpointURL, ConnectFailed, Pool, Response, UpstreamError, UpstreamTimeout, parse_target
 
 log = logging.getLogger("llmgw.router")
@@ -59,7 +60,7 @@ access_log = logging.getLogger("llmgw.access")
 class _View:
     """The per-catalog facts the hot path needs, built once per `set_catalog`."""
 
-    __slots__ = ("catalog", "version", "top_profile")
+    __slots__ = ("catalog", "version", "top_profile", "routing")
 
     def __init__(self, catalog: Catalog):
         self.catalog = catalog
@@ -67,6 +68,9 @@ class _View:
         # A model whose best profile has no ready endpoint is cold, even when a
         # fallback profile serves it meanwhile.
         self.top_profile = {m.name: m.ranked()[0].name for m in catalog.models if m.profiles}
+        # Only models whose policy is not least-load: the rest pay one failed lookup.
+        self.routing = {m.name: m.routing or DEFAULT_POLICY for m in catalog.models
+                        if (m.routing or DEFAULT_POLICY) != LEAST_LOAD}
 
 
 class _Call:
@@ -77,7 +81,7 @@ class _Call:
     object of the router's own a request allocates.
     """
 
-    __slots__ = ("request", "t0", "api_key", "model", "view", "stream", "waited", "rid", "fwd", "early")
+    __slots__ = ("request", "t0", "api_key", "model", "view", "stream", "waited", "rid", "fwd", "early", "chooser")
 
     def __init__(self, request: web.Request, t0: float, view: _View):
         self.request = request
@@ -98,6 +102,8 @@ class _Call:
         # The event stream opened early to keep a client waiting for a cold
         # start company (see conventions.held_for_cold_start); None until then.
         self.early: web.StreamResponse | None = None
+        # The model's routing policy for this request (prefix.py); None: least-load.
+        self.chooser: Chooser | None = None
 
 
 class _Refused(Exception):
@@ -127,6 +133,7 @@ class Router:
         # A reading older than three polls is unknown: one missed scrape is noise,
         # three mean the engine is not answering.
         self.balancer = Balancer(clock=clock, stale_after=3 * config.poll_interval)
+        self.policies = Policies(self.balancer)
         self.cold = ColdStart(waker, max_waiting=config.cold_queue, timeout=config.cold_timeout, clock=clock)
         self._view = _View(catalog if catalog is not None else Catalog())
         self._session: aiohttp.ClientSession | None = None     # the poller's
@@ -489,6 +496,9 @@ class Router:
         if model is None:
             raise _Refused(errors.unknown_model(name, _usable_names(view.catalog, call.api_key)))
         call.stream = doc.get("stream") is True
+        policy = view.routing.get(model.name)
+        if policy is not None:
+            call.chooser = self.policies.chooser(policy, model.name, doc, call.request.headers)
         if name != model.name:
             # Only an alias costs a re-serialisation; the canonical name is
             # forwarded as the very bytes the client sent.
@@ -509,7 +519,8 @@ class Router:
         top = call.view.top_profile.get(model)
         if top is not None and not balancer.has_profile(model, top):
             self.cold.demand(model)
-        state = balancer.pick(model)
+        chooser = call.chooser
+        state = balancer.pick(model, (), chooser)
         if state is None:
             self._unless_unplaceable(model)
             if not self.cold.can_wait:
@@ -558,7 +569,7 @@ class Router:
             finally:
                 balancer.finished(state)
             tried += (state,)
-            state = balancer.pick(model, tried)
+            state = balancer.pick(model, tried, chooser)
             if state is None and not held and self.cold.can_wait:
                 # Every endpoint of the model refused the connection: its engines
                 # are down -- the one replica crashed, say, and its agent is
@@ -591,7 +602,7 @@ class Router:
         wait_from = perf_counter()
 
         def pick() -> EndpointState | None:
-            got = balancer.pick(model, tried)
+            got = balancer.pick(model, tried, call.chooser)
             if got is None:
                 self._unless_unplaceable(model)
             return got

@@ -116,3 +116,22 @@ def test_reformatting_and_comments_keep_the_version():
     a = load_text(catalog_yaml("a:x"))
     b = load_text("# a comment\n" + catalog_yaml("a:x").replace("[{engine: fake, gpus: 0}]", "\n      - engine: fake\n        gpus: 0"))
     assert a.version == b.version
+
+
+def test_routing_policy_is_per_model_and_optional():
+    text = HEADER + """
+models:
+  - name: chat
+    routing: prefix
+    profiles: [{engine: fake}]
+  - name: plain
+    profiles: [{engine: fake}]
+"""
+    catalog = load_text(text)
+    assert catalog.resolve("chat").routing == "prefix"
+    assert catalog.resolve("plain").routing is None     # the router's default
+    # Written only when set, so catalogs without it keep their version.
+    assert "routing" not in catalog.to_dict()["models"][1]
+    assert load_text(text.replace("    routing: prefix\n", "")).version != catalog.version
+    with pytest.raises(CatalogError, match=r"models\[0\]\.routing.*least-load"):
+        load_text(text.replace("routing: prefix", "routing: prefix-cache"))

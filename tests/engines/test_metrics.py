@@ -26,9 +26,9 @@ def page(name: str) -> str:
 
 
 @pytest.mark.parametrize("name, engine, expected", [
-    ("vllm-v1.txt", "vllm", LoadReading(0, 0, 0.0011764705882353343)),
-    ("vllm-v1-idle.txt", "vllm", LoadReading(0, 0, 0.0)),
-    ("vllm-legacy.txt", "vllm", LoadReading(0, 0, 0.0)),
+    ("vllm-v1.txt", "vllm", LoadReading(0, 0, 0.0011764705882353343, cache_tokens=850 * 16)),
+    ("vllm-v1-idle.txt", "vllm", LoadReading(0, 0, 0.0, cache_tokens=39232)),
+    ("vllm-legacy.txt", "vllm", LoadReading(0, 0, 0.0, cache_tokens=7281 * 16)),
     ("sglang.txt", "sglang", LoadReading(162, 2826, 0.28)),
     ("llamacpp.txt", "llamacpp", LoadReading(3, 0, None)),
     ("llamacpp-idle.txt", "llamacpp", LoadReading(0, 0, None)),
@@ -48,12 +48,12 @@ def test_a_page_from_another_engine_is_no_reading(name):
 
 
 def test_the_fake_engine_is_read_as_vllm():
-    assert BUILTIN_DRIVERS["fake"].parse_metrics(page("vllm-v1.txt")) == LoadReading(0, 0, 0.0011764705882353343)
+    assert BUILTIN_DRIVERS["fake"].parse_metrics(page("vllm-v1.txt")) == LoadReading(0, 0, 0.0011764705882353343, cache_tokens=850 * 16)
 
 
 def test_vllm_falls_back_to_the_deprecated_gpu_cache_gauge():
     without_kv = "\n".join(line for line in page("vllm-v1.txt").splitlines() if "vllm:kv_cache_usage_perc" not in line)
-    assert parse_load("vllm", without_kv) == LoadReading(0, 0, 0.0011764705882353343)
+    assert parse_load("vllm", without_kv) == LoadReading(0, 0, 0.0011764705882353343, cache_tokens=850 * 16)
 
 
 def _with_second_engine(text: str, values: dict[str, float]) -> str:
