@@ -3,11 +3,12 @@
 Waits poll a condition and fail naming it once a deadline passes; they never
 judge a pass by how fast it was, and no test sleeps to let something become
 ready. Time the code under test reads comes from `FakeClock`, which only moves
-when a test moves it.
+when a test moves it. A piece a synchronous test drives runs on a `LoopThread`.
 """
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any, Awaitable, Callable
 
@@ -75,3 +76,35 @@ class FakeClock:
     def advance(self, seconds: float) -> float:
         self.now += seconds
         return self.now
+
+
+class LoopThread:
+    """An event loop of its own in a daemon thread, for a synchronous test to drive async code on.
+
+    Subclasses start their piece on it and end with `close()`, which runs
+    `shutdown()` on the loop before stopping it.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def call_async(self, coro, timeout: float = 30.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` on the loop, where the piece's objects must be touched."""
+        async def run():
+            return fn(*args)
+        return self.call_async(run())
+
+    def shutdown(self) -> None:
+        """What `close` does on the loop first: stop the piece (nothing here)."""
+
+    def close(self) -> None:
+        try:
+            self.shutdown()
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)
