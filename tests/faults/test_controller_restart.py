@@ -12,10 +12,9 @@ import time
 
 import requests
 
-from tests.e2e.fleet import wait_until
+from tests.e2e.fleet import alive, wait_until
 
 from .load import SteadyLoad, summary
-from .test_agent_stop import alive
 
 CATALOG = """\
 apiVersion: llmgw/v1
