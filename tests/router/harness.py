@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -75,6 +76,19 @@ def spawn_engine(model: str, replica_id: str, *args: str, stderr=None) -> Engine
         engine.kill()
         raise
     return engine
+
+
+def static_router_args(root: Path, model: str, url: str, replica_id: str) -> list[str]:
+    """Write a one-model catalog directory and a static endpoint file (one fake engine at `url`) under `root`.
+
+    Returns the `llmgwctl router` arguments that serve them.
+    """
+    (root / "cat").mkdir()
+    (root / "cat" / "m.yaml").write_text(
+        f"apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n  - name: {model}\n    source: org/m\n"
+        "    profiles: [{name: default, engine: fake, gpus: 0}]\n")
+    (root / "eps.yaml").write_text(f"endpoints:\n  - {{model: {model}, url: '{url}', id: {replica_id}}}\n")
+    return ["--endpoints", str(root / "eps.yaml"), "--catalogs", str(root / "cat")]
 
 
 def _readline(proc: subprocess.Popen, timeout: float) -> str:
