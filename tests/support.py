@@ -8,9 +8,12 @@ when a test moves it. A piece a synchronous test drives runs on a `LoopThread`.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from typing import Any, Awaitable, Callable
+
+import pytest
 
 # Generous: the machine may be two shared cores, where starting a Python
 # process alone can take seconds. Never reached when things work.
@@ -62,6 +65,19 @@ async def until(predicate: Callable[[], Any], what: str, timeout: float = DEADLI
         if time.monotonic() > deadline:
             raise _failed(what, timeout, None)
         await asyncio.sleep(every)
+
+
+def need(ok: bool, reason: str, required_by: str, requires: str | None = None) -> None:
+    """Skip the test unless `ok`; fail it instead when the environment sets `required_by` to 1.
+
+    For what a machine may lack (a real engine, a model, a checker): CI sets
+    the variable, so a missing piece there is a failure, never a quiet skip.
+    """
+    if ok:
+        return
+    if os.environ.get(required_by) == "1":
+        pytest.fail(f"{reason} ({required_by}=1 requires {requires})" if requires else f"{reason} ({required_by}=1)")
+    pytest.skip(reason)
 
 
 class FakeClock:

@@ -36,6 +36,7 @@ from llmgwctl.contracts import LoadReading
 from llmgwctl.engines import LaunchError, driver_for, parse_load
 from llmgwctl.engines.llamacpp import resolve_gguf
 
+from .. import support
 from .fleet import Fleet, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,11 +49,7 @@ REQUEST_TIMEOUT = 120.0
 
 
 def need(ok: bool, reason: str) -> None:
-    if ok:
-        return
-    if os.environ.get("LLMGW_REQUIRE_LLAMACPP") == "1":
-        pytest.fail(f"{reason} (LLMGW_REQUIRE_LLAMACPP=1 requires the real llama.cpp engine)")
-    pytest.skip(reason)
+    support.need(ok, reason, "LLMGW_REQUIRE_LLAMACPP", "the real llama.cpp engine")
 
 
 def bundled_source() -> str:

@@ -41,6 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmgwctl.engines import LaunchError, driver_for
 from llmgwctl.engines.gguf import converted_dir, missing_conversion_modules, resolve_gguf
 
+from .. import support
 from .fleet import Fleet, alive, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,11 +70,7 @@ models:
 
 
 def need(ok: bool, reason: str) -> None:
-    if ok:
-        return
-    if os.environ.get("LLMGW_REQUIRE_VLLM") == "1":
-        pytest.fail(f"{reason} (LLMGW_REQUIRE_VLLM=1 requires real vLLM)")
-    pytest.skip(reason)
+    support.need(ok, reason, "LLMGW_REQUIRE_VLLM", "real vLLM")
 
 
 def test_catalog() -> str:
