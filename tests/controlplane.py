@@ -23,10 +23,8 @@ tests driving real processes.
 """
 from __future__ import annotations
 
-import asyncio
-import threading
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import aiohttp
 from aiohttp import web
@@ -36,7 +34,7 @@ from llmgwctl.contracts import AgentReport, Endpoint, EngineAvailability, Replic
 from llmgwctl.control.api import ControlAPI
 from llmgwctl.control.controller import Controller
 
-from .support import FakeClock
+from .support import FakeClock, LoopThread
 
 REPORT_ROUTE = "/api/v1/agents/{node}/report"
 DESIRED_ROUTE = "/api/v1/agents/{node}/desired"
@@ -157,25 +155,14 @@ def report_of(catalog: Catalog, node: str, endpoints: Iterable[Endpoint]) -> Age
                        engines={"fake": EngineAvailability(True, "built in")}, replicas=tuple(replicas))
 
 
-class ControlPlaneThread:
+class ControlPlaneThread(LoopThread):
     """A `ControlPlane` on its own event loop in a daemon thread; `call` runs on that loop."""
 
     def __init__(self, catalogs_dir: str | Path, **options: Any):
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
+        super().__init__()
         # Built on its loop: the controller's events and the API's futures belong there.
         self.plane: ControlPlane = self.call(lambda: ControlPlane(catalogs_dir, **options))
         self.call_async(self.plane.start())
-
-    def call_async(self, coro, timeout: float = 30.0):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run `fn(*args)` on the plane's loop, where the controller must be touched."""
-        async def run():
-            return fn(*args)
-        return self.call_async(run())
 
     def __getattr__(self, name: str) -> Any:
         # Reading what was recorded (lists appended on the loop) is safe from here.
@@ -208,9 +195,5 @@ class ControlPlaneThread:
         """Stop serving, as a controller going away; `close` still ends the thread."""
         self.call_async(self.plane.stop())
 
-    def close(self) -> None:
-        try:
-            self.stop()
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(10)
+    def shutdown(self) -> None:
+        self.stop()

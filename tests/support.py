@@ -3,13 +3,17 @@
 Waits poll a condition and fail naming it once a deadline passes; they never
 judge a pass by how fast it was, and no test sleeps to let something become
 ready. Time the code under test reads comes from `FakeClock`, which only moves
-when a test moves it.
+when a test moves it. A piece a synchronous test drives runs on a `LoopThread`.
 """
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 import time
 from typing import Any, Awaitable, Callable
+
+import pytest
 
 # Generous: the machine may be two shared cores, where starting a Python
 # process alone can take seconds. Never reached when things work.
@@ -63,6 +67,19 @@ async def until(predicate: Callable[[], Any], what: str, timeout: float = DEADLI
         await asyncio.sleep(every)
 
 
+def need(ok: bool, reason: str, required_by: str, requires: str | None = None) -> None:
+    """Skip the test unless `ok`; fail it instead when the environment sets `required_by` to 1.
+
+    For what a machine may lack (a real engine, a model, a checker): CI sets
+    the variable, so a missing piece there is a failure, never a quiet skip.
+    """
+    if ok:
+        return
+    if os.environ.get(required_by) == "1":
+        pytest.fail(f"{reason} ({required_by}=1 requires {requires})" if requires else f"{reason} ({required_by}=1)")
+    pytest.skip(reason)
+
+
 class FakeClock:
     """A monotonic clock for code that takes one (`clock=`): reads `now`, moves only when a test moves it."""
 
@@ -75,3 +92,35 @@ class FakeClock:
     def advance(self, seconds: float) -> float:
         self.now += seconds
         return self.now
+
+
+class LoopThread:
+    """An event loop of its own in a daemon thread, for a synchronous test to drive async code on.
+
+    Subclasses start their piece on it and end with `close()`, which runs
+    `shutdown()` on the loop before stopping it.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def call_async(self, coro, timeout: float = 30.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` on the loop, where the piece's objects must be touched."""
+        async def run():
+            return fn(*args)
+        return self.call_async(run())
+
+    def shutdown(self) -> None:
+        """What `close` does on the loop first: stop the piece (nothing here)."""
+
+    def close(self) -> None:
+        try:
+            self.shutdown()
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)

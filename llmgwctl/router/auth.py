@@ -50,10 +50,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-import yaml
-
 from ..aio import follow_file
 from . import errors
+from .yamlfile import load_yaml
 
 log = logging.getLogger("llmgw.router.keys")
 
@@ -173,17 +172,7 @@ def parse_keys(doc: Any, source: str = "<keys>") -> ApiKeys:
 
 
 def load_keys(path: str | os.PathLike) -> ApiKeys:
-    path = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as exc:
-        raise KeyFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise KeyFileError(f"{path}: not valid YAML: {exc}") from None
-    return parse_keys(doc, path)
+    return parse_keys(load_yaml(path, KeyFileError), os.fspath(path))
 
 
 class Limiter:

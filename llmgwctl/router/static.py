@@ -21,12 +21,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..catalog import Catalog
 from ..contracts import Endpoint
 from .errors import RouterError
 from .upstream import BadEndpointURL, parse_target
+from .yamlfile import load_yaml
 
 _FIELDS = {"model", "url", "profile", "id", "priority", "weight", "engine", "metrics_path"}
 
@@ -36,16 +35,7 @@ class EndpointFileError(RouterError):
 
 
 def load_endpoints(path: str | Path, catalog: Catalog) -> list[Endpoint]:
-    path = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise EndpointFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise EndpointFileError(f"{path}: not valid YAML: {exc}") from None
-    return parse_endpoints(doc, catalog, path)
+    return parse_endpoints(load_yaml(path, EndpointFileError), catalog, str(path))
 
 
 def parse_endpoints(doc: Any, catalog: Catalog, source: str = "<endpoints>") -> list[Endpoint]:

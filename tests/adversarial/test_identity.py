@@ -13,7 +13,6 @@ the old one, not by waiting for the node to time out.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import stat
 import subprocess
@@ -23,7 +22,7 @@ import requests
 
 from llmgwctl.control.auth import node_token
 from llmgwctl.router.auth import hash_key
-from tests.e2e.fleet import Fleet, wait_until
+from tests.e2e.fleet import Fleet, wait_until, write_secret
 
 ADMIN = "admin-" + "4a" * 16
 AGENT = "agent-" + "5b" * 16
@@ -56,8 +55,7 @@ def fleet(tmp_path_factory):
     for node in ("dup", "rst", "n-url", "n-a"):
         files[f"{node}.token"] = node_token(AGENT, node)
     for name, text in files.items():
-        (root / name).write_text(text + "\n")
-        os.chmod(root / name, 0o600)
+        write_secret(root / name, text)
     try:
         # The last --node-timeout wins over the fleet's own 2 s.
         fleet.start_controller("--token-file", str(root / "admin.token"), "--agent-token-file",
@@ -65,10 +63,7 @@ def fleet(tmp_path_factory):
                                "--node-timeout", str(NODE_TIMEOUT))
         yield fleet
     finally:
-        for node in list(fleet.agents):
-            fleet.kill_agent(node)
-        fleet.close()
-        wait_until(lambda: fleet.marked_pids() == [] or fleet.close(), "every process of the fleet to exit", 20)
+        fleet.close_waiting()
 
 
 def status(fleet) -> dict:
@@ -228,8 +223,7 @@ def test_serves_local_agent_authenticates_as_its_node(tmp_path):
     fleet = Fleet(tmp_path)
     (fleet.catalogs / "models.yaml").write_text(CATALOG.replace("pool: rst", "pool: local"))
     for name, token in (("admin.token", ADMIN), ("agent.token", AGENT)):
-        (tmp_path / name).write_text(token + "\n")
-        os.chmod(tmp_path / name, 0o600)
+        write_secret(tmp_path / name, token)
     try:
         fleet.start_serve("--node", "head", "--pool", "local", "--token-file", str(tmp_path / "admin.token"),
                           "--agent-token-file", str(tmp_path / "agent.token"))
@@ -239,5 +233,4 @@ def test_serves_local_agent_authenticates_as_its_node(tmp_path):
         assert resp.status_code == 403, resp.text
         assert "403" not in fleet.log("serve")
     finally:
-        fleet.close()
-        wait_until(lambda: fleet.marked_pids() == [] or fleet.close(), "every process of serve to exit", 20)
+        fleet.close_waiting("every process of serve to exit")

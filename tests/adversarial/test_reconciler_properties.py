@@ -25,6 +25,7 @@ from llmgwctl.catalog.model import (MAX_GPUS, MAX_IDLE_TIMEOUT, MAX_REPLICAS, MA
 from llmgwctl.inventory import Inventory
 from llmgwctl.reconciler import DesiredStore, Reconciler
 
+from tests.reconciler.test_reconciler import Sink, Usage
 from tests.support import FakeClock
 
 BOUNDED = settings(max_examples=100, deadline=None,
@@ -87,22 +88,6 @@ steps = st.lists(st.fixed_dictionaries({
     "inflight": st.integers(0, 40),
     "wake": st.booleans(),
 }), min_size=3, max_size=8)
-
-
-class Sink:
-    def __init__(self):
-        self.pushes = []
-
-    def set_endpoints(self, endpoints):
-        self.pushes.append(tuple(endpoints))
-
-
-class Usage:
-    def __init__(self):
-        self.snapshot = {}
-
-    def usage_snapshot(self):
-        return self.snapshot
 
 
 def replica_report(spec, state: str, port: int) -> dict:

@@ -38,9 +38,10 @@ def groups():
             pass
 
 
-def make_agent(tmp_path, port_range, session, clock, **kw) -> Agent:
-    return Agent(node="n", gpus=parse_spec("1xL4-24GB"), state_dir=tmp_path, ports=PortRange.parse(port_range),
-                 driver_for=driver_for, session=session, clock=clock, **kw)
+def make_agent(tmp_path, port_range, session, clock, *, gpus=None, driver_for=driver_for, **kw) -> Agent:
+    """Node "n" with one L4 (unless `gpus`) and the fake engine's driver (unless `driver_for`)."""
+    return Agent(node="n", gpus=parse_spec("1xL4-24GB") if gpus is None else gpus, state_dir=tmp_path,
+                 ports=PortRange.parse(port_range), driver_for=driver_for, session=session, clock=clock, **kw)
 
 
 async def test_start_timeout_then_restart_after_backoff(tmp_path, port_range, groups):
@@ -121,8 +122,7 @@ async def test_a_driver_bug_is_retried_with_backoff_not_taken_as_cannot_launch(t
     clock = FakeClock()
     driver = BrokenDriver(TypeError("launch() got an unexpected keyword argument 'hots'"))
     async with aiohttp.ClientSession() as session:
-        agent = Agent(node="n", gpus=(), state_dir=tmp_path, ports=PortRange.parse(port_range),
-                      driver_for=lambda spec: driver, session=session, clock=clock)
+        agent = make_agent(tmp_path, port_range, session, clock, gpus=(), driver_for=lambda spec: driver)
         agent.set_desired([fake_spec("buggy", gpus=0)])
         with caplog.at_level("ERROR", logger="llmgw.agent"):
             await agent.reconcile_once()
@@ -147,8 +147,7 @@ async def test_a_launch_error_is_final_for_the_spec(tmp_path, port_range):
     clock = FakeClock()
     driver = BrokenDriver(LaunchError("source /models/x.gguf does not exist on this node"))
     async with aiohttp.ClientSession() as session:
-        agent = Agent(node="n", gpus=(), state_dir=tmp_path, ports=PortRange.parse(port_range),
-                      driver_for=lambda spec: driver, session=session, clock=clock)
+        agent = make_agent(tmp_path, port_range, session, clock, gpus=(), driver_for=lambda spec: driver)
         agent.set_desired([fake_spec("nosource", gpus=0)])
         await agent.reconcile_once()
         r = agent.replicas["nosource"]

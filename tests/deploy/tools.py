@@ -14,7 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
-import pytest
+from .. import support
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -33,8 +33,5 @@ def tool(name: str) -> str:
     beside = Path(sys.executable).parent / name
     found = str(beside) if os.access(beside, os.X_OK) else shutil.which(name)
     if found is None:
-        why = f"{name} not installed ({HOW[name]})"
-        if os.environ.get("LLMGW_REQUIRE_DEPLOY_TOOLS") == "1":
-            pytest.fail(why + "; LLMGW_REQUIRE_DEPLOY_TOOLS=1 says it must be")
-        pytest.skip(why)
+        support.need(False, f"{name} not installed ({HOW[name]})", "LLMGW_REQUIRE_DEPLOY_TOOLS", "it")
     return found

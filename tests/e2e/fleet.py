@@ -32,9 +32,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def alive(pid: int) -> bool:
+    """The process runs (a zombie waiting for its parent to reap it does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            # The state follows the command name's closing parenthesis; the name may hold ")" itself.
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
 def wait_until(predicate: Callable[[], object], what: str, timeout: float = DEADLINE, every: float = 0.1):
     """The suite's wait, taking a fleet's usual "not yet" (a server still starting, a field not there yet)."""
     return support.wait_until(predicate, what, timeout, every, errors=(requests.RequestException, KeyError, ValueError))
+
+
+def write_secret(path: Path, text: str) -> Path:
+    """A token file as llmgwctl accepts one: the text on one line, readable by its owner only."""
+    path.write_text(text + "\n")
+    os.chmod(path, 0o600)
+    return path
 
 
 class Fleet:
@@ -163,12 +180,11 @@ class Fleet:
                 continue
             try:
                 with open(f"/proc/{entry}/environ", "rb") as f:
-                    if needle in f.read().split(b"\0"):
-                        with open(f"/proc/{entry}/stat", "rb") as s:
-                            if s.read().rsplit(b")", 1)[1].split()[0] != b"Z":
-                                pids.append(int(entry))
+                    marked = needle in f.read().split(b"\0")
             except OSError:
                 continue
+            if marked and alive(int(entry)):
+                pids.append(int(entry))
         return pids
 
     def close(self) -> None:
@@ -201,3 +217,20 @@ class Fleet:
             time.sleep(0.05)
         for log in self._logs:
             log.close()
+
+    def close_checked(self) -> None:
+        """close(), then fail the test if any process of this fleet outlived it."""
+        self.close()
+        assert self.marked_pids() == [], "processes left behind"
+
+    def close_waiting(self, what: str = "every process of the fleet to exit", timeout: float = 20) -> None:
+        """close(), then wait (bounded) for every process to be gone, closing again while any is left.
+
+        Agents are stopped first, so none can launch an engine while close()
+        sweeps the marked processes; SIGKILLed engines take a moment to be gone
+        from /proc, hence the wait.
+        """
+        for node in list(self.agents):
+            self.kill_agent(node)
+        self.close()
+        wait_until(lambda: self.marked_pids() == [] or self.close(), what, timeout)

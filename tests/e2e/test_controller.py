@@ -40,8 +40,7 @@ def fleet(tmp_path_factory):
         fleet.start_agent("n2", "2xL4-24GB", "l4")
         yield fleet
     finally:
-        fleet.close()
-        assert fleet.marked_pids() == [], "processes left behind"
+        fleet.close_checked()
 
 
 def pids(fleet):

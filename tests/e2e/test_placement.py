@@ -51,8 +51,7 @@ def fleet(tmp_path_factory):
         fleet.start_agent("n2", "1xL4-24GB", "gpu")
         yield fleet
     finally:
-        fleet.close()
-        assert fleet.marked_pids() == [], "processes left behind"
+        fleet.close_checked()
 
 
 def models(fleet):

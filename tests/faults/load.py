@@ -1,5 +1,8 @@
 """Steady client load for the fault scenarios: a few threads streaming chat completions, every outcome kept.
 
+Beside it, `Sampler`: one thread reading a value (a catalog version, a
+router's endpoint count) every few milliseconds while a scenario runs.
+
 A request counts as good only if it was answered 200 and its stream ended
 with `data: [DONE]` and carried no error event: a stream cut short by a
 failure is exactly what the suite is here to catch. Each worker is bounded
@@ -11,6 +14,7 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import requests
 
@@ -97,6 +101,44 @@ class SteadyLoad:
 
     def failures(self, outcomes: list[Outcome] | None = None) -> list[Outcome]:
         return [o for o in (self.outcomes if outcomes is None else outcomes) if not o.ok]
+
+
+class Sampler:
+    """Reads `read(session)` every `every` seconds on a thread while its `with` block runs; the readings in `seen`.
+
+    A read that fails as a server going away fails (no answer, not JSON, no
+    such field) is kept as `failed`, or skipped when `failed` is `SKIP`. With
+    `changes_only`, a reading equal to the one before is not kept again.
+    """
+
+    SKIP = object()
+
+    def __init__(self, read: Callable[[requests.Session], Any], every: float, *, failed: Any = SKIP,
+                 changes_only: bool = False):
+        self.seen: list[Any] = []
+        self._read, self._every, self._failed, self._changes_only = read, every, failed, changes_only
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        with requests.Session() as session:
+            while not self._stop.wait(self._every):
+                try:
+                    value = self._read(session)
+                except (requests.RequestException, ValueError, KeyError):
+                    if self._failed is Sampler.SKIP:
+                        continue
+                    value = self._failed
+                if not (self._changes_only and self.seen and self.seen[-1] == value):
+                    self.seen.append(value)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
 
 
 def summary(outcomes: list[Outcome]) -> str:

@@ -13,7 +13,7 @@ import time
 
 import requests
 
-from tests.e2e.fleet import wait_until
+from tests.e2e.fleet import alive, wait_until
 
 from .load import SteadyLoad, summary
 
@@ -34,14 +34,6 @@ NODE_TIMEOUT, REPLACE_AFTER = 2, 4
 def routed(fleet) -> set[str]:
     return {e["replica_id"] for e in requests.get(fleet.control + "/api/v1/watch/endpoints", params={"timeout": 0},
                                                   timeout=5).json()["endpoints"]}
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 def test_silent_agent_loses_its_replicas_to_another_node_and_leaves_no_duplicate(fleet, figure):

@@ -17,16 +17,14 @@ force, and no request fails.
 import os
 import shutil
 import subprocess
-import threading
 
 import pytest
-import requests
 
 from llmgwctl.catalog import load_dir
 
 from tests.e2e.fleet import wait_until
 
-from .load import SteadyLoad, summary
+from .load import Sampler, SteadyLoad, summary
 
 FILES = 30
 CORE = """\
@@ -48,31 +46,12 @@ def small(k: int, revision: int) -> str:
             f"    profiles: [{{engine: fake, gpus: 0, weight: {revision}}}]\n")
 
 
-class VersionsInForce:
+class VersionsInForce(Sampler):
     """Every catalog version the controller has in force, read every 10 ms."""
 
     def __init__(self, control: str):
-        self.control, self.seen = control, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        with requests.Session() as session:
-            while not self._stop.wait(0.01):
-                try:
-                    version = session.get(self.control + "/api/v1/catalog", timeout=5).json()["version"]
-                except (requests.RequestException, ValueError, KeyError):
-                    continue
-                if not self.seen or self.seen[-1] != version:
-                    self.seen.append(version)
-
-    def __enter__(self) -> "VersionsInForce":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
+        super().__init__(lambda session: session.get(control + "/api/v1/catalog", timeout=5).json()["version"],
+                         0.01, changes_only=True)
 
 
 @pytest.fixture

@@ -7,15 +7,13 @@ controller adopts what the agents report. Clients see no failure, no engine
 restarts, and once settled the status is the one before the kill.
 """
 import signal
-import threading
 import time
 
 import requests
 
-from tests.e2e.fleet import wait_until
+from tests.e2e.fleet import alive, wait_until
 
-from .load import SteadyLoad, summary
-from .test_agent_stop import alive
+from .load import Sampler, SteadyLoad, summary
 
 CATALOG = """\
 apiVersion: llmgw/v1
@@ -41,29 +39,12 @@ def comparable(status: dict) -> dict:
     }
 
 
-class EndpointCounts:
+class EndpointCounts(Sampler):
     """What the standalone router holds, read from its /healthz every 20 ms while the controller restarts."""
 
     def __init__(self, router: str):
-        self.router, self.seen = router, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        with requests.Session() as session:
-            while not self._stop.wait(0.02):
-                try:
-                    self.seen.append(session.get(self.router + "/healthz", timeout=5).json()["endpoints"])
-                except (requests.RequestException, ValueError, KeyError):
-                    self.seen.append(None)
-
-    def __enter__(self) -> "EndpointCounts":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
+        super().__init__(lambda session: session.get(router + "/healthz", timeout=5).json()["endpoints"],
+                         0.02, failed=None)
 
 
 def test_controller_restart_behind_a_standalone_router_costs_clients_nothing(fleet, figure):

@@ -14,7 +14,7 @@ import time
 
 import requests
 
-from tests.e2e.fleet import wait_until
+from tests.e2e.fleet import alive, wait_until
 
 CATALOG = """\
 apiVersion: llmgw/v1
@@ -32,14 +32,6 @@ models:
   - name: solo
     profiles: [{name: l4, engine: fake, gpus: 1}]
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 def events(fleet) -> list[str]:

@@ -34,12 +34,7 @@ def fleet(tmp_path_factory):
         fleet.start_agent("obs-n1", "2xL4-24GB", "l4")
         yield fleet
     finally:
-        # Agents first, so none can launch an engine while close() sweeps the marked processes.
-        for node in list(fleet.agents):
-            fleet.kill_agent(node)
-        fleet.close()
-        # SIGKILLed engines take a moment to be gone from /proc: wait for it, bounded.
-        wait_until(lambda: fleet.marked_pids() == [] or fleet.close(), "every process of the fleet to exit", 20)
+        fleet.close_waiting()
 
 
 def write(fleet, text: str) -> None:

@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from llmgwctl.observability.logs import JsonFormatter, setup_logging
-from tests.router.harness import _readline, wait_until
+from tests.router.harness import _readline, static_router_args, wait_until
 
 MODEL = "log-model"
 
@@ -51,17 +51,12 @@ def test_setup_logging_json_and_refuses_an_unknown_format():
 @pytest.fixture
 def router_proc(tmp_path, engines):
     engine = engines(MODEL, "log-r1")
-    (tmp_path / "cat").mkdir()
-    (tmp_path / "cat" / "m.yaml").write_text(
-        f"apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n  - name: {MODEL}\n    source: org/m\n"
-        "    profiles: [{name: default, engine: fake, gpus: 0}]\n")
-    (tmp_path / "eps.yaml").write_text(f"endpoints:\n  - {{model: {MODEL}, url: '{engine.url}', id: log-r1}}\n")
+    served = static_router_args(tmp_path, MODEL, engine.url, "log-r1")
     procs = []
 
     def start(*extra: str):
         err = open(tmp_path / f"router-{len(procs)}.err", "w+")
-        proc = subprocess.Popen([sys.executable, "-m", "llmgwctl", "router", "--listen", "127.0.0.1:0",
-                                 "--endpoints", str(tmp_path / "eps.yaml"), "--catalogs", str(tmp_path / "cat"),
+        proc = subprocess.Popen([sys.executable, "-m", "llmgwctl", "router", "--listen", "127.0.0.1:0", *served,
                                  *extra], stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
         procs.append(proc)
         line = _readline(proc, 20)

@@ -7,7 +7,6 @@ editable install or a checkout beside the test cannot stand in for it.
 """
 import configparser
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -167,13 +166,9 @@ def test_installed_serve_answers_a_chat_through_its_router(venv, tmp_path):
     home.mkdir()
     fleet = Fleet(home, command=[str(venv / "bin" / "llmgwctl")], environ=_clean_env())
     (fleet.catalogs / "models.yaml").write_text(CATALOG)
-    base = random.randrange(23000, 29000, 100)   # the agent skips ports it cannot bind
     try:
-        proc = fleet._spawn("serve", [
-            "serve", "--catalogs", str(fleet.catalogs), "--listen", f"127.0.0.1:{fleet.router_port}",
-            "--control", f"127.0.0.1:{fleet.control_port}", "--state-dir", str(home / "state"),
-            "--ports", f"{base}-{base + 99}", "--gpus", "none", "--settle", "1"])
-        fleet.controller = proc
+        fleet.start_serve("--settle", "1")
+        proc = fleet.controller
         wait_until(lambda: proc.poll() is not None or fleet.ready("wheel-chat"), "the local agent's replica ready",
                    errors=(requests.RequestException,))
         assert proc.poll() is None, fleet.log("serve")[-3000:]

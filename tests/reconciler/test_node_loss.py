@@ -14,15 +14,23 @@ def lose(w, node, seconds, *others):
     w.rec.reconcile_once()
 
 
-def test_single_replica_model_is_replaced_at_the_node_timeout_not_after_the_grace():
+def lone_replica_lost():
+    """A one-replica model on one of two nodes, that node then silent for 16 s: (world, replica, its node, the other).
+
+    16 s: past the 15 s node timeout, far inside the 60 s grace.
+    """
     w = World(catalog(model("a")), settle=0)
     w.report("n1")
     w.report("n2")
     converge(w, nodes=("n1", "n2"))
-    (a,) = w.rec.replicas.values()
-    lost, other = a.node, "n2" if a.node == "n1" else "n1"
+    (replica,) = w.rec.replicas.values()
+    lost, other = replica.node, "n2" if replica.node == "n1" else "n1"
     lose(w, lost, 16, other)
-    # 16 s: past the 15 s node timeout, far inside the 60 s grace.
+    return w, replica, lost, other
+
+
+def test_single_replica_model_is_replaced_at_the_node_timeout_not_after_the_grace():
+    w, _, _, other = lone_replica_lost()
     assert [(r.node, r.state) for r in w.rec.replicas.values()] == [(other, "pending")]
     assert any(e.kind == "replica-replaced" and "no other replica serves it" in e.message for e in w.rec.events)
 
@@ -45,13 +53,7 @@ def test_replica_of_a_model_still_served_elsewhere_waits_for_the_grace():
 
 
 def test_node_back_with_a_replaced_replica_keeps_the_one_that_served_meanwhile():
-    w = World(catalog(model("a")), settle=0)
-    w.report("n1")
-    w.report("n2")
-    converge(w, nodes=("n1", "n2"))
-    (old,) = w.rec.replicas.values()
-    lost, other = old.node, "n2" if old.node == "n1" else "n1"
-    lose(w, lost, 16, other)
+    w, old, lost, other = lone_replica_lost()
     for _ in range(3):
         w.step()
         w.agent_follows(other)

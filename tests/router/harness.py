@@ -8,14 +8,14 @@ to it through its real interface, on its loop.
 """
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -24,7 +24,7 @@ from llmgwctl.engines import parse_load
 from llmgwctl.contracts import Endpoint, LoadReading
 from llmgwctl.router import Router, RouterConfig, start
 
-from ..support import wait_until
+from ..support import LoopThread, wait_until
 
 # Starting a Python process and binding takes well under a second here; ten
 # covers a loaded 2-core machine.
@@ -78,6 +78,19 @@ def spawn_engine(model: str, replica_id: str, *args: str, stderr=None) -> Engine
     return engine
 
 
+def static_router_args(root: Path, model: str, url: str, replica_id: str) -> list[str]:
+    """Write a one-model catalog directory and a static endpoint file (one fake engine at `url`) under `root`.
+
+    Returns the `llmgwctl router` arguments that serve them.
+    """
+    (root / "cat").mkdir()
+    (root / "cat" / "m.yaml").write_text(
+        f"apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n  - name: {model}\n    source: org/m\n"
+        "    profiles: [{name: default, engine: fake, gpus: 0}]\n")
+    (root / "eps.yaml").write_text(f"endpoints:\n  - {{model: {model}, url: '{url}', id: {replica_id}}}\n")
+    return ["--endpoints", str(root / "eps.yaml"), "--catalogs", str(root / "cat")]
+
+
 def _readline(proc: subprocess.Popen, timeout: float) -> str:
     box: list[str] = []
     reader = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
@@ -107,25 +120,14 @@ def catalog(*models: tuple[str, tuple[str, ...]] | Model) -> Catalog:
     return Catalog(built)
 
 
-class RouterThread:
-    """A real router on 127.0.0.1:<free port>, its loop in a daemon thread."""
+class RouterThread(LoopThread):
+    """A real router on 127.0.0.1:<free port>, its loop in a daemon thread; `call` runs on that loop."""
 
     def __init__(self, router: Router):
+        super().__init__()
         self.router = router
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
         self._runner, port = self.call_async(start(router, "127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{port}"
-
-    def call_async(self, coro, timeout: float = 30.0):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run `fn(*args)` on the router's loop, where the router's surfaces must be called."""
-        async def run():
-            return fn(*args)
-        return self.call_async(run())
 
     def set_endpoints(self, endpoints) -> None:
         self.call(self.router.set_endpoints, list(endpoints))
@@ -133,12 +135,8 @@ class RouterThread:
     def set_catalog(self, cat: Catalog) -> None:
         self.call(self.router.set_catalog, cat)
 
-    def close(self) -> None:
-        try:
-            self.call_async(self._runner.cleanup())
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(10)
+    def shutdown(self) -> None:
+        self.call_async(self._runner.cleanup())
 
 
 def make_router(cat: Catalog, *, waker=None, **config: Any) -> Router:

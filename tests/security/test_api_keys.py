@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from llmgwctl.router.auth import KeyFileError, KeyFileWatcher, hash_key, load_keys
-from tests.router.harness import _readline, catalog, make_router, wait_until
+from tests.router.harness import _readline, catalog, make_router, static_router_args, wait_until
 
 MODEL = "sec-qwen"
 OTHER = "sec-llama"
@@ -167,15 +167,10 @@ def test_invalid_key_files_say_what_is_wrong(tmp_path, text, message):
 def test_standalone_router_follows_edits_of_the_key_file(tmp_path, engines):
     """The real watcher in a real `llmgwctl router --api-keys`: an editor's save is in force without a restart."""
     engine = engines(MODEL, "sec-follow")
-    (tmp_path / "cat").mkdir()
-    (tmp_path / "cat" / "m.yaml").write_text(
-        f"apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n  - name: {MODEL}\n    source: org/m\n"
-        "    profiles: [{name: default, engine: fake, gpus: 0}]\n")
-    (tmp_path / "eps.yaml").write_text(f"endpoints:\n  - {{model: {MODEL}, url: '{engine.url}', id: sec-follow}}\n")
+    served = static_router_args(tmp_path, MODEL, engine.url, "sec-follow")
     keys = tmp_path / "keys.yaml"
     keys.write_text(keys_yaml(("team-a", KEY_A, ["*"], 100)))
-    proc = subprocess.Popen([sys.executable, "-m", "llmgwctl", "router", "--listen", "127.0.0.1:0",
-                             "--endpoints", str(tmp_path / "eps.yaml"), "--catalogs", str(tmp_path / "cat"),
+    proc = subprocess.Popen([sys.executable, "-m", "llmgwctl", "router", "--listen", "127.0.0.1:0", *served,
                              "--api-keys", str(keys), "--log-level", "warning"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:

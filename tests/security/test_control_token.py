@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from llmgwctl.cli import main as cli_main
 from llmgwctl.control.auth import ControlAuth, TokenError, check_bind, is_loopback, node_token, read_token_file
-from tests.e2e.fleet import Fleet, wait_until
+from tests.e2e.fleet import Fleet, wait_until, write_secret
 
 ADMIN = "admin-" + "1f" * 16
 AGENT = "agent-" + "2e" * 16
@@ -48,19 +48,13 @@ def fleet(tmp_path_factory):
     (fleet.catalogs / "models.yaml").write_text(CATALOG)
     for name, token in (("admin.token", ADMIN), ("agent.token", AGENT), ("wrong.token", WRONG),
                         ("tok-good.token", GOOD_NODE)):
-        (root / name).write_text(token + "\n")
-        os.chmod(root / name, 0o600)
+        write_secret(root / name, token)
     try:
         fleet.start_controller("--token-file", str(root / "admin.token"),
                                "--agent-token-file", str(root / "agent.token"))
         yield fleet
     finally:
-        # Agents first, so none can launch an engine while close() sweeps the marked processes.
-        for node in list(fleet.agents):
-            fleet.kill_agent(node)
-        fleet.close()
-        # SIGKILLed engines take a moment to be gone from /proc: wait for it, bounded.
-        wait_until(lambda: fleet.marked_pids() == [] or fleet.close(), "every process of the fleet to exit", 20)
+        fleet.close_waiting()
 
 
 def status(fleet) -> dict:
