@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from .. import support
 
@@ -234,3 +235,18 @@ class Fleet:
             self.kill_agent(node)
         self.close()
         wait_until(lambda: self.marked_pids() == [] or self.close(), what, timeout)
+
+
+def endpoint_metrics(router: str, replica: str) -> dict[str, float]:
+    """The router's own series for one replica's endpoint, by sample name, from its /metrics.
+
+    Engine series are labelled by slot (MODEL/PROFILE/N, stable across a
+    restart), not by replica id; llmgw_router_endpoint_info says which replica
+    holds each slot now.
+    """
+    samples = [s for family in text_string_to_metric_families(requests.get(router + "/metrics", timeout=5).text)
+               for s in family.samples]
+    slots = {s.labels["endpoint"] for s in samples
+             if s.name == "llmgw_router_endpoint_info" and s.labels.get("replica") == replica}
+    return {s.name: s.value for s in samples
+            if s.labels.get("endpoint") in slots and s.name != "llmgw_router_endpoint_info"}

@@ -9,9 +9,8 @@ prefix goes to the other replica instead of queueing.
 from __future__ import annotations
 
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
-from .fleet import Fleet, wait_until
+from .fleet import Fleet, endpoint_metrics, wait_until
 
 MODEL = "chat"
 # --max-num-seqs 1: a second request queues behind the first, so saturation is
@@ -41,12 +40,7 @@ def ask(fleet: Fleet, question: str, *, model: str = MODEL, stream: bool = False
 
 def waiting(fleet: Fleet, replica: str) -> float:
     """The engine's queue as the router last read it, for `replica` (series are labelled by slot, not replica id)."""
-    samples = [s for family in text_string_to_metric_families(requests.get(fleet.router + "/metrics", timeout=5).text)
-               for s in family.samples]
-    slots = {s.labels["endpoint"] for s in samples
-             if s.name == "llmgw_router_endpoint_info" and s.labels.get("replica") == replica}
-    return sum(s.value for s in samples
-               if s.name == "llmgw_router_endpoint_waiting_requests" and s.labels.get("endpoint") in slots)
+    return endpoint_metrics(fleet.router, replica).get("llmgw_router_endpoint_waiting_requests", 0.0)
 
 
 def test_a_shared_prefix_sticks_to_one_replica_and_spreads_when_it_is_saturated(tmp_path):

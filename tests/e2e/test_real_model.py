@@ -29,7 +29,6 @@ from pathlib import Path
 import openai
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from llmgwctl.catalog import load_dir
 from llmgwctl.contracts import LoadReading
@@ -37,7 +36,7 @@ from llmgwctl.engines import LaunchError, driver_for, parse_load
 from llmgwctl.engines.llamacpp import resolve_gguf
 
 from .. import support
-from .fleet import Fleet, wait_until
+from .fleet import Fleet, endpoint_metrics, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "smollm2"
@@ -72,17 +71,9 @@ def status_cli(fleet: Fleet, *args: str) -> subprocess.CompletedProcess:
 
 def router_metrics(fleet: Fleet, endpoint: str) -> dict[str, float]:
     """The router's own view of one endpoint, from its /metrics: requests in flight, age of its load reading."""
-    found = {"inflight": math.nan, "age": math.inf}
-    text = requests.get(fleet.router + "/metrics", timeout=5).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.labels.get("endpoint") != endpoint:
-                continue
-            if sample.name == "llmgw_router_inflight_requests":
-                found["inflight"] = sample.value
-            elif sample.name == "llmgw_router_endpoint_metrics_age_seconds":
-                found["age"] = sample.value
-    return found
+    seen = endpoint_metrics(fleet.router, endpoint)
+    return {"inflight": seen.get("llmgw_router_inflight_requests", math.nan),
+            "age": seen.get("llmgw_router_endpoint_metrics_age_seconds", math.inf)}
 
 
 def model_status(fleet: Fleet) -> dict:
@@ -212,7 +203,7 @@ def test_without_llama_server_smollm2_is_unplaceable_with_the_fix(tmp_path, monk
         assert "llamacpp" not in node["engines"] and "llmgw[local]" in node["engines_missing"]["llamacpp"]
         out = status_cli(fleet)
         words = " ".join(out.stdout.split())          # status wraps long notes to 100 columns
-        assert out.returncode == 0 and "cannot place smollm2:" in words, out.stdout
+        assert out.returncode == 0 and "cannot place smollm2 (never, with this fleet):" in words, out.stdout
         assert "install it with: pip install 'llmgw[local]'" in words, out.stdout
     finally:
         fleet.close_checked()

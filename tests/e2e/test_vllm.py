@@ -42,7 +42,7 @@ from llmgwctl.engines import LaunchError, driver_for
 from llmgwctl.engines.gguf import converted_dir, missing_conversion_modules, resolve_gguf
 
 from .. import support
-from .fleet import Fleet, alive, wait_until
+from .fleet import Fleet, alive, endpoint_metrics, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED = REPO / "catalogs" / "vllm-cpu" / "models.yaml"
@@ -93,10 +93,8 @@ def router_gauges(fleet: Fleet, endpoint: str) -> dict[str, float]:
              "llmgw_router_endpoint_waiting_requests": "waiting",
              "llmgw_router_endpoint_kv_cache_usage_ratio": "kv"}
     found: dict[str, float] = {"age": math.inf}
-    for family in text_string_to_metric_families(requests.get(fleet.router + "/metrics", timeout=5).text):
-        for sample in family.samples:
-            if sample.labels.get("endpoint") == endpoint and sample.name in names:
-                found[names[sample.name]] = sample.value
+    found.update((names[name], value) for name, value in endpoint_metrics(fleet.router, endpoint).items()
+                 if name in names)
     return found
 
 
