@@ -26,6 +26,7 @@ Errors are JSON `{"error": {"message", "type", "code"}}` like the router's.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import ipaddress
 import json
 import logging
@@ -56,6 +57,9 @@ MAX_APPLY_BYTES = 4 * 1024 * 1024
 # How often a held watch checks whether the settling window is over: one flag
 # read; a router hears the settled list within a tenth of a second of it.
 SETTLED_POLL = 0.1
+
+
+_OK = json.dumps({"ok": True}).encode()
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error", **extra) -> web.Response:
@@ -170,6 +174,8 @@ class ControlAPI:
         # Encoded answers, kept while what they say holds (see _encoded, desired).
         self._answers: dict[str, tuple[tuple, bytes]] = {}
         self._desired: dict[str, tuple[int, bytes]] = {}
+        # Per node, the digest of its last accepted report and where it came from (see report).
+        self._reports: dict[str, tuple[bytes, str | None]] = {}
 
     def app(self) -> web.Application:
         requests = self.metrics.requests
@@ -254,8 +260,18 @@ class ControlAPI:
         return True
 
     async def report(self, request: web.Request) -> web.Response:
+        node = request.match_info["node"]
+        raw = await request.read()
+        # A heartbeat is the node's last report again, byte for byte (an agent
+        # encodes the same state the same way): a digest of the bytes stands
+        # for the schema check, the URL check and the parse it already passed.
+        # Checked against the same peer, since the URL check reads the
+        # address a report came from. At 5,000 nodes this is 500 a second.
+        digest = hashlib.blake2b(raw, digest_size=16).digest()
+        if self._reports.get(node) == (digest, request.remote) and self.c.agent_heartbeat(node):
+            return web.Response(body=_OK, content_type="application/json")
         try:
-            body = await request.json()
+            body = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
             return _error(400, "report must be a JSON object")
         wrong = schemas.problems("agent-report", body)
@@ -265,12 +281,13 @@ class ControlAPI:
         if wrong_url:
             return _error(400, wrong_url)
         try:
-            self.c.agent_reported(request.match_info["node"], body)
+            self.c.agent_reported(node, body)
         except ConflictError as exc:
             return _error(409, str(exc), kind="conflict_error")
         except ReportError as exc:
             return _error(400, str(exc))
-        return web.json_response({"ok": True})
+        self._reports[node] = (digest, request.remote)
+        return web.Response(body=_OK, content_type="application/json")
 
     async def desired(self, request: web.Request) -> web.Response:
         node = request.match_info["node"]

@@ -90,6 +90,10 @@ class Controller:
         if reported.revision != before:
             self.wake_event.set()
 
+    def agent_heartbeat(self, node: str) -> bool:
+        """The node's last accepted report, sent again unchanged: True if taken as a heartbeat (no wake)."""
+        return self.inventory.heartbeat(node)
+
     async def run(self, stop: asyncio.Event, tick: float | None = None) -> None:
         """Follow the catalog directory and reconcile until `stop` is set."""
         tasks = [

@@ -130,6 +130,21 @@ class Inventory:
         node.reachable, node.unreachable_since = True, None
         return node, came_back
 
+    def heartbeat(self, node_name: str) -> bool:
+        """The node's agent sent its last report again, unchanged: only when it was heard moves.
+
+        False when that is not enough -- a node not known, or one already past
+        its timeout (a report then brings it back, which is news) -- and the
+        caller takes the report whole instead.
+        """
+        node = self._nodes.get(node_name)
+        now = self._clock()
+        if node is None or node.last_report is None or not self._reachable_now(node, now):
+            return False
+        node.last_seen = now
+        node.reports += 1
+        return True
+
     def _claim(self, node: Node, report: AgentReport, now: float) -> None:
         """ConflictError unless the agent process that sent `report` may speak for `node` now.
 
