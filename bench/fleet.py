@@ -124,7 +124,11 @@ class Bench:
 
     def start_serve(self) -> None:
         log = open(self.dir / "serve.log", "ab")
-        extra = self.args.serve_arg or []
+        # Every simulated agent reaches serve from 127.0.0.1 and holds a long-poll
+        # there, plus the reports' shared pool and the routers: past the default
+        # cap per address (4096) for a big fleet, as behind a NAT.
+        extra = ["--control-connections-per-client", str(max(4096, 2 * self.args.nodes + 1024)),
+                 *(self.args.serve_arg or [])]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "llmgwctl", "serve", "--no-local-agent", "--catalogs", str(self.catalogs),
              "--listen", f"127.0.0.1:{self.listen}", "--control", f"127.0.0.1:{self.control}", *extra],

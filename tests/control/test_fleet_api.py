@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 
 import aiohttp
@@ -18,6 +19,7 @@ from llmgwctl.control.serve import CONTROL_CONNECTIONS_PER_CLIENT, Server, Serve
 from llmgwctl.httpserver import MAX_CONNECTIONS_PER_CLIENT
 
 from ..controlplane import ControlPlane
+from ..support import until
 
 CATALOG = "apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n  - name: a\n    profiles: [{name: p, engine: fake, gpus: 0}]\n"
 
@@ -122,8 +124,26 @@ async def test_the_control_api_holds_a_fleet_behind_one_address_and_its_cap_is_c
     finally:
         await server.stop()
     server = await serve_with(tmp_path / "capped", control_connections_per_client=3)
+    loop = asyncio.get_running_loop()
+    unexpected = []
+    loop.set_exception_handler(lambda loop, context: unexpected.append(context))
     try:
         lines = await connect_many(server.control_port, 4)
         assert [line.split()[1] for line in lines] == [b"200", b"200", b"200", b"429"]
+        # A refused connection ends cleanly: no handler task left failing (which
+        # the loop reports once the task is collected) for each one refused.
+        await until(lambda: not server.connections.open, "the first connections to be gone")
+        held = [await asyncio.open_connection("127.0.0.1", server.control_port) for _ in range(3)]
+        await until(lambda: sum(server.connections.open.values()) == 3, "three connections held")
+        for _ in range(3):
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.control_port)
+            assert (await asyncio.wait_for(reader.read(), 30)).startswith(b"HTTP/1.1 429")
+            writer.close()
+        for _, writer in held:
+            writer.close()
+        gc.collect()
+        await asyncio.sleep(0)
+        assert not [c for c in unexpected if isinstance(c.get("exception"), AssertionError)], unexpected
     finally:
+        loop.set_exception_handler(None)
         await server.stop()
