@@ -13,8 +13,9 @@ import concurrent.futures
 import threading
 
 import pytest
+import requests
 
-from ..fleetsim import ENGINE_YAML, SimFleet
+from ..fleetsim import ENGINE_YAML, SimFleet, controller_answer_matches
 from .fleet import Fleet, wait_until
 
 NODES, ROUTERS, REPLICAS = 50, 3, 120
@@ -89,6 +90,8 @@ def test_a_simulated_fleet_converges_and_a_restarted_controller_adopts_it_whole(
         wait_until(lambda: fleet.status()["passes"] > passes, "a pass after them")
         assert sim.read(lambda f: (f.starts(), f.stops())) == (starts, stops), "adopted: nothing restarted"
         assert sim.read(lambda f: whole(f, versions))
+        raw = requests.get(fleet.control + "/api/v1/watch/endpoints", params={"after": "0"}, timeout=30).content
+        assert controller_answer_matches(raw) and b'"replica_id"' in raw
     finally:
         try:
             sim.close()
