@@ -345,9 +345,13 @@ class Reconciler:
             return
         serving = {rec.spec.model for rec in self.replicas.values() if rec.state == ReplicaState.READY
                    and (node := self.inventory.get(rec.node)) is not None and node.reachable}
+        # Through the per-node index, not every record for every lost node: a
+        # rack of 1,000 nodes lost at once over 20,000 records was 2*10^7
+        # steps in one pass (issue 19).
+        by_node = self._by_node()
         for node in lost:
-            for rid, rec in list(self.replicas.items()):
-                if rec.node != node.name:
+            for rid, rec in by_node.get(node.name, ()):
+                if self.replicas.get(rid) is not rec:
                     continue
                 if rec.state != ReplicaState.LOST:
                     rec.state, rec.ready_since = ReplicaState.LOST, None
