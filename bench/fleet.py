@@ -127,11 +127,13 @@ class Bench:
         # Every simulated agent reaches serve from 127.0.0.1 and holds a long-poll
         # there, plus the reports' shared pool and the routers: past the default
         # cap per address (4096) for a big fleet, as behind a NAT.
-        # The node timeout is three heartbeats, as serve's default (15 s) is for
-        # the agent's 5 s: with 10 s heartbeats the default would call a node
-        # lost after one late report.
+        # The node timeout and the settling window are three heartbeats, as
+        # serve's defaults (15 s each) are for the agent's 5 s: with 10 s
+        # heartbeats the defaults would call a node lost after one late report,
+        # and end a restart's adoption before a slow node had reported once.
+        hb = str(3 * self.args.heartbeat)
         extra = ["--control-connections-per-client", str(max(4096, 2 * self.args.nodes + 1024)),
-                 "--node-timeout", str(3 * self.args.heartbeat), *(self.args.serve_arg or [])]
+                 "--node-timeout", hb, "--settle", hb, *(self.args.serve_arg or [])]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "llmgwctl", "serve", "--no-local-agent", "--catalogs", str(self.catalogs),
              "--listen", f"127.0.0.1:{self.listen}", "--control", f"127.0.0.1:{self.control}", *extra],
