@@ -104,8 +104,13 @@ class ConnectionGuard:
                 self._on_refuse(addr)
                 log.warning("refused a connection from %s: it already has %d open (limit %d)", addr, n, self.limit)
                 transport.write(_TOO_MANY % (len(_TOO_MANY_BODY), _TOO_MANY_BODY))
-                handler.force_close()
-                transport.close()
+                # Closed on the next loop turn, not here: aiohttp starts the
+                # connection's handler task after this returns, and a connection
+                # closed (force_close closes the transport) before that task's
+                # first step left it asserting on a cleared manager -- one "Task
+                # exception was never retrieved" traceback in the log per refused
+                # connection (issue 19 saw thousands when a fleet passed the cap).
+                asyncio.get_running_loop().call_soon(handler.force_close)
                 return
             self.open[addr] = n + 1
             self._counted[handler] = addr

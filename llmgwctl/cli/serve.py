@@ -40,12 +40,15 @@ from .common import PORT_RANGE, host_port, log_format_option, log_level_options,
               help="A second token that may only report, follow desired replicas, watch and wake (for agents and routers).")
 @click.option("--api-keys", type=click.Path(dir_okay=False), metavar="FILE",
               help="Router API keys (YAML: name, sha256, models, rpm); followed for edits. Without it the router is open.")
+@click.option("--control-connections-per-client", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Open control API connections one client address may hold (each agent holds two); 0: no limit "
+                   "[default: 4096].")
 @router_options
 @log_format_option
 @log_level_options
 def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node, ports, settle, drain_grace,
-            node_timeout, replace_after, token_file, agent_token_file, api_keys, log_format, log_level, verbose,
-            router_config):
+            node_timeout, replace_after, token_file, agent_token_file, api_keys, control_connections_per_client,
+            log_format, log_level, verbose, router_config):
     """Serve the catalogs in DIR: place replicas, route OpenAI requests, follow every edit."""
     from ..catalog import CatalogError
     from ..control.auth import TokenError, check_bind, read_token_file
@@ -68,6 +71,8 @@ def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node
                       api_keys=api_keys, router=router_config)
     if state_dir is not None:
         cfg.state_dir = state_dir
+    if control_connections_per_client is not None:
+        cfg.control_connections_per_client = control_connections_per_client
     if node:
         cfg.node = node
     if local_agent and agent_token:

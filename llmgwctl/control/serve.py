@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ..observability.metrics import ControlMetrics
-from ..httpserver import MAX_CONNECTIONS_PER_CLIENT, ConnectionGuard, bound_port, json_errors, server_options
+from ..httpserver import ConnectionGuard, bound_port, json_errors, server_options
 from .api import ControlAPI
 from .auth import ControlAuth, check_bind, node_token
 from .controller import Controller
@@ -60,10 +60,16 @@ SHUTDOWN_LOOPS = 5.0
 # So serve exits within this of SIGTERM whatever is in flight: 65 s, inside
 # systemd's default 90 s stop timeout (llmgwctl-serve(1) says so).
 SHUTDOWN_GRACE = SHUTDOWN_DRAIN + SHUTDOWN_ENGINES + SHUTDOWN_LOOPS
-# Open control API connections per client address: agents hold two (report and
-# long-poll) and sit behind NAT in some fleets; the shared cap leaves room for
-# a rack of them while bounding a stranger.
-CONTROL_CONNECTIONS_PER_CLIENT = MAX_CONNECTIONS_PER_CLIENT
+# Open control API connections per client address (0: no limit). Not the
+# router's 256 (httpserver.MAX_CONNECTIONS_PER_CLIENT): every agent holds two
+# at all times -- its desired long-poll and its report's keep-alive -- and a
+# fleet behind one NAT address or one load balancer reaches the controller
+# from that one address, so 256 refused the 129th agent (issue 19 measured
+# 1,000 agents behind one address). 4096 carries 2,000 agents per address
+# and still bounds what one stranger can hold to a small share of the file
+# descriptors serve raises its limit to. Larger fleets behind one address:
+# raise it (--control-connections-per-client) or set 0.
+CONTROL_CONNECTIONS_PER_CLIENT = 4096
 
 
 class ServeError(ControlError):
@@ -91,6 +97,7 @@ class ServeConfig:
     agent_token: str | None = None          # routers' token (watch, usage, wake) and the secret node tokens are signed with
     api_keys: str | None = None             # the router's API key file; None: the router is open
     router: "RouterConfig | None" = None    # the data plane's knobs (access log included); None: the defaults
+    control_connections_per_client: int = CONTROL_CONNECTIONS_PER_CLIENT    # 0: no limit
 
 
 class Server:
@@ -142,9 +149,11 @@ class Server:
                                shutdown_timeout=0.5, **server_options())
         await runner.setup()
         json_errors(runner.server)      # aiohttp's own refusals and the unexpected, in JSON like the rest
-        # Beyond loopback strangers reach it too (and get 401): the same cap per
-        # address as the router's, so they cannot hold every socket either.
-        ConnectionGuard(CONTROL_CONNECTIONS_PER_CLIENT).install(runner.server)
+        # Beyond loopback strangers reach it too (and get 401): a cap per address,
+        # so they cannot hold every socket either; its own, sized for agents
+        # behind one address (see CONTROL_CONNECTIONS_PER_CLIENT).
+        self.connections = ConnectionGuard(self.cfg.control_connections_per_client)
+        self.connections.install(runner.server)
         site = web.TCPSite(runner, *self.cfg.control)
         try:
             await site.start()

@@ -46,10 +46,26 @@ class Node:
     # and the last other one refused, for status.
     instance_id: str = ""
     conflict: "Refusal | None" = None
+    # Bumped by every report that says something the last one did not (or
+    # brings the node back): a heartbeat repeating the last report leaves it
+    # as it was, so the controller wakes the reconciler only when this moves
+    # (issue 19: at 1,000 nodes every heartbeat woke a pass over the fleet).
+    revision: int = 0
+    last_report: AgentReport | None = field(default=None, repr=False)
+
+    _available: tuple[Any, frozenset[str]] = field(default=(None, frozenset()), init=False, repr=False, compare=False)
 
     @property
     def available_engines(self) -> frozenset[str]:
-        return frozenset(n for n, (ok, _) in self.engines.items() if ok)
+        # Read for every node on every pass (placement's input); worked out again
+        # only when a report replaced the engines mapping.
+        if self._available[0] is not self.engines:
+            self._available = (self.engines, frozenset(n for n, (ok, _) in self.engines.items() if ok))
+        return self._available[1]
+
+    def overdue(self, now: float, after: float) -> bool:
+        """Reachable, but silent for longer than `after`: the next pass marks it unreachable."""
+        return self.reachable and now - self.last_seen > after
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +101,8 @@ class Inventory:
     def report(self, node_name: str, body: Mapping[str, Any] | AgentReport) -> tuple[Node, bool]:
         """Take one agent report (parsed here when given as JSON; ReportError if it breaks the protocol).
 
-        Returns the node and whether it came back from unreachable.
+        Returns the node and whether it came back from unreachable; `node.revision`
+        moves when the report differs from the node's last one.
         """
         report = body if isinstance(body, AgentReport) else AgentReport.from_dict(body, node=node_name)
         if report.node != node_name:
@@ -96,6 +113,12 @@ class Inventory:
             node = self._nodes[node_name] = Node(node_name, first_seen=now)
         self._claim(node, report, now)
         came_back = not node.reachable
+        if came_back or report != node.last_report:
+            # Compared whole: the contract's records are frozen dataclasses, and
+            # an agent builds the same report for the same state (sorted replicas,
+            # sorted engines), so equal means nothing changed on the node.
+            node.revision += 1
+        node.last_report = report
         node.instance_id = report.instance_id
         node.boot_id = report.boot_id
         node.pools, node.gpus = frozenset(report.pools), report.gpus
@@ -106,6 +129,21 @@ class Inventory:
         node.reports += 1
         node.reachable, node.unreachable_since = True, None
         return node, came_back
+
+    def heartbeat(self, node_name: str) -> bool:
+        """The node's agent sent its last report again, unchanged: only when it was heard moves.
+
+        False when that is not enough -- a node not known, or one already past
+        its timeout (a report then brings it back, which is news) -- and the
+        caller takes the report whole instead.
+        """
+        node = self._nodes.get(node_name)
+        now = self._clock()
+        if node is None or node.last_report is None or not self._reachable_now(node, now):
+            return False
+        node.last_seen = now
+        node.reports += 1
+        return True
 
     def _claim(self, node: Node, report: AgentReport, now: float) -> None:
         """ConflictError unless the agent process that sent `report` may speak for `node` now.
@@ -162,10 +200,15 @@ class Inventory:
         now = self._clock()
         lost = []
         for node in self._nodes.values():
-            if node.reachable and now - node.last_seen > self.unreachable_after:
+            if node.overdue(now, self.unreachable_after):
                 node.reachable, node.unreachable_since = False, now
                 lost.append(node)
         return lost
+
+    def overdue(self) -> bool:
+        """Whether `check()` would mark a node unreachable now: a cheap look, marking nothing."""
+        now = self._clock()
+        return any(node.overdue(now, self.unreachable_after) for node in self._nodes.values())
 
     def forget(self, name: str) -> None:
         self._nodes.pop(name, None)

@@ -12,6 +12,7 @@ import asyncio
 import logging
 
 from ..aio import sleep_unless
+from ..contracts import ReplicaState
 from .core import DRAIN_GRACE, REPLACE_AFTER, SETTLE, EndpointSink, ModelStateSink, Reconciler, Replica
 from .desired import LONG_POLL, DesiredStore
 
@@ -21,6 +22,24 @@ log = logging.getLogger("llmgw.reconciler")
 # progress and idle timeouts are all judged on a pass, and a pass over a
 # fleet's worth of records is milliseconds.
 TICK = 1.0
+# A pass nothing woke costs at most this share of a core: after a pass that
+# took P seconds, the next unwoken one waits max(TICK, P / IDLE_SHARE). A small
+# fleet's pass is milliseconds, so it still runs every TICK; 5,000 nodes with
+# 20,000 replicas take a few hundred ms a pass, which every second was most of
+# a core spent finding nothing to do (issue 19). What must not wait for it
+# still runs a pass within a TICK: a wake (a catalog swap, a report that
+# changed something, the router), a node past its report timeout, a replica
+# draining, the settling window (see `_due`).
+IDLE_SHARE = 0.05
+# Woken passes, back to back, take at most this share of the loop: after a
+# pass of P seconds the next one starts P / WOKEN_SHARE - P later at the
+# earliest. A pass runs on the loop that also answers agents, and while a
+# fleet converges nearly every report is news: at 5,000 nodes passes of a
+# second or more ran back to back, reports waited behind them past the node
+# timeout, and nodes that had reported were taken for lost (issue 19). Half:
+# a change still waits at most one pass's length more, and for a small fleet
+# that is milliseconds.
+WOKEN_SHARE = 0.5
 
 __all__ = ["DRAIN_GRACE", "LONG_POLL", "REPLACE_AFTER", "SETTLE", "TICK", "DesiredStore", "EndpointSink",
            "ModelStateSink", "Reconciler", "Replica", "run"]
@@ -34,10 +53,30 @@ async def run(reconciler: Reconciler, wake: asyncio.Event, stop: asyncio.Event, 
     the next tick runs a pass from the records the failed one left: being
     level-triggered, a later pass redoes whatever the failed one did not.
     """
+    loop = asyncio.get_running_loop()
     while not stop.is_set():
         wake.clear()
+        started = loop.time()
         try:
             reconciler.reconcile_once()
         except Exception as exc:  # noqa: BLE001 -- a bug in one pass must not stop the control plane
             reconciler.pass_failed(exc)
-        await sleep_unless(tick, wake, stop)
+        took = loop.time() - started
+        deadline = started + max(tick, took / IDLE_SHARE)
+        while not await sleep_unless(min(tick, max(0.0, deadline - loop.time())), wake, stop):
+            if loop.time() >= deadline or _due(reconciler):
+                break
+        if not stop.is_set():
+            await sleep_unless(max(0.0, started + took / WOKEN_SHARE - loop.time()), stop)
+
+
+def _due(reconciler: Reconciler) -> bool:
+    """Whether a pass is needed now although nothing woke the loop: what a tick used to be for.
+
+    Cheap looks, no pass: a node past its report timeout (it leaves the router
+    on the next pass), a replica draining (it stops once its requests are
+    done), the settling window (it may end on any pass).
+    """
+    if not reconciler.settled or reconciler.inventory.overdue():
+        return True
+    return any(rec.state == ReplicaState.DRAINING for rec in reconciler.replicas.values())

@@ -27,6 +27,7 @@ It must not know about placement, agents or the reconciler.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -124,6 +125,21 @@ _EVENT_STREAM = "text/event-stream"
 _SMALL_WRITE = 16384
 
 
+@functools.lru_cache(maxsize=65536)
+def _url_problem(url: str) -> str | None:
+    """Why no request could be sent to `url`, or None; remembered per URL.
+
+    Every push of the list checks every endpoint, and at 20,000 endpoints
+    parsing each URL again was half of a reconcile pass in `serve` (issue 19).
+    65,536 URLs: well past a fleet's endpoints, a few MB at most.
+    """
+    try:
+        parse_target(url)
+    except BadEndpointURL as exc:
+        return str(exc)
+    return None
+
+
 class Router:
     def __init__(self, catalog: Catalog | None = None, *, waker: Waker | None = None,
                  config: RouterConfig = DEFAULTS, clock: Callable[[], float] = time.monotonic,
@@ -166,12 +182,11 @@ class Router:
         usable = []
         refused = set()
         for ep in endpoints:
-            try:
-                parse_target(ep.url)
-            except BadEndpointURL as exc:
+            problem = _url_problem(ep.url)
+            if problem is not None:
                 refused.add((ep.replica_id, ep.url))
                 if (ep.replica_id, ep.url) not in self._bad_urls:
-                    log.error("endpoint %s of %r left out of routing: %s", ep.replica_id, ep.model, exc,
+                    log.error("endpoint %s of %r left out of routing: %s", ep.replica_id, ep.model, problem,
                               extra={"event": "endpoint-url-invalid", "endpoint": ep.replica_id})
                 continue
             usable.append(ep)

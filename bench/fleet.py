@@ -1,0 +1,371 @@
+"""The control plane at fleet scale: a real `llmgwctl serve --no-local-agent` against a simulated fleet.
+
+    python bench/fleet.py --nodes 500 [--routers 50] [--heartbeat 10] [--steady 30] [--restart]
+
+The simulator (`tests/fleetsim.py`) runs in this process: NODES agents of 8
+GPUs each, heartbeating every HEARTBEAT s on random phases and long-polling
+their desired lists, and ROUTERS standalone routers following the watch
+stream. The controller is its own process on loopback (no token), so its CPU
+and memory are read from /proc/PID apart from the simulator's, which is
+printed beside them (both share the machine's cores).
+
+The catalog is sized to the fleet: 4 replicas of 1 GPU per node, half the
+GPUs -- one model `big` with 1,000 replicas, the rest in MODELS models -- so a
+change has room. What it prints, in order:
+
+  converge     catalog loaded -> every replica ready in the simulator and on every router
+  steady       controller CPU (of one core) with nothing changing, per heartbeat, passes/s
+  status       GET /api/v1/status latency (p50/max of 5)
+  memory       controller RSS, and per node over the RSS before any agent came
+  add          100 models x 2 replicas written: -> desired on every affected node, -> every router
+  remove       the 100 removed: -> desired without them, -> gone from every router
+  profile      big's args changed (1,000 replicas replaced): -> desired with the new spec, -> every router
+  restart      SIGKILL and start again: settled, every router whole again; starts/stops caused (must be 0)
+
+"-> router" is measured twice: from the catalog write, and from the moment a
+replica turned ready on its (simulated) node to the moment each router held
+it, which leaves out the simulator's start delay.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.fleetsim import ENGINE_YAML, SimFleet  # noqa: E402
+
+TICKS = os.sysconf("SC_CLK_TCK")
+BIG = 1000          # big's replicas: "one profile changed for 1,000 replicas"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS      # utime + stime
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def self_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def model_yaml(name: str, replicas: int, args: tuple[str, ...] = ()) -> str:
+    extra = f"        args: [{', '.join(args)}]\n" if args else ""
+    return (f"  - name: {name}\n    source: sim/{name}\n    replicas: {replicas}\n    profiles:\n"
+            f"      - name: p\n        engine: sim\n        gpus: 1\n{extra}")
+
+
+def write(directory: Path, name: str, text: str | None) -> None:
+    path = directory / name
+    if text is None:
+        path.unlink()
+        return
+    tmp = directory / f".{name}.tmp"
+    tmp.write_text(text)
+    tmp.rename(path)        # atomic: the watcher never reads half a file
+
+
+def catalog(models: list[str]) -> str:
+    return "apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n" + "".join(models)
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def ms(values: list[float]) -> str:
+    return f"p50 {pct(values, 0.5) * 1000:7.0f} ms  p99 {pct(values, 0.99) * 1000:7.0f} ms  (n={len(values)})"
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.dir = Path(tempfile.mkdtemp(prefix="llmgw-fleet-"))
+        self.catalogs = self.dir / "catalogs"
+        self.catalogs.mkdir()
+        self.control = free_port()
+        self.listen = free_port()
+        self.url = f"http://127.0.0.1:{self.control}"
+        self.proc: subprocess.Popen | None = None
+        self.fleet = SimFleet(self.url, args.nodes, routers=args.routers, heartbeat=args.heartbeat)
+        total = 4 * args.nodes
+        # big is 1,000 from 500 nodes up; a smaller fleet (a quick run) gets 2 per node.
+        self.big = min(BIG, 2 * args.nodes)
+        self.models = max(100, args.nodes // 5) if args.nodes >= 500 else max(1, args.nodes // 5)
+        self.per_model = max(1, (total - self.big) // self.models)
+        self.expected = self.big + self.models * self.per_model
+
+    def start_serve(self) -> None:
+        log = open(self.dir / "serve.log", "ab")
+        # Every simulated agent reaches serve from 127.0.0.1 and holds a long-poll
+        # there, plus the reports' shared pool and the routers: past the default
+        # cap per address (4096) for a big fleet, as behind a NAT.
+        # The node timeout and the settling window are three heartbeats, as
+        # serve's defaults (15 s each) are for the agent's 5 s: with 10 s
+        # heartbeats the defaults would call a node lost after one late report,
+        # and end a restart's adoption before a slow node had reported once.
+        hb = str(3 * self.args.heartbeat)
+        extra = ["--control-connections-per-client", str(max(4096, 2 * self.args.nodes + 1024)),
+                 "--node-timeout", hb, "--settle", hb, *(self.args.serve_arg or [])]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "llmgwctl", "serve", "--no-local-agent", "--catalogs", str(self.catalogs),
+             "--listen", f"127.0.0.1:{self.listen}", "--control", f"127.0.0.1:{self.control}", *extra],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    async def get(self, session: aiohttp.ClientSession, path: str) -> tuple[int, bytes]:
+        async with session.get(self.url + path, timeout=aiohttp.ClientTimeout(total=60)) as resp:
+            return resp.status, await resp.read()
+
+    async def until(self, what: str, predicate, timeout: float) -> float:
+        started = time.monotonic()
+        while True:
+            value = predicate()
+            if asyncio.iscoroutine(value):
+                value = await value
+            if value:
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout:
+                raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}; serve log: {self.dir}/serve.log")
+            await asyncio.sleep(0.05)
+
+    async def healthy(self, session) -> bool:
+        try:
+            return (await self.get(session, "/healthz"))[0] == 200
+        except (aiohttp.ClientError, OSError):
+            return False
+
+    def ready_count(self) -> int:
+        return sum(1 for _, r in self.fleet.running().values() if r.state.value == "ready")
+
+    def routers_have(self, count: int) -> bool:
+        return all(len(r.endpoints) == count for r in self.fleet.routers)
+
+    async def metrics(self, session) -> tuple[float, float]:
+        _, body = await self.get(session, "/metrics")
+        total = count = 0.0
+        for line in body.decode().splitlines():
+            if line.startswith("llmgw_reconcile_pass_duration_seconds_sum"):
+                total = float(line.split()[-1])
+            elif line.startswith("llmgw_reconcile_pass_duration_seconds_count"):
+                count = float(line.split()[-1])
+        return count, total
+
+    async def main(self) -> None:
+        a = self.args
+        base = [model_yaml("big", self.big)] + [model_yaml(f"m{i:04d}", self.per_model) for i in range(self.models)]
+        write(self.catalogs, "engines.yaml", "apiVersion: llmgw/v1\nkind: Catalog\n" + ENGINE_YAML)
+        write(self.catalogs, "base.yaml", catalog(base))
+        print(f"fleet: {a.nodes} nodes x 8 GPUs, {a.routers} routers, heartbeat {a.heartbeat:g} s; "
+              f"catalog: big x {self.big} + {self.models} models x {self.per_model} = {self.expected} replicas")
+        stop = asyncio.Event()
+        async with aiohttp.ClientSession() as session:
+            self.start_serve()
+            await self.until("serve up", lambda: self.healthy(session), 60)
+            rss_before = rss_mib(self.proc.pid)
+            sim_cpu0, t0 = self_cpu(), time.monotonic()
+            sim = asyncio.create_task(self.fleet.run(stop))
+            try:
+                took = await self.until("every replica ready", lambda: self.ready_count() == self.expected, a.timeout)
+                took2 = await self.until("every router whole", lambda: self.routers_have(self.expected), a.timeout)
+                print(f"converge     {took:6.1f} s to every replica ready; every router whole {took2:.1f} s later "
+                      f"(from the first agent's start; agents start on random phases over {a.heartbeat:g} s)")
+                await self.steady(session)
+                await self.status(session)
+                rss = rss_mib(self.proc.pid)
+                print(f"memory       controller RSS {rss:.0f} MiB; {(rss - rss_before) * 1024 / a.nodes:.0f} KiB "
+                      f"per node over the {rss_before:.0f} MiB before any agent")
+                await self.changes(base)
+                if a.restart:
+                    await self.restart(session)
+            finally:
+                stop.set()
+                sim_cpu = self_cpu() - sim_cpu0
+                await asyncio.wait({sim}, timeout=15)
+                print(f"simulator    {sim_cpu / (time.monotonic() - t0):.2f} of a core over the run (this process); "
+                      f"errors: reports {self.fleet.report_errors}, polls {self.fleet.poll_errors}, "
+                      f"watches {self.fleet.watch_errors}")
+                self.proc.send_signal(signal.SIGKILL)
+                self.proc.wait()
+
+    async def steady(self, session) -> None:
+        a = self.args
+        await asyncio.sleep(a.heartbeat)        # let the last changes' reports settle out
+        passes0, pass_s0 = await self.metrics(session)
+        reports0 = sum(x.reports for x in self.fleet.agents)
+        cpu0, sim0, t0 = cpu_seconds(self.proc.pid), self_cpu(), time.monotonic()
+        await asyncio.sleep(a.steady)
+        cpu1, sim1, t1 = cpu_seconds(self.proc.pid), self_cpu(), time.monotonic()
+        reports = sum(x.reports for x in self.fleet.agents) - reports0
+        passes1, pass_s1 = await self.metrics(session)
+        wall = t1 - t0
+        passes = passes1 - passes0
+        print(f"steady       controller {(cpu1 - cpu0) / wall:.3f} of a core over {wall:.0f} s; "
+              f"{reports / wall:.0f} reports/s -> {(cpu1 - cpu0) / max(reports, 1) * 1e6:.0f} us CPU per report; "
+              f"{passes / wall:.2f} passes/s of {(pass_s1 - pass_s0) / max(passes, 1) * 1000:.1f} ms; "
+              f"simulator {(sim1 - sim0) / wall:.2f} of a core")
+
+    async def status(self, session) -> None:
+        times = []
+        for _ in range(5):
+            t = time.monotonic()
+            status, body = await self.get(session, "/api/v1/status")
+            times.append(time.monotonic() - t)
+        print(f"status       p50 {statistics.median(times) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms "
+              f"({len(body) / 1e6:.1f} MB)")
+
+    async def phase(self, label: str, write_it, desired_ok, desired_done, router_ok, on_ready=None) -> None:
+        """Write a change; time it to each affected node's desired list and to each router.
+
+        desired_ok(agent, specs): this answer is the change, on an affected node;
+        desired_done(times): every affected node has had it; router_ok(router):
+        this router holds the change; on_ready(replica): a replica of the change.
+        """
+        fleet = self.fleet
+        desired_at: dict[str, float] = {}
+        router_at: dict[int, float] = {}
+        ready_at: dict[str, float] = {}
+        seen: set[tuple[int, str]] = set()
+        lags: list[float] = []
+
+        def on_desired(agent, t, specs):
+            if agent.name not in desired_at and desired_ok(agent, specs):
+                desired_at[agent.name] = t
+
+        def on_endpoints(router, t):
+            for rid in router.endpoints.keys() & ready_at.keys():
+                if (router.index, rid) not in seen:
+                    seen.add((router.index, rid))
+                    lags.append(t - ready_at[rid])
+            if router.index not in router_at and router_ok(router):
+                router_at[router.index] = t
+
+        def ready(agent, rep, t):
+            if on_ready is not None and on_ready(rep):
+                ready_at[rep.spec.id] = t
+
+        fleet.on_desired, fleet.on_endpoints, fleet.on_ready = on_desired, on_endpoints, ready
+        t0 = time.monotonic()
+        write_it()
+        try:
+            await self.until(f"{label}: desired on every affected node", lambda: desired_done(desired_at),
+                             self.args.timeout)
+            await self.until(f"{label}: every router", lambda: len(router_at) == len(fleet.routers), self.args.timeout)
+        finally:
+            fleet.on_desired = lambda a, t, s: None
+            fleet.on_endpoints = lambda r, t: None
+            fleet.on_ready = lambda a, r, t: None
+        print(f"{label:12s} desired: {ms([t - t0 for t in desired_at.values()])} from the write")
+        print(f"{'':12s} routers: {ms([t - t0 for t in router_at.values()])} from the write")
+        if lags:
+            print(f"{'':12s} ready -> router: {ms(lags)} (replica ready on its node -> each router holds it)")
+
+    async def changes(self, base: list[str]) -> None:
+        fleet = self.fleet
+        added = {f"new{i:03d}" for i in range(100)}
+
+        def new_running() -> int:
+            return sum(1 for _, r in fleet.running().values() if r.spec.model in added)
+
+        # add: the affected nodes are known only once placed -- all 200 new replicas run somewhere.
+        await self.phase(
+            "add", lambda: write(self.catalogs, "added.yaml", catalog([model_yaml(m, 2) for m in sorted(added)])),
+            lambda agent, specs: any(s.model in added for s in specs),
+            lambda times: new_running() == 200,
+            lambda r: sum(m in added for m in r.endpoints.values()) == 200,
+            on_ready=lambda rep: rep.spec.model in added)
+        holding = {a.name for a in fleet.agents if any(r.spec.model in added for r in a.replicas.values())}
+        await self.phase(
+            "remove", lambda: write(self.catalogs, "added.yaml", None),
+            lambda agent, specs: agent.name in holding and not any(s.model in added for s in specs),
+            lambda times: times.keys() >= holding,
+            lambda r: not any(m in added for m in r.endpoints.values()))
+        old = {rid for rid, (_, r) in fleet.running().items() if r.spec.model == "big"}
+        changed = [model_yaml("big", self.big, ("--changed",))] + base[1:]
+
+        def replaced() -> bool:
+            return sum(1 for rid, (_, r) in fleet.running().items() if r.spec.model == "big" and rid not in old) == self.big
+
+        # profile: the replacements' specs reach the nodes they are placed on (the old
+        # replicas stop once those are ready: the routers' condition below).
+        await self.phase(
+            "profile", lambda: write(self.catalogs, "base.yaml", catalog(changed)),
+            lambda agent, specs: any(s.model == "big" and s.id not in old for s in specs),
+            lambda times: replaced(),
+            lambda r: not (r.endpoints.keys() & old) and sum(m == "big" for m in r.endpoints.values()) == self.big,
+            on_ready=lambda rep: rep.spec.model == "big")
+
+    async def restart(self, session) -> None:
+        fleet = self.fleet
+        running = len(fleet.running())
+        starts0, stops0 = fleet.starts(), fleet.stops()
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        t0 = time.monotonic()
+        self.start_serve()
+        await self.until("serve up again", lambda: self.healthy(session), 60)
+        up = time.monotonic() - t0
+
+        async def settled():
+            try:
+                return (await self.get(session, "/readyz"))[0] == 200
+            except (aiohttp.ClientError, OSError):
+                return False
+        await self.until("settled", settled, self.args.timeout)
+        took = time.monotonic() - t0
+        versions = {r.version for r in fleet.routers}
+        await self.until("every router on the new controller, whole",
+                         lambda: all(r.version not in versions for r in fleet.routers) and self.routers_have(running),
+                         self.args.timeout)
+        whole = time.monotonic() - t0
+        await asyncio.sleep(self.args.heartbeat)     # anything it would start or stop, it has by now
+        print(f"restart      {running} replicas: up {up:.1f} s, settled {took:.1f} s, every router whole "
+              f"{whole:.1f} s after the kill; caused {fleet.starts() - starts0} starts, "
+              f"{fleet.stops() - stops0} stops")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, default=500)
+    p.add_argument("--routers", type=int, default=50)
+    p.add_argument("--heartbeat", type=float, default=10.0)
+    p.add_argument("--steady", type=float, default=30.0, help="seconds of the steady-state window")
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds any one phase may take")
+    p.add_argument("--restart", action="store_true", help="also kill and restart the controller")
+    p.add_argument("--serve-arg", action="append", help="an extra argument for serve (repeatable)")
+    a = p.parse_args()
+    import resource as r
+    soft, hard = r.getrlimit(r.RLIMIT_NOFILE)
+    r.setrlimit(r.RLIMIT_NOFILE, (hard, hard))
+    from llmgwctl.aio import run
+    run(Bench(a).main())
+
+
+if __name__ == "__main__":
+    main()

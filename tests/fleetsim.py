@@ -1,0 +1,268 @@
+"""A simulated fleet: thousands of node agents and N standalone routers in one asyncio process.
+
+Test tooling for the control plane at fleet scale (issue 19): `bench/fleet.py`
+measures a real `llmgwctl serve --no-local-agent` with it, and
+`tests/e2e/test_fleetsim.py` runs a small one as a test. Everything crosses
+the real HTTP protocol, built from the project's own contract types:
+
+- `SimAgent` is one node: a stable instance id and boot id, GPUs, the `sim`
+  engine. It POSTs its `AgentReport` on every change and as a heartbeat on
+  its own random phase, and long-polls its desired list. A desired replica
+  "starts" (STARTING at once) and reports READY after a random delay, with a
+  stand-in URL on the node's advertised host -- each node advertises its own
+  127.x.y.z, so URLs are distinct and pass the controller's host check --
+  where nothing listens (the catalog's `sim` engine has no metrics path, so no
+  router polls it). A replica no longer desired is gone at once.
+- `SimRouter` follows `/api/v1/watch/endpoints` as a standalone router does
+  and keeps only what the measurements need: the version and which replica
+  ids it was told, with when.
+
+Serve on loopback without a token: agents then need no node tokens. The
+agents share one aiohttp session (one process cannot afford thousands of
+pools); each still holds its own long-poll connection.
+
+What the measurements read: `SimAgent.starts` / `stops` (a restarted
+controller must adopt, i.e. cause none), `on_desired` / `on_endpoints`
+(called with the arrival time of every answer).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import aiohttp
+
+from llmgwctl.aio import sleep_unless
+from llmgwctl.backoff import Backoff
+from llmgwctl.contracts import AgentReport, EngineAvailability, Gpu, ReplicaSpec, ReplicaState, ReportedReplica
+
+# The catalog engine every simulated replica runs: nothing on disk runs it, and
+# without a metrics path no router polls the stand-in URLs.
+ENGINE_YAML = "engines:\n  sim:\n    command: [\"sim-engine\", \"{port}\"]\n"
+# Long-polls are held ~30 s by the controller; 45 s means the connection is dead (the agent's own number).
+POLL_TIMEOUT = 45.0
+
+
+def node_host(i: int) -> str:
+    """Node i's advertised host: its own loopback address, so every replica URL is distinct."""
+    return f"127.{1 + i // 62500}.{(i // 250) % 250}.{1 + i % 250}"
+
+
+@dataclass
+class SimReplica:
+    spec: ReplicaSpec
+    port: int
+    state: ReplicaState = ReplicaState.STARTING
+
+
+class SimAgent:
+    def __init__(self, fleet: "SimFleet", index: int, *, gpus: int = 8, pools: tuple[str, ...] = ()):
+        self.fleet = fleet
+        self.name = f"sim-{index:05d}"
+        self.host = node_host(index)
+        self.instance_id = uuid.uuid4().hex         # stable for the agent's life, across controller restarts
+        self.boot_id = uuid.uuid4().hex
+        self.gpus = tuple(Gpu(index=g, uuid=f"{self.name}-gpu{g}", name="SIM-80GB", memory_mib=81920)
+                          for g in range(gpus))
+        self.pools = pools
+        self.replicas: dict[str, SimReplica] = {}
+        self.version = 0
+        self.starts = 0
+        self.stops = 0
+        self.reports = 0
+        self._changed = asyncio.Event()
+        self._body: bytes | None = None
+        self._next_port = 20000
+
+    def report(self) -> AgentReport:
+        reps = []
+        for rid in sorted(self.replicas):
+            r = self.replicas[rid]
+            ready = r.state == ReplicaState.READY
+            reps.append(ReportedReplica(
+                id=rid, spec_hash=r.spec.spec_hash, model=r.spec.model, profile=r.spec.profile, engine=r.spec.engine,
+                gpu_indices=r.spec.gpu_indices, state=r.state, port=r.port, pid=10000 + r.port,
+                url=f"http://{self.host}:{r.port}" if ready else None, spec=r.spec))
+        return AgentReport(node=self.name, instance_id=self.instance_id, boot_id=self.boot_id, agent_version="sim",
+                           advertise_host=self.host, pools=self.pools, gpus=self.gpus,
+                           engines={"sim": EngineAvailability(True)}, replicas=tuple(reps))
+
+    def _change(self) -> None:
+        self._body = None
+        self._changed.set()
+
+    def apply(self, specs: Iterable[ReplicaSpec]) -> None:
+        wanted = {s.id: s for s in specs}
+        gone = [r for r in self.replicas if r not in wanted]
+        new = [s for rid, s in wanted.items() if rid not in self.replicas]
+        for rid in gone:
+            del self.replicas[rid]
+            self.stops += 1
+        loop = asyncio.get_running_loop()
+        for spec in new:
+            self._next_port += 1
+            self.replicas[spec.id] = rep = SimReplica(spec, self._next_port)
+            self.starts += 1
+            loop.call_later(random.uniform(*self.fleet.ready_after), self._ready, rep)
+        # Like the real agent: a report on a change only. A list that changes
+        # nothing (a restarted controller's first answer) sends none -- the
+        # controller's settling window counts on that.
+        if gone or new:
+            self._change()
+
+    def _ready(self, rep: SimReplica) -> None:
+        if self.replicas.get(rep.spec.id) is rep:
+            rep.state = ReplicaState.READY
+            self.fleet.on_ready(self, rep, time.monotonic())
+            self._change()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await asyncio.gather(self._report_loop(stop), self._desired_loop(stop))
+
+    async def _report_loop(self, stop: asyncio.Event) -> None:
+        f = self.fleet
+        retry = Backoff(initial=1.0, cap=f.heartbeat)
+        # A random phase: a fleet started together must not heartbeat in step.
+        await sleep_unless(random.uniform(0, f.heartbeat), stop)
+        while not stop.is_set():
+            self._changed.clear()
+            if self._body is None:
+                self._body = json.dumps(self.report().to_dict()).encode()
+            try:
+                async with f.session.post(f"{f.url}/api/v1/agents/{self.name}/report", data=self._body,
+                                          headers={"Content-Type": "application/json"},
+                                          timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                    await resp.read()
+                    ok = resp.status < 300
+                    if not ok:
+                        f.report_errors += 1
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                ok = False
+                f.report_errors += 1
+            if not ok:
+                await sleep_unless(retry.failure(), stop)
+                continue
+            retry.reset()
+            self.reports += 1
+            await sleep_unless(f.heartbeat, stop, self._changed)
+
+    async def _desired_loop(self, stop: asyncio.Event) -> None:
+        f = self.fleet
+        retry = Backoff(initial=1.0, cap=10.0)
+        url = f"{f.url}/api/v1/agents/{self.name}/desired"
+        while not stop.is_set():
+            try:
+                async with f.session.get(url, params={"after": str(self.version), "instance": self.instance_id},
+                                         timeout=aiohttp.ClientTimeout(total=POLL_TIMEOUT)) as resp:
+                    if resp.status == 204:
+                        await resp.read()
+                        retry.reset()
+                        continue
+                    if resp.status != 200:
+                        raise aiohttp.ClientError(f"HTTP {resp.status}")
+                    doc = json.loads(await resp.read())
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+                f.poll_errors += 1
+                await sleep_unless(retry.failure(), stop)
+                continue
+            retry.reset()
+            if doc["version"] == self.version:
+                continue
+            self.version = doc["version"]
+            specs = [ReplicaSpec.from_dict(s) for s in doc["replicas"]]
+            f.on_desired(self, time.monotonic(), specs)
+            self.apply(specs)
+
+
+_VERSION = re.compile(rb'^\{"version": (-?\d+)')
+_ENDPOINT = re.compile(rb'\{"replica_id": "([^"]*)", "model": "([^"]*)"')
+
+
+def controller_answer_matches(raw: bytes) -> bool:
+    """Whether the patterns read a watch answer as json.loads does (for a test of this module)."""
+    doc = json.loads(raw)
+    return (int(_VERSION.search(raw).group(1)) == doc["version"]
+            and {r.decode(): m.decode() for r, m in _ENDPOINT.findall(raw)}
+            == {e["replica_id"]: e["model"] for e in doc["endpoints"]})
+
+
+class SimRouter:
+    """A standalone router as far as the watch stream goes: what it was told, and when."""
+
+    def __init__(self, fleet: "SimFleet", index: int):
+        self.fleet = fleet
+        self.index = index
+        self.version = 0
+        self.endpoints: dict[str, str] = {}         # replica id -> model
+        self.answers = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        f = self.fleet
+        retry = Backoff(initial=0.5, cap=5.0)
+        while not stop.is_set():
+            try:
+                async with f.session.get(f"{f.url}/api/v1/watch/endpoints", params={"after": str(self.version)},
+                                         timeout=aiohttp.ClientTimeout(total=POLL_TIMEOUT)) as resp:
+                    if resp.status != 200:
+                        raise aiohttp.ClientError(f"HTTP {resp.status}")
+                    raw = await resp.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                f.watch_errors += 1
+                await sleep_unless(retry.failure(), stop)
+                continue
+            retry.reset()
+            arrived = time.monotonic()
+            self.answers += 1
+            version = int(_VERSION.search(raw).group(1))
+            if version == self.version:
+                continue
+            self.version = version
+            # Read with a pattern, not json.loads: at 20,000 endpoints an answer is
+            # ~4 MB, and fifty routers parsing each one whole starved the agents on
+            # the same loop of their heartbeats. The controller writes the keys in
+            # Endpoint.to_dict's order; `controller_answer_matches` checks that.
+            self.endpoints = {rid.decode(): model.decode() for rid, model in _ENDPOINT.findall(raw)}
+            f.on_endpoints(self, arrived)
+
+
+class SimFleet:
+    """`nodes` agents and `routers` routers against the control API at `url`; `run(stop)` until stopped."""
+
+    def __init__(self, url: str, nodes: int, *, routers: int = 0, heartbeat: float = 10.0, gpus: int = 8,
+                 ready_after: tuple[float, float] = (0.2, 1.0)):
+        self.url = url.rstrip("/")
+        self.heartbeat = heartbeat
+        self.ready_after = ready_after
+        self.session: aiohttp.ClientSession = None  # type: ignore[assignment]  # made on the loop, in run()
+        self.agents = [SimAgent(self, i, gpus=gpus) for i in range(nodes)]
+        self.routers = [SimRouter(self, i) for i in range(routers)]
+        self.report_errors = self.poll_errors = self.watch_errors = 0
+        # Observers the measurements set: (agent, arrival time, specs), (router, arrival time), (agent, replica, t).
+        self.on_desired: Callable[[SimAgent, float, list[ReplicaSpec]], None] = lambda a, t, s: None
+        self.on_endpoints: Callable[[SimRouter, float], None] = lambda r, t: None
+        self.on_ready: Callable[[SimAgent, SimReplica, float], None] = lambda a, r, t: None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        # No pool limit: every agent holds a long-poll, and reports share what is left idle.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+        async with aiohttp.ClientSession(connector=connector) as self.session:
+            await asyncio.gather(*(a.run(stop) for a in self.agents), *(r.run(stop) for r in self.routers))
+
+    # -- what measurements and tests read ------------------------------------------------
+
+    def running(self) -> dict[str, tuple[str, SimReplica]]:
+        """Every replica the fleet runs: id -> (node, replica)."""
+        return {rid: (a.name, r) for a in self.agents for rid, r in a.replicas.items()}
+
+    def starts(self) -> int:
+        return sum(a.starts for a in self.agents)
+
+    def stops(self) -> int:
+        return sum(a.stops for a in self.agents)
+
