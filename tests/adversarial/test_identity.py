@@ -49,6 +49,7 @@ def bearer(token: str, scheme: str = "Bearer") -> dict:
 def fleet(tmp_path_factory):
     root = tmp_path_factory.mktemp("identity")
     fleet = Fleet(root)
+    fleet.admin_token = ADMIN
     (fleet.catalogs / "models.yaml").write_text(CATALOG)
     files = {"admin.token": ADMIN, "agent.token": AGENT,
              "keys.yaml": f"keys:\n  - {{name: ident, sha256: {hash_key(API_KEY)}, models: ['*'], rpm: 1000}}\n"}
@@ -66,14 +67,8 @@ def fleet(tmp_path_factory):
         fleet.close_waiting()
 
 
-def status(fleet) -> dict:
-    resp = requests.get(fleet.control + "/api/v1/status", headers=bearer(ADMIN), timeout=10)
-    assert resp.status_code == 200, resp.text
-    return resp.json()
-
-
 def node_line(fleet, name: str) -> dict | None:
-    return next((n for n in status(fleet)["nodes"] if n["name"] == name), None)
+    return next((n for n in fleet.status()["nodes"] if n["name"] == name), None)
 
 
 def agent(fleet, name: str, node: str, state: str, ports: str, token_file: str | None = None) -> subprocess.Popen:
@@ -92,7 +87,7 @@ def ports(fleet, slot: int) -> str:
 
 
 def ready_on(fleet, model: str, node: str) -> list[dict]:
-    return [r for r in status(fleet)["replicas"] if r["model"] == model and r["node"] == node and r["state"] == "ready"]
+    return [r for r in fleet.status()["replicas"] if r["model"] == model and r["node"] == node and r["state"] == "ready"]
 
 
 def post_report(fleet, node: str, token: str, body: dict) -> requests.Response:
@@ -111,7 +106,7 @@ def test_the_agent_token_and_another_nodes_token_cannot_report_a_node(fleet):
     by_other = post_report(fleet, "intruder", node_token(AGENT, "n-a"), {"replicas": [ready_at]})
     assert by_other.status_code == 403, by_other.text
     assert "node 'n-a'" in by_other.json()["error"]["message"]
-    seen = status(fleet)
+    seen = fleet.status()
     assert "intruder" not in {n["name"] for n in seen["nodes"]}
     assert "spoof-1" not in {r["id"] for r in seen["replicas"]}
 
@@ -133,7 +128,7 @@ def test_a_replica_url_off_the_nodes_host_is_refused(fleet):
     unadvertised = post_report(fleet, "n-url", token, {"replicas": [elsewhere]})
     assert unadvertised.status_code == 400
     assert "the address the report came from" in unadvertised.json()["error"]["message"]
-    assert "n-url" not in {n["name"] for n in status(fleet)["nodes"]}
+    assert "n-url" not in {n["name"] for n in fleet.status()["nodes"]}
     # The same report with the URL on the node's own host is taken.
     at_home = dict(elsewhere, url="http://127.0.0.1:20001")
     assert post_report(fleet, "n-url", token, {"advertise_host": "127.0.0.1", "replicas": [at_home]}).ok
@@ -151,11 +146,11 @@ def test_a_second_agent_for_a_running_node_is_refused_shown_and_takes_over_when_
     agent(fleet, "dup-2", "dup", "state-dup-2", ports(fleet, 1), "admin.token")
     line = wait_until(lambda: (n := node_line(fleet, "dup")) and n["conflict"] and n, "the conflict in status", WAIT)
     assert "already has a running agent" in line["conflict"]
-    assert "node-conflict" in {e["kind"] for e in status(fleet)["events"]}
+    assert "node-conflict" in {e["kind"] for e in fleet.status()["events"]}
     wait_until(lambda: "HTTP 409" in fleet.log("dup-2"), "the second agent to say it was refused")
     # Refused means told nothing: it got no desired list and started no engine.
     assert "desired version" not in fleet.log("dup-2")
-    assert [r["id"] for r in status(fleet)["replicas"] if r["model"] == "dup-model"] == [replica["id"]]
+    assert [r["id"] for r in fleet.status()["replicas"] if r["model"] == "dup-model"] == [replica["id"]]
     saved = fleet.root / "state-dup-2" / "replicas.json"
     assert not saved.exists() or json.loads(saved.read_text())["replicas"] == []
 
@@ -193,7 +188,7 @@ def test_a_restarted_agent_takes_its_node_over_at_once_and_adopts_its_engines(fl
                NODE_TIMEOUT / 2)
     (after,) = wait_until(lambda: ready_on(fleet, "rst-model", "rst"), "rst-model ready", WAIT)
     assert after["id"] == replica["id"] and after["pid"] == replica["pid"], "adopted, not restarted"
-    events = status(fleet)["events"]
+    events = fleet.status()["events"]
     assert not [e for e in events if e["message"].startswith(("node rst ", "node 'rst'"))], events
     assert "HTTP 409" not in fleet.log("rst-2")
 
@@ -202,7 +197,7 @@ def test_a_restarted_agent_takes_its_node_over_at_once_and_adopts_its_engines(fl
 
 def test_a_standalone_router_with_the_agent_token_reports_its_usage(fleet):
     fleet.start_router("--token-file", str(fleet.root / "agent.token"))
-    wait_until(lambda: status(fleet)["routers"] >= 1, "the controller to count the router's usage reports", WAIT)
+    wait_until(lambda: fleet.status()["routers"] >= 1, "the controller to count the router's usage reports", WAIT)
     assert "HTTP 401" not in fleet.log("router-0") and "401" not in fleet.log("router-0")
 
 
@@ -221,6 +216,7 @@ def test_a_lower_case_bearer_scheme_is_accepted(fleet):
 def test_serves_local_agent_authenticates_as_its_node(tmp_path):
     """In-process, the local agent still speaks the agent protocol: with its node's token, minted by serve."""
     fleet = Fleet(tmp_path)
+    fleet.admin_token = ADMIN
     (fleet.catalogs / "models.yaml").write_text(CATALOG.replace("pool: rst", "pool: local"))
     for name, token in (("admin.token", ADMIN), ("agent.token", AGENT)):
         write_secret(tmp_path / name, token)

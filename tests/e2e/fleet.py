@@ -68,6 +68,8 @@ class Fleet:
         self.router_port = free_port()
         self.control_port = free_port()
         self.controller: subprocess.Popen | None = None
+        # The admin token status() sends, for a controller started with --token-file.
+        self.admin_token: str | None = None
         self.agents: dict[str, subprocess.Popen] = {}
         self.routers: list[subprocess.Popen] = []
         self._agent_args: dict[str, list[str]] = {}
@@ -148,8 +150,10 @@ class Fleet:
         return found.group(1)
 
     def status(self) -> dict:
-        resp = requests.get(self.control + "/api/v1/status", timeout=5)
-        resp.raise_for_status()
+        headers = {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
+        resp = requests.get(self.control + "/api/v1/status", headers=headers, timeout=10)
+        if resp.status_code != 200:     # a RequestException: what wait_until takes as "not yet"
+            raise requests.HTTPError(f"status answered {resp.status_code}: {resp.text}", response=resp)
         return resp.json()
 
     def replicas(self, model: str | None = None, state: str | None = None) -> list[dict]:

@@ -45,6 +45,7 @@ def bearer(token: str | None) -> dict:
 def fleet(tmp_path_factory):
     root = tmp_path_factory.mktemp("tok-fleet")
     fleet = Fleet(root)
+    fleet.admin_token = ADMIN
     (fleet.catalogs / "models.yaml").write_text(CATALOG)
     for name, token in (("admin.token", ADMIN), ("agent.token", AGENT), ("wrong.token", WRONG),
                         ("tok-good.token", GOOD_NODE)):
@@ -55,12 +56,6 @@ def fleet(tmp_path_factory):
         yield fleet
     finally:
         fleet.close_waiting()
-
-
-def status(fleet) -> dict:
-    resp = requests.get(fleet.control + "/api/v1/status", headers=bearer(ADMIN), timeout=10)
-    assert resp.status_code == 200, resp.text
-    return resp.json()
 
 
 def start_agent(fleet, node: str, token_file: str) -> None:
@@ -81,7 +76,7 @@ def test_admin_routes_refuse_a_missing_wrong_or_agent_token(fleet, token):
                          json={"filename": "extra.yaml", "content": NEW_FILE})
     assert resp.status_code == 401
     assert sorted(os.listdir(fleet.catalogs)) == before                # nothing written
-    assert "tok-extra" not in {m["name"] for m in status(fleet)["models"]}
+    assert "tok-extra" not in {m["name"] for m in fleet.status()["models"]}
 
 
 @pytest.mark.parametrize("token", [None, WRONG])
@@ -89,7 +84,7 @@ def test_agent_routes_refuse_a_missing_or_wrong_token_and_change_nothing(fleet, 
     resp = requests.post(fleet.control + "/api/v1/agents/intruder/report", headers=bearer(token), timeout=10,
                          json={**REPORT, "node": "intruder"})
     assert resp.status_code == 401
-    assert "intruder" not in {n["name"] for n in status(fleet)["nodes"]}
+    assert "intruder" not in {n["name"] for n in fleet.status()["nodes"]}
     for path in ("/api/v1/agents/intruder/desired?timeout=0", "/api/v1/watch/endpoints?timeout=0"):
         assert requests.get(fleet.control + path, headers=bearer(token), timeout=10).status_code == 401
     resp = requests.post(fleet.control + "/api/v1/wake", headers=bearer(token), json={"model": "tok-model"},
@@ -111,11 +106,11 @@ def test_the_admin_token_applies_a_catalog(fleet):
 def test_agents_with_their_token_join_and_with_a_wrong_one_do_not(fleet):
     start_agent(fleet, "tok-good", "tok-good.token")
     start_agent(fleet, "tok-bad", "wrong.token")
-    wait_until(lambda: any(n["name"] == "tok-good" and n["reports"] >= 3 for n in status(fleet)["nodes"]),
+    wait_until(lambda: any(n["name"] == "tok-good" and n["reports"] >= 3 for n in fleet.status()["nodes"]),
                "the agent with the agent token to report three times")
-    wait_until(lambda: [r for r in status(fleet)["replicas"] if r["model"] == "tok-model" and r["state"] == "ready"],
+    wait_until(lambda: [r for r in fleet.status()["replicas"] if r["model"] == "tok-model" and r["state"] == "ready"],
                "tok-model ready on the good agent")
-    assert "tok-bad" not in {n["name"] for n in status(fleet)["nodes"]}
+    assert "tok-bad" not in {n["name"] for n in fleet.status()["nodes"]}
     wait_until(lambda: "HTTP 401" in fleet.log("agent-tok-bad"), "the refused agent to say why")
 
 
@@ -136,7 +131,7 @@ def test_status_command_sends_the_token_from_the_environment(fleet):
 
 
 def test_engine_logs_need_the_admin_token_and_come_from_the_replicas_own_node(fleet):
-    (replica,) = [r for r in status(fleet)["replicas"] if r["model"] == "tok-model"]
+    (replica,) = [r for r in fleet.status()["replicas"] if r["model"] == "tok-model"]
     url = f"{fleet.control}/api/v1/replicas/{replica['id']}/logs"
     # Reading a log is the admin's: engines print prompts in some debug modes.
     for token in (None, WRONG, AGENT, GOOD_NODE):
