@@ -136,8 +136,9 @@ class Server:
         metrics = ControlMetrics(self.controller.state)
         self.controller.reconciler.on_pass = metrics.observe_pass
         catalog = await asyncio.to_thread(self.controller.load)
+        # The router is already the reconciler's endpoint sink (Controller(router=...)):
+        # registering it again would push every endpoint and model-state change to it twice.
         self.router.set_catalog(catalog)
-        self.controller.reconciler.add_sink(self.router)
         if self.cfg.api_keys:
             from ..router.auth import follow_keys
             self._tasks.append(follow_keys(self.router, self.cfg.api_keys, self.stop_event))
