@@ -113,18 +113,23 @@ class Inventory:
             node = self._nodes[node_name] = Node(node_name, first_seen=now)
         self._claim(node, report, now)
         came_back = not node.reachable
-        if came_back or report != node.last_report:
+        if report != node.last_report:
             # Compared whole: the contract's records are frozen dataclasses, and
             # an agent builds the same report for the same state (sorted replicas,
             # sorted engines), so equal means nothing changed on the node.
+            node.last_report = report
+            node.instance_id = report.instance_id
+            node.boot_id = report.boot_id
+            # New objects only when the report changed: the reconciler keeps what
+            # it derived from a node (its merge, placement's view of it) while
+            # these are the same objects (issue 19).
+            node.pools, node.gpus = frozenset(report.pools), report.gpus
+            node.engines = report.engines
+            node.replicas = {r.id: r for r in report.replicas}
+            node.advertise_host = report.advertise_host
             node.revision += 1
-        node.last_report = report
-        node.instance_id = report.instance_id
-        node.boot_id = report.boot_id
-        node.pools, node.gpus = frozenset(report.pools), report.gpus
-        node.engines = report.engines
-        node.replicas = {r.id: r for r in report.replicas}
-        node.advertise_host = report.advertise_host
+        elif came_back:
+            node.revision += 1
         node.last_seen = now
         node.reports += 1
         node.reachable, node.unreachable_since = True, None

@@ -104,6 +104,9 @@ class Replica:
     ready_since: float | None = None    # when it last became ready (and reachable); None while not
     returned: bool = False          # its node came back with it after a loss: surplus is settled next plan
     spec_hash: str = field(init=False)
+    # Placement's view of it, kept with what it was built from: (state, current) -> Running.
+    # Its spec and node never change, so those two are all that can make it differ.
+    placed_as: tuple[ReplicaState, bool, Running] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Hashed once: the spec never changes for a record, and every pass compares it.
@@ -168,11 +171,17 @@ class Reconciler:
         # What _publish last handed out (see there): node -> (desired version, specs);
         # replica id -> (url, catalog version, Endpoint); the ready ones in record order.
         self._handed: dict[str, tuple[int, tuple[ReplicaSpec, ...]]] = {}
-        self._endpoint_cache: dict[str, tuple[str, str, Endpoint]] = {}
+        self._endpoint_cache: dict[str, tuple[str, tuple[int, float], Endpoint]] = {}
+        self._ranks_of: tuple[str | None, Mapping[tuple[str, str], tuple[int, float]]] = (None, {})
         self._endpoints_seen: list[Endpoint] | None = None
         self._on_change = on_change
         self._cordoned: set[str] = set()
         self._expected: tuple[str | None, Mapping[tuple[str, str], str]] = (None, {})
+        # Placement's NodeView per node, with what it was built from (see _placement_input).
+        self._views: dict[str, tuple[tuple, NodeView]] = {}
+        self._custom: tuple[str | None, frozenset[str]] = (None, frozenset())
+        # Per node: the reported replicas mapping last merged and its records then (see _merge_reports).
+        self._merged: dict[str, tuple[Mapping[str, ReportedReplica], list[tuple[Replica, ReplicaState]]]] = {}
         self.passes = 0
         # Passes that raised (a bug: no catalog the rules accept should make one
         # raise), and the last one; `degraded` until a pass completes again.
@@ -284,16 +293,34 @@ class Reconciler:
         return out
 
     def _merge_reports(self, catalog: Catalog, now: float) -> None:
+        # --- issue 19: only nodes whose report or records changed -----------------
+        # Merging a node is a function of its report (a new mapping with every
+        # report that changed) and of its records and their states: a node
+        # whose report is the very one merged last pass, whose records are the
+        # same objects in the same states, and whose every reported replica had
+        # its record here (nothing to adopt, no claim by another node, which
+        # depend on more than this node) would come out of a merge as it went
+        # in. Those are skipped: most of a fleet on most passes.
         by_node = self._by_node()
+        merged = self._merged
         for node in self.inventory.nodes():
             if not node.reachable:
                 continue
+            mine = by_node.get(node.name, ())
+            kept = merged.get(node.name)
+            if kept is not None and kept[0] is node.replicas and kept[1] == [(rec, rec.state) for _, rec in mine]:
+                if self.desired.get(node.name) is None and self.settled:
+                    self.desired.set(node.name, ())
+                continue
+            owned = True
             for rep in node.replicas.values():
                 rec = self.replicas.get(rep.id)
                 if rec is not None and rec.node != node.name:
                     self._claimed_twice(rec, node.name)
+                    owned = False
                     continue
                 if rec is None:
+                    owned = False
                     rec = self._adopt(catalog, node, rep, now)
                     if rec is None:
                         continue
@@ -320,8 +347,17 @@ class Reconciler:
                     else:
                         self.event("replica-stopped", f"{rid} ({rec.spec.model}) stopped on {node.name}")
                     del self.replicas[rid]
+            if owned:
+                # Its records as the next pass's by_node lists them: the ones left, in record order.
+                merged[node.name] = (node.replicas, [(rec, rec.state) for rid, rec in mine
+                                                     if self.replicas.get(rid) is rec])
+            else:
+                merged.pop(node.name, None)
             if self.desired.get(node.name) is None and self.settled:
                 self.desired.set(node.name, ())
+        if len(merged) > len(self.inventory):
+            for name in [n for n in merged if self.inventory.get(n) is None]:
+                del merged[name]
 
     def _claimed_twice(self, rec: Replica, other: str) -> None:
         # A replica id is handed to one node once and never reused, so another
@@ -547,30 +583,55 @@ class Reconciler:
                 self.event("replica-draining", f"{rec.spec.id} ({name} on {rec.node}): {rec.drain_reason}")
 
     def _placement_input(self, catalog: Catalog) -> tuple[list[Running], list[NodeView]]:
+        # --- issue 19: rebuilt only where it changed ------------------------------
+        # Placement reads a Running per record and a NodeView per node every
+        # pass; building 20,000 and 5,000 frozen dataclasses was most of a
+        # pass at fleet size (144 of 195 ms). Each is kept with exactly what it
+        # was built from -- a record's state and whether its spec is current, a
+        # node's reported pools, GPUs and engines (new objects with every
+        # report that changed), reachability, cordon and the catalog -- and
+        # built again only when one of those differs, so a kept one is the one
+        # a rebuild would give. The lists stay in record and inventory order.
         expected = self._expected_hashes(catalog)
         running: list[Running] = []
         for rec in self.replicas.values():
             current = rec.spec_hash == expected.get((rec.spec.model, rec.spec.profile))
-            running.append(Running(replica_id=rec.spec.id, model=rec.spec.model, profile=rec.spec.profile,
-                                   node=rec.node, gpu_indices=rec.spec.gpu_indices, current=current,
-                                   ready=rec.state == ReplicaState.READY, failed=rec.state == ReplicaState.FAILED,
-                                   # Draining or stopping: still holding its GPUs (or its share of
-                                   # their memory) until its engine is gone, but no longer counted
-                                   # toward what the model wants, and its room counts as coming free.
-                                   leaving=rec.state in (ReplicaState.DRAINING, ReplicaState.STOPPING),
-                                   memory_mib=rec.spec.gpu_memory_mib))
+            kept = rec.placed_as
+            if kept is None or kept[0] is not rec.state or kept[1] != current:
+                kept = rec.placed_as = (rec.state, current, Running(
+                    replica_id=rec.spec.id, model=rec.spec.model, profile=rec.spec.profile,
+                    node=rec.node, gpu_indices=rec.spec.gpu_indices, current=current,
+                    ready=rec.state == ReplicaState.READY, failed=rec.state == ReplicaState.FAILED,
+                    # Draining or stopping: still holding its GPUs (or its share of
+                    # their memory) until its engine is gone, but no longer counted
+                    # toward what the model wants, and its room counts as coming free.
+                    leaving=rec.state in (ReplicaState.DRAINING, ReplicaState.STOPPING),
+                    memory_mib=rec.spec.gpu_memory_mib))
+            running.append(kept[2])
         views = []
+        kept_views = self._views
+        # What a NodeView takes from the catalog: its own engines' names (see
+        # _catalog_engines_known); a swap that keeps them rebuilds no node.
+        custom = self._custom_engines(catalog)
         for node in self.inventory.nodes():
             if not node.reachable:
                 running.extend(self._given_up_on(node, expected))
-            views.append(NodeView(
-                name=node.name, pools=node.pools,
-                gpus=tuple(g.index for g in node.gpus),
-                memory={g.index: (g.memory_mib, g.free_mib) for g in node.gpus},
-                engines=node.available_engines | _catalog_engines_known(node, catalog),
-                schedulable=node.reachable and node.name not in self._cordoned,
-                unavailable={name: why for name, (ok, why) in node.engines.items() if not ok},
-            ))
+            key = (node.pools, node.gpus, node.engines, node.reachable, node.name in self._cordoned, custom)
+            kept_view = kept_views.get(node.name)
+            if kept_view is None or kept_view[0] != key:
+                kept_view = kept_views[node.name] = (key, NodeView(
+                    name=node.name, pools=node.pools,
+                    gpus=tuple(g.index for g in node.gpus),
+                    memory={g.index: (g.memory_mib, g.free_mib) for g in node.gpus},
+                    engines=node.available_engines | _catalog_engines_known(node, custom),
+                    schedulable=node.reachable and node.name not in self._cordoned,
+                    unavailable={name: why for name, (ok, why) in node.engines.items() if not ok},
+                ))
+            views.append(kept_view[1])
+        if len(kept_views) > len(self.inventory):
+            # A node the inventory forgot; rare, so swept only when the count says so.
+            for name in [n for n in kept_views if self.inventory.get(n) is None]:
+                del kept_views[name]
         return running, views
 
     def _given_up_on(self, node: Node, expected: Mapping[tuple[str, str], str]) -> Iterator[Running]:
@@ -590,6 +651,19 @@ class Reconciler:
                               gpu_indices=rep.gpu_indices, lost=True,
                               current=rep.spec_hash == expected.get((rep.model, rep.profile)),
                               memory_mib=rep.spec.gpu_memory_mib if rep.spec is not None else 0)
+
+    def _ranks(self, catalog: Catalog) -> Mapping[tuple[str, str], tuple[int, float]]:
+        """(model, profile) -> the profile's (priority, weight), what an Endpoint takes from the catalog; once per catalog."""
+        if self._ranks_of[0] != catalog.version:
+            self._ranks_of = (catalog.version, {(m.name, p.name): (p.priority, p.weight)
+                                                for m in catalog.models for p in m.profiles})
+        return self._ranks_of[1]
+
+    def _custom_engines(self, catalog: Catalog) -> frozenset[str]:
+        """The names of the engines `catalog` defines itself (not built in); worked out once per catalog."""
+        if self._custom[0] != catalog.version:
+            self._custom = (catalog.version, frozenset(n for n, e in catalog.engines.items() if not e.builtin))
+        return self._custom[1]
 
     def _expected_hashes(self, catalog: Catalog) -> Mapping[tuple[str, str], str]:
         """(model, profile) -> the spec hash a current replica of it has; computed once per catalog."""
@@ -661,11 +735,14 @@ class Reconciler:
     def _ready_endpoints(self, catalog: Catalog) -> tuple[Endpoint, ...] | None:
         """The ready endpoints sorted by replica id when they differ from the ones published; else None.
 
-        One Endpoint per replica is built once and kept (rebuilt when its URL
-        or the catalog changes, since priority and weight come from the
-        profile), so an unchanged pass compares the same objects again.
+        One Endpoint per replica is built once and kept with its URL and its
+        profile's priority and weight (the rest comes from the spec, which
+        never changes), and rebuilt when one of those three differs: an
+        unchanged pass -- and a catalog swap that leaves a profile's priority
+        and weight alone -- compares the same objects again.
         """
         cache = self._endpoint_cache
+        ranks = self._ranks(catalog)
         current: list[Endpoint] = []
         for rec in self.replicas.values():
             if rec.state != ReplicaState.READY or not rec.url:
@@ -673,14 +750,12 @@ class Reconciler:
             node = self.inventory.get(rec.node)
             if node is None or not node.reachable:
                 continue
+            priority, weight = ranks.get((rec.spec.model, rec.spec.profile), (0, 1.0))
             hit = cache.get(rec.spec.id)
-            if hit is None or hit[0] != rec.url or hit[1] != catalog.version:
-                model = catalog.resolve(rec.spec.model)
-                profile = _profile(model, rec.spec.profile) if model is not None else None
-                hit = cache[rec.spec.id] = (rec.url, catalog.version, Endpoint(
+            if hit is None or hit[0] != rec.url or hit[1] != (priority, weight):
+                hit = cache[rec.spec.id] = (rec.url, (priority, weight), Endpoint(
                     replica_id=rec.spec.id, model=rec.spec.model, profile=rec.spec.profile, engine=rec.spec.engine,
-                    url=rec.url, priority=profile.priority if profile else 0, weight=profile.weight if profile else 1.0,
-                    metrics_path=rec.spec.metrics))
+                    url=rec.url, priority=priority, weight=weight, metrics_path=rec.spec.metrics))
             current.append(hit[2])
         if len(cache) > 2 * len(self.replicas) + 64:
             # Records come and go; entries of gone ones are dropped now and then, not every pass.
@@ -806,11 +881,11 @@ def _memory_share(need_mib: int | None, memory: Mapping[int, tuple[int, int]], i
     return min(1.0, need_mib / min(totals))
 
 
-def _catalog_engines_known(node: Node, catalog: Catalog) -> frozenset[str]:
+def _catalog_engines_known(node: Node, custom: frozenset[str]) -> frozenset[str]:
     # A catalog-defined engine the agent has not been asked about yet: assume it
     # can run it (the agent reports it failed with the reason if not) rather
     # than never placing a custom engine anywhere.
-    return frozenset(n for n, e in catalog.engines.items() if not e.builtin and n not in node.engines)
+    return frozenset(n for n in custom if n not in node.engines)
 
 
 def _new_id(model: str) -> str:
