@@ -34,6 +34,9 @@ class Controller:
         self.inventory = Inventory(clock=clock, **({"unreachable_after": node_timeout} if node_timeout else {}))
         self.desired = DesiredStore()
         self.wake_event = asyncio.Event()
+        # Set with wake_event for a pass that should not wait out the spacing of
+        # woken passes: a catalog swap, a request waiting for a model (reconciler.WOKEN_SHARE).
+        self.urgent_event = asyncio.Event()
         # The watch stream standalone routers follow: one version for "catalog or
         # endpoints changed", so a router applies both in the right order.
         self.watch = Broadcast()
@@ -67,6 +70,7 @@ class Controller:
         else:
             self.reconciler.event("catalog-loaded", f"{new.version}: {len(new)} models from {self.watcher.directory}")
             self._loaded = True
+        self.urgent_event.set()
         self.wake_event.set()
 
     def _reloaded(self, outcome) -> None:
@@ -83,6 +87,7 @@ class Controller:
     def wake(self, model_name: str) -> None:
         """The router's Waker: a request arrived for a model with no ready replica."""
         self.reconciler.wake(model_name)
+        self.urgent_event.set()
         self.wake_event.set()
 
     def agent_reported(self, node: str, body: dict) -> None:
@@ -113,7 +118,7 @@ class Controller:
         """Follow the catalog directory and reconcile until `stop` is set."""
         tasks = [
             asyncio.create_task(self.watcher.run(stop, on_batch=self._reloaded), name="catalog-watcher"),
-            asyncio.create_task(run_reconciler(self.reconciler, self.wake_event, stop,
+            asyncio.create_task(run_reconciler(self.reconciler, self.wake_event, stop, urgent=self.urgent_event,
                                                **({"tick": tick} if tick else {})), name="reconciler"),
         ]
         try:

@@ -38,15 +38,23 @@ IDLE_SHARE = 0.05
 # second or more ran back to back, reports waited behind them past the node
 # timeout, and nodes that had reported were taken for lost (issue 19). Half:
 # a change still waits at most one pass's length more, and for a small fleet
-# that is milliseconds.
+# that is milliseconds. An urgent wake (a catalog swap, a request waiting for
+# a model with no replica) skips this wait: it is one pass asked for by an
+# operator or a client, not the stream of reports that spacing is for, and
+# a change's first pass -- the one that places it -- no longer waits behind
+# the pass before it (issue 19: a catalog change's way to the nodes).
 WOKEN_SHARE = 0.5
 
 __all__ = ["DRAIN_GRACE", "LONG_POLL", "REPLACE_AFTER", "SETTLE", "TICK", "DesiredStore", "EndpointSink",
            "ModelStateSink", "Reconciler", "Replica", "run"]
 
 
-async def run(reconciler: Reconciler, wake: asyncio.Event, stop: asyncio.Event, tick: float = TICK) -> None:
+async def run(reconciler: Reconciler, wake: asyncio.Event, stop: asyncio.Event, tick: float = TICK,
+              urgent: asyncio.Event | None = None, woken_share: float = WOKEN_SHARE) -> None:
     """Run `reconcile_once` on every tick and whenever `wake` is set, until `stop`. Never raises but on cancel.
+
+    `urgent`, set together with `wake`, also skips the spacing of woken
+    passes (WOKEN_SHARE): the next pass starts as soon as this one is done.
 
     Supervised: a pass that raises is logged with its traceback, counted and
     shown as degraded in status and /metrics (`Reconciler.pass_failed`), and
@@ -54,8 +62,10 @@ async def run(reconciler: Reconciler, wake: asyncio.Event, stop: asyncio.Event, 
     level-triggered, a later pass redoes whatever the failed one did not.
     """
     loop = asyncio.get_running_loop()
+    urgent = urgent if urgent is not None else asyncio.Event()
     while not stop.is_set():
         wake.clear()
+        urgent.clear()
         started = loop.time()
         try:
             reconciler.reconcile_once()
@@ -67,7 +77,7 @@ async def run(reconciler: Reconciler, wake: asyncio.Event, stop: asyncio.Event, 
             if loop.time() >= deadline or _due(reconciler):
                 break
         if not stop.is_set():
-            await sleep_unless(max(0.0, started + took / WOKEN_SHARE - loop.time()), stop)
+            await sleep_unless(max(0.0, started + took / woken_share - loop.time()), stop, urgent)
 
 
 def _due(reconciler: Reconciler) -> bool:

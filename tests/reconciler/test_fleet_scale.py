@@ -144,3 +144,30 @@ def test_the_idle_loop_still_runs_a_pass_for_what_cannot_wait():
     rec = next(iter(w.rec.replicas.values()))
     rec.state = ReplicaState.DRAINING
     assert _due(w.rec), "a draining replica stops as soon as its requests are done"
+
+
+def test_an_urgent_wake_does_not_wait_out_the_spacing_of_woken_passes():
+    # A woken pass waits took / woken_share after the last one began; made endless here,
+    # so only the urgent event (a catalog swap, a waiting request) can bring the next pass.
+    from llmgwctl.reconciler import run
+
+    from ..support import until
+
+    w = World(catalog(model("a")), settle=0)
+    w.report("n1")
+    passes = []
+    w.rec.on_pass = passes.append
+
+    async def main():
+        wake, urgent, stop = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(run(w.rec, wake, stop, tick=3600, urgent=urgent, woken_share=1e-12))
+        try:
+            await until(lambda: len(passes) == 1, "the first pass")
+            urgent.set()
+            wake.set()
+            await until(lambda: len(passes) == 2, "a pass at once for an urgent wake")
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())
