@@ -14,8 +14,9 @@ the real HTTP protocol, built from the project's own contract types:
   where nothing listens (the catalog's `sim` engine has no metrics path, so no
   router polls it). A replica no longer desired is gone at once.
 - `SimRouter` follows `/api/v1/watch/endpoints` as a standalone router does
-  and keeps only what the measurements need: the version and which replica
-  ids it was told, with when.
+  (asking for deltas, `delta=True`, as `llmgwctl router` does) and keeps only
+  what the measurements need: the version and which replica ids it was told,
+  with when.
 
 Serve on loopback without a token: agents then need no node tokens. The
 agents share one aiohttp session (one process cannot afford thousands of
@@ -195,19 +196,23 @@ def controller_answer_matches(raw: bytes) -> bool:
 class SimRouter:
     """A standalone router as far as the watch stream goes: what it was told, and when."""
 
-    def __init__(self, fleet: "SimFleet", index: int):
+    def __init__(self, fleet: "SimFleet", index: int, *, delta: bool = True):
         self.fleet = fleet
         self.index = index
+        self.delta = delta                          # False: a router older than delta answers
         self.version = 0
         self.endpoints: dict[str, str] = {}         # replica id -> model
         self.answers = 0
+        self.bytes = 0                              # answer bytes received
+        self.deltas = 0                             # answers that were deltas
 
     async def run(self, stop: asyncio.Event) -> None:
         f = self.fleet
         retry = Backoff(initial=0.5, cap=5.0)
         while not stop.is_set():
             try:
-                async with f.session.get(f"{f.url}/api/v1/watch/endpoints", params={"after": str(self.version)},
+                params = {"after": str(self.version), **({"delta": "1"} if self.delta else {})}
+                async with f.session.get(f"{f.url}/api/v1/watch/endpoints", params=params,
                                          timeout=aiohttp.ClientTimeout(total=POLL_TIMEOUT)) as resp:
                     if resp.status != 200:
                         raise aiohttp.ClientError(f"HTTP {resp.status}")
@@ -219,15 +224,28 @@ class SimRouter:
             retry.reset()
             arrived = time.monotonic()
             self.answers += 1
-            version = int(_VERSION.search(raw).group(1))
+            self.bytes += len(raw)
+            head = _VERSION.search(raw)
+            version = int(head.group(1))
             if version == self.version:
                 continue
+            if raw.startswith(b', "delta": ', head.end()):
+                delta = json.loads(raw)["delta"]         # a few endpoints: small
+                if delta["since"] != self.version:
+                    self.version = 0                    # as the real router: ask for the whole list
+                    f.watch_errors += 1
+                    continue
+                for rid in delta["removed"]:
+                    self.endpoints.pop(rid, None)
+                self.endpoints.update((e["replica_id"], e["model"]) for e in delta["endpoints"])
+                self.deltas += 1
+            else:
+                # Read with a pattern, not json.loads: at 20,000 endpoints an answer is
+                # ~4 MB, and fifty routers parsing each one whole starved the agents on
+                # the same loop of their heartbeats. The controller writes the keys in
+                # Endpoint.to_dict's order; `controller_answer_matches` checks that.
+                self.endpoints = {rid.decode(): model.decode() for rid, model in _ENDPOINT.findall(raw)}
             self.version = version
-            # Read with a pattern, not json.loads: at 20,000 endpoints an answer is
-            # ~4 MB, and fifty routers parsing each one whole starved the agents on
-            # the same loop of their heartbeats. The controller writes the keys in
-            # Endpoint.to_dict's order; `controller_answer_matches` checks that.
-            self.endpoints = {rid.decode(): model.decode() for rid, model in _ENDPOINT.findall(raw)}
             f.on_endpoints(self, arrived)
 
 

@@ -10,7 +10,9 @@
                                            another agent process speaks for the node
     GET  /api/v1/agents/{node}/desired?after=V[&instance=ID]   long-poll: {"version", "replicas": [ReplicaSpec...]};
                                            204 if not yet known; 409 for an agent that is not the node's
-    GET  /api/v1/watch/endpoints?after=V   long-poll: {"version", "catalog", "endpoints", "models"} (llmgwctl.router.watch)
+    GET  /api/v1/watch/endpoints?after=V[&delta=1]   long-poll: {"version", "catalog", "endpoints", "models"};
+                                           with delta=1, {"version", "delta", "models"[, "catalog"]} when V is
+                                           known (llmgwctl.router.watch, control.watchlog)
     GET  /api/v1/watch/catalog?after=V     long-poll: {"version", "catalog"}
     POST /api/v1/wake                      {"model": NAME} -> 202
     POST /api/v1/usage                     a standalone router's usage (llmgwctl.router.watch) -> 204
@@ -52,6 +54,7 @@ from .apply import ApplyError, decode_content, plan, validate_with, write_atomic
 from .auth import ControlAuth
 from .controller import Controller
 from .logs import FIRST_ANSWER, FOLLOW_SILENCE, LogRelayError
+from .watchlog import WatchLog
 from .webui import Console
 
 log = logging.getLogger("llmgw.control")
@@ -184,6 +187,9 @@ class ControlAPI:
         self.metrics = metrics or ControlMetrics(controller.state)
         # Encoded answers, kept while what they say holds (see _encoded, desired).
         self._answers: dict[str, tuple[tuple, bytes]] = {}
+        # What each watch version answered, and the deltas encoded from it for the current state (watch_endpoints).
+        self._watchlog = WatchLog()
+        self._deltas: tuple[tuple | None, dict[int, bytes | None]] = (None, {})
         self._desired: dict[str, tuple[int, bytes]] = {}
         # Per node, the digest of its last accepted report and where it came from (see report).
         self._reports: dict[str, tuple[bytes, str | None]] = {}
@@ -425,6 +431,12 @@ class ControlAPI:
         # hold runs out, for a settling window longer than a long-poll).
         while after and not self.c.reconciler.settled and loop.time() < deadline:  # noqa: ASYNC110 -- a flag the reconciler sets, polled for a few seconds after a start only
             await asyncio.sleep(SETTLED_POLL)
+        r = self.c.reconciler
+        self._watchlog.answered(self.c.watch.version, r.endpoints, self.c.live.current.version)
+        if after and request.query.get("delta") in ("1", "true"):
+            body = self._encoded_delta(after)
+            if body is not None:
+                return web.Response(body=body, content_type="application/json")
         return self._encoded("endpoints", self._watch_answer)
 
     async def watch_catalog(self, request: web.Request) -> web.Response:
@@ -455,6 +467,32 @@ class ControlAPI:
         if hit is None or hit[0] != key:
             hit = self._answers[kind] = (key, json.dumps(answer()).encode())
         return web.Response(body=hit[1], content_type="application/json")
+
+    def _encoded_delta(self, after: int) -> bytes | None:
+        """The delta answer from version `after` to now, encoded once per (after, state); None: answer in full.
+
+        A router that asked with `delta=1` holds `after`; what changed since is
+        usually a few endpoints, not the 20,000 of a whole list. The catalog
+        rides along only when it changed since `after`; model states always
+        (a short list, and the router takes it whole).
+        """
+        r = self.c.reconciler
+        catalog = self.c.live.current
+        key = (self.c.watch.version, catalog.version, id(r.endpoints), id(r.model_states))
+        if self._deltas[0] != key:
+            self._deltas = (key, {})
+        encoded = self._deltas[1]
+        if after not in encoded:
+            delta = self._watchlog.delta(after, r.endpoints, catalog.version)
+            if delta is None:
+                encoded[after] = None
+            else:
+                doc = {"version": self.c.watch.version, "delta": delta.to_dict(),
+                       "models": [m.to_dict() for m in r.model_states]}
+                if delta.catalog_changed:
+                    doc["catalog"] = catalog.to_dict()
+                encoded[after] = json.dumps(doc).encode()
+        return encoded[after]
 
     async def usage(self, request: web.Request) -> web.Response:
         try:

@@ -5,7 +5,7 @@ server side from this description.
 
 Watch (long poll)::
 
-    GET {controller}/api/v1/watch/endpoints?after=VERSION
+    GET {controller}/api/v1/watch/endpoints?after=VERSION&delta=1
     Authorization: Bearer TOKEN          (when the router was given one)
 
     200 application/json
@@ -24,6 +24,21 @@ Watch (long poll)::
     }
 
 - `after` is the last version the router applied; the first call sends 0.
+- `delta=1` (issue 19): when the controller still knows the state it
+  answered with `after`, it answers with what changed since instead of the
+  whole list::
+
+    {"version": 43,
+     "delta": {"since": 42,               # always the `after` asked with
+               "endpoints": [...],        # added, or changed (same replica_id, other fields)
+               "removed": ["r-7"]},       # replica ids no longer listed
+     "models": [...],                     # complete, as in a full answer
+     "catalog": {...}}                    # only when the catalog changed since `since`
+
+  and with the whole answer above when it does not (too old, a restarted
+  controller) or when `after` is 0. A controller older than the parameter
+  ignores it and always answers whole; a router that does not send it gets
+  whole answers from any controller.
 - The controller answers at once when its version is greater than `after`;
   otherwise it holds the request until something changes, and after about
   30 s answers with its current state anyway (same version), so proxies and
@@ -142,13 +157,17 @@ class ControllerWatch:
         self._sleep = sleep
         self._clock = clock
         self.version = 0
+        # The endpoint list as applied with `version`, by replica id: what a delta answer is applied to.
+        self._endpoints: dict[str, Endpoint] = {}
+        self.deltas = 0             # answers applied as deltas (the rest came whole)
         self.backoff = Backoff(initial=BACKOFF_FIRST, cap=BACKOFF_MAX, random=rand)
         self.last_contact: float | None = None
 
     async def poll_once(self) -> bool:
         """One long poll; apply the answer. True if something changed; WatchError if the round failed."""
         try:
-            async with self._session.get(self._url, params={"after": str(self.version)}, headers=self._headers,
+            async with self._session.get(self._url, params={"after": str(self.version), "delta": "1"},
+                                         headers=self._headers,
                                          timeout=aiohttp.ClientTimeout(total=WATCH_TIMEOUT)) as resp:
                 if resp.status != 200:
                     text = (await resp.text())[:200]
@@ -159,27 +178,49 @@ class ControllerWatch:
         self.last_contact = self._clock()
         try:
             version = int(doc["version"])
-            endpoints = [Endpoint.from_dict(e) for e in doc["endpoints"]]
-            catalog_doc = doc["catalog"]
+            if "delta" in doc:
+                endpoints = self._apply_delta(doc["delta"])
+                catalog_doc = doc.get("catalog")        # only when it changed since the version we hold
+            else:
+                endpoints = {e.replica_id: e for e in (Endpoint.from_dict(d) for d in doc["endpoints"])}
+                catalog_doc = doc["catalog"]
             states = _model_states(doc.get("models") or ())
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise WatchError(f"{self._url}: malformed watch answer: {exc}") from None
         if version == self.version:
             return False
-        try:
-            # Parsing a big catalog is slow work; keep it off the loop the requests run on.
-            catalog = await asyncio.to_thread(_load_catalog, catalog_doc)
-        except CatalogError as exc:
-            # The controller only serves validated catalogs, so this is version
-            # skew between it and us; keep the catalog we have, take the endpoints.
-            log.error("controller sent a catalog this router cannot load; keeping %s:\n%s",
-                      getattr(self._sink, "catalog", None), exc)
-        else:
-            self._sink.set_catalog(catalog)
+        if catalog_doc is not None:
+            try:
+                # Parsing a big catalog is slow work; keep it off the loop the requests run on.
+                catalog = await asyncio.to_thread(_load_catalog, catalog_doc)
+            except CatalogError as exc:
+                # The controller only serves validated catalogs, so this is version
+                # skew between it and us; keep the catalog we have, take the endpoints.
+                log.error("controller sent a catalog this router cannot load; keeping %s:\n%s",
+                          getattr(self._sink, "catalog", None), exc)
+            else:
+                self._sink.set_catalog(catalog)
         self._sink.set_model_states(states)
-        self._sink.set_endpoints(endpoints)
+        self._sink.set_endpoints(sorted(endpoints.values(), key=lambda e: e.replica_id))
+        self._endpoints = endpoints
         self.version = version
+        self.deltas += "delta" in doc
         return True
+
+    def _apply_delta(self, delta: Any) -> dict[str, Endpoint]:
+        """The list we hold with a delta answer applied (a new dict: ours stays as it was until all is applied)."""
+        if int(delta["since"]) != self.version:
+            # Not from the version we hold: a controller bug or a mixed-up proxy.
+            # Ask for a whole list next time rather than apply it to the wrong state.
+            since, self.version = delta["since"], 0
+            raise ValueError(f"a delta since version {since}, but this router holds another; asking for the whole list")
+        endpoints = dict(self._endpoints)
+        for rid in delta["removed"]:
+            endpoints.pop(str(rid), None)
+        for d in delta["endpoints"]:
+            e = Endpoint.from_dict(d)
+            endpoints[e.replica_id] = e
+        return endpoints
 
     @property
     def failures(self) -> int:

@@ -1,6 +1,7 @@
 """A simulated fleet of 50 nodes and 3 routers against a real `serve --no-local-agent` (tests/fleetsim.py).
 
-It converges -- every replica started once, ready, and on every router -- and
+It converges -- every replica started once, ready, and on every router, one
+of them asking for whole answers as routers did before delta answers -- and
 a controller killed with SIGKILL and started again adopts every replica:
 nothing started, nothing stopped, every router whole again on the new
 controller's versions. The simulator runs on its own event loop in a thread;
@@ -30,6 +31,8 @@ class Sim:
     def __init__(self, url: str):
         # Heartbeats every 0.5 s, as the e2e agents do: well inside the fleet's 2 s node timeout.
         self.fleet = SimFleet(url, NODES, routers=ROUTERS, heartbeat=0.5, gpus=4, ready_after=(0.05, 0.3))
+        # One router as they were before delta answers: it asks without the parameter and is answered whole.
+        self.fleet.routers[0].delta = False
         self.loop = asyncio.new_event_loop()
         self.stop = asyncio.Event()
         self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self._main(),), daemon=True)
@@ -73,6 +76,8 @@ def test_a_simulated_fleet_converges_and_a_restarted_controller_adopts_it_whole(
         wait_until(lambda: sim.read(whole), "every replica ready on its node and on every router")
         starts, stops = sim.read(lambda f: (f.starts(), f.stops()))
         assert starts == REPLICAS and stops == 0, "each replica started once"
+        deltas = sim.read(lambda f: [r.deltas for r in f.routers])
+        assert deltas[0] == 0 and all(deltas[1:]), "the older router whole, the others by deltas, all whole"
         versions = frozenset(sim.read(lambda f: {r.version for r in f.routers}))
 
         fleet.kill_controller()
