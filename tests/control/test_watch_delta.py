@@ -17,6 +17,7 @@ import pytest
 
 from llmgwctl.catalog import Catalog, Model, Profile, Replicas
 from llmgwctl.contracts import Endpoint
+from llmgwctl.control import schemas
 from llmgwctl.control.watchlog import WatchLog
 from llmgwctl.router import Router
 from llmgwctl.router.watch import ControllerWatch
@@ -42,7 +43,9 @@ async def watch(session, plane, after, delta=True):
     params = {"after": str(after), **({"delta": "1"} if delta else {})}
     async with session.get(f"{plane.url}/api/v1/watch/endpoints", params=params) as resp:
         assert resp.status == 200
-        return await resp.json()
+        doc = await resp.json()
+    assert schemas.problems("watch-endpoints", doc) == [], "whole or delta, it follows the published schema"
+    return doc
 
 
 def applied(held: dict, doc: dict) -> dict:
