@@ -21,11 +21,58 @@ def validator(name: str):
     return jsonschema.validators.validator_for(schema)(schema)
 
 
+# Arrays of a schema whose items are checked one by one, each against its own
+# part of the schema, and remembered when they pass: an agent's report is
+# checked whole whenever it changed, yet most of it -- its GPUs, the replicas
+# that did not change -- is what it sent last time. jsonschema took ~750 us
+# for a report of 8 GPUs and 4 replicas, and during a rollout at 5,000 nodes
+# thousands of changed reports a second queue on the loop with the passes
+# (issue 19).
+SPLIT = {"agent-report": ("gpus", "replicas")}
+# Items remembered as valid (by their JSON text): a fleet's worth of replicas
+# and GPU models; past it the memory starts again empty.
+PASSED_ITEMS = 100_000
+_passed: set[str] = set()
+
+
 def problems(name: str, document: Any, limit: int = 5) -> list[str]:
     """Up to `limit` problems of `document` against schema `name`, as `path: message`."""
+    arrays = SPLIT.get(name, ())
+    if not arrays or not isinstance(document, dict) or not all(isinstance(document.get(k, []), list) for k in arrays):
+        return _problems(validator(name), document, limit)
+    # The document without those arrays' items, then each item (the array's own
+    # keywords -- its type, a minimum length -- are still checked on the shell).
+    shell = {k: ([] if k in arrays else v) for k, v in document.items()}
+    out = _problems(validator(name), shell, limit)
+    for key in arrays:
+        for i, item in enumerate(document.get(key, ())):
+            if len(out) >= limit:
+                return out
+            text = f"{name}/{key}:" + json.dumps(item, sort_keys=True, default=repr)
+            if text in _passed:
+                continue
+            found = _problems(_item_validator(name, key), item, limit - len(out), prefix=(key, i))
+            if not found:
+                if len(_passed) >= PASSED_ITEMS:
+                    _passed.clear()
+                _passed.add(text)
+            out.extend(found)
+    return out
+
+
+@lru_cache(maxsize=None)
+def _item_validator(name: str, key: str):
+    import jsonschema
+
+    schema = json.loads((SCHEMAS / f"{name}.schema.json").read_text(encoding="utf-8"))
+    items = dict(schema["properties"][key]["items"], **{"$schema": schema["$schema"]})
+    return jsonschema.validators.validator_for(schema)(items)
+
+
+def _problems(checker, document: Any, limit: int, prefix: tuple = ()) -> list[str]:
     out = []
-    for error in validator(name).iter_errors(document):
-        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".")
+    for error in checker.iter_errors(document):
+        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in (*prefix, *error.absolute_path)).lstrip(".")
         out.append(f"{path or '(top level)'}: {error.message}")
         if len(out) >= limit:
             break
