@@ -24,6 +24,7 @@ moment open, and followed for edits.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -272,8 +273,23 @@ def _address(host_port: tuple[str, int]) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+# The cyclic collector's defaults (700, 10, 10) suit small programs. A
+# controller holds a fleet -- at 5,000 nodes 20,000 replica records and the
+# nodes' reports, ~600,000 tracked objects -- and a reconcile pass's
+# short-lived lists and tuples, alive across two young collections within
+# the pass, were promoted and made a full collection of every live object
+# (~240 ms) come every second or third pass (issue 19, in process: steady
+# passes 320 ms mean, 465 max). A young collection every 50,000 net
+# allocations instead of 700 lets a pass's garbage die young: 184 ms mean,
+# 193 max, no full collection in 10 passes. Cycles are still collected,
+# only in larger batches; memory barely moves (a young generation of 50,000
+# objects is a few MiB).
+GC_THRESHOLDS = (50_000, 20, 20)
+
+
 async def serve(cfg: ServeConfig, ready: "asyncio.Future | None" = None) -> None:
     """Run until SIGINT/SIGTERM. Raises CatalogError, KeyFileError or a ControlError when it cannot start."""
+    gc.set_threshold(*GC_THRESHOLDS)
     server = Server(cfg)
     await server.start()
     loop = asyncio.get_running_loop()
