@@ -29,6 +29,7 @@ controller must adopt, i.e. cause none), `on_desired` / `on_endpoints`
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import random
 import re
@@ -102,13 +103,17 @@ class SimAgent:
         wanted = {s.id: s for s in specs}
         gone = [r for r in self.replicas if r not in wanted]
         new = [s for rid, s in wanted.items() if rid not in self.replicas]
+        f = self.fleet
         for rid in gone:
-            del self.replicas[rid]
+            f.models[self.replicas.pop(rid).spec.model] -= 1
+            f.where.pop(rid, None)
             self.stops += 1
         loop = asyncio.get_running_loop()
         for spec in new:
             self._next_port += 1
             self.replicas[spec.id] = rep = SimReplica(spec, self._next_port)
+            f.models[spec.model] += 1
+            f.where[spec.id] = self
             self.starts += 1
             loop.call_later(random.uniform(*self.fleet.ready_after), self._ready, rep)
         # Like the real agent: a report on a change only. A list that changes
@@ -204,6 +209,9 @@ class SimRouter:
         self.endpoints: dict[str, str] = {}         # replica id -> model
         self.answers = 0
         self.bytes = 0                              # answer bytes received
+        # Endpoints per model, kept with `endpoints`: what a measurement asks on every answer,
+        # without walking 20,000 entries on the loop the agents run on.
+        self.models: collections.Counter[str] = collections.Counter()
         self.deltas = 0                             # answers that were deltas
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -236,8 +244,15 @@ class SimRouter:
                     f.watch_errors += 1
                     continue
                 for rid in delta["removed"]:
-                    self.endpoints.pop(rid, None)
-                self.endpoints.update((e["replica_id"], e["model"]) for e in delta["endpoints"])
+                    model = self.endpoints.pop(rid, None)
+                    if model is not None:
+                        self.models[model] -= 1
+                for e in delta["endpoints"]:
+                    was = self.endpoints.get(e["replica_id"])
+                    if was is not None:
+                        self.models[was] -= 1
+                    self.endpoints[e["replica_id"]] = e["model"]
+                    self.models[e["model"]] += 1
                 self.deltas += 1
             else:
                 # Read with a pattern, not json.loads: at 20,000 endpoints an answer is
@@ -245,6 +260,7 @@ class SimRouter:
                 # the same loop of their heartbeats. The controller writes the keys in
                 # Endpoint.to_dict's order; `controller_answer_matches` checks that.
                 self.endpoints = {rid.decode(): model.decode() for rid, model in _ENDPOINT.findall(raw)}
+                self.models = collections.Counter(self.endpoints.values())
             self.version = version
             f.on_endpoints(self, arrived)
 
@@ -261,6 +277,10 @@ class SimFleet:
         self.agents = [SimAgent(self, i, gpus=gpus) for i in range(nodes)]
         self.routers = [SimRouter(self, i) for i in range(routers)]
         self.report_errors = self.poll_errors = self.watch_errors = 0
+        # Kept by the agents as they start and stop replicas: running replicas per model
+        # (any state), and which agent runs each id (cheap questions for a measurement).
+        self.models: collections.Counter[str] = collections.Counter()
+        self.where: dict[str, SimAgent] = {}
         # Observers the measurements set: (agent, arrival time, specs), (router, arrival time), (agent, replica, t).
         self.on_desired: Callable[[SimAgent, float, list[ReplicaSpec]], None] = lambda a, t, s: None
         self.on_endpoints: Callable[[SimRouter, float], None] = lambda r, t: None
