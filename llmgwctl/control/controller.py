@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from ..catalog import Catalog, Live
 from ..catalog.watcher import CatalogWatcher
-from ..contracts import CatalogStatus, ControlStatus, ReplicaState
+from ..contracts import CatalogStatus, ControlStatus
 from ..inventory import ConflictError, Inventory
 from ..reconciler import DesiredStore, Reconciler
 from ..reconciler import run as run_reconciler
@@ -94,7 +94,6 @@ class Controller:
         """Take a report (ReportError if malformed, ConflictError if another agent speaks for the node)."""
         known = self.inventory.get(node)
         before = known.revision if known is not None else None
-        was_ready = _ready_ids(known.replicas) if known is not None and known.reachable else frozenset()
         try:
             reported, came_back = self.inventory.report(node, body)
         except ConflictError as exc:
@@ -109,11 +108,6 @@ class Controller:
         # each was 500 passes asked for a second, each over the whole fleet.
         if reported.revision != before:
             self.status_changed.bump()
-            # A replica turning ready (it joins the router) or ceasing to be (it leaves
-            # it) is what a catalog change waits for at its end, and traffic that
-            # should not wait: that pass skips the spacing of woken passes too.
-            if _ready_ids(reported.replicas) != was_ready:
-                self.urgent_event.set()
             self.wake_event.set()
 
     def agent_heartbeat(self, node: str) -> bool:
@@ -150,7 +144,3 @@ class Controller:
     def status(self) -> dict:
         """`GET /api/v1/status`."""
         return self.state().to_dict()
-
-
-def _ready_ids(replicas) -> frozenset[str]:
-    return frozenset(rid for rid, r in replicas.items() if r.state is ReplicaState.READY)

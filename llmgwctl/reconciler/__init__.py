@@ -38,17 +38,11 @@ IDLE_SHARE = 0.05
 # second or more ran back to back, reports waited behind them past the node
 # timeout, and nodes that had reported were taken for lost (issue 19). Half:
 # a change still waits at most one pass's length more, and for a small fleet
-# that is milliseconds. An urgent wake skips this wait: a catalog swap or a
-# request waiting for a model with no replica (one pass, asked for), and a
-# report in which a replica turned ready or stopped being so (it joins or
-# leaves the router). Those are the two ends of a catalog change -- the pass
-# that places it, the passes that publish its endpoints -- and waited up to a
-# pass's length each behind the pass before (issue 19). What is left spaced
-# is the bulk of a rollout's reports (replicas starting, heartbeats that
-# changed something). The loop still yields between passes, so reports
-# queued during one are taken before the next; what kept them waiting past
-# the node timeout was passes of over a second and reports of 2 ms each,
-# both since cut to a fraction (issue 19: reconciler caches, report schema).
+# that is milliseconds. An urgent wake (a catalog swap, a request waiting for
+# a model with no replica) skips this wait: it is one pass asked for by an
+# operator or a client, not the stream of reports that spacing is for, and
+# a change's first pass -- the one that places it -- no longer waits behind
+# the pass before it (issue 19: a catalog change's way to the nodes).
 WOKEN_SHARE = 0.5
 
 __all__ = ["DRAIN_GRACE", "LONG_POLL", "REPLACE_AFTER", "SETTLE", "TICK", "DesiredStore", "EndpointSink",

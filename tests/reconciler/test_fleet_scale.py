@@ -171,23 +171,3 @@ def test_an_urgent_wake_does_not_wait_out_the_spacing_of_woken_passes():
             await asyncio.wait_for(task, 10)
 
     asyncio.run(main())
-
-
-def test_a_report_of_a_replica_turning_ready_or_not_is_urgent_and_one_of_it_starting_is_not(tmp_path):
-    (tmp_path / "c.yaml").write_text(HEADER + model("a"))
-
-    async def main():
-        c = Controller(str(tmp_path), settle=0)
-        c.load()
-        c.agent_reported("n1", report_body("n1"))
-        c.reconciler.reconcile_once()
-        spec = c.desired.get("n1")[1][0]
-        steps = [("starting", False), ("ready", True), ("ready", False), ("failed", True)]
-        for state, urgent in steps:
-            c.urgent_event.clear()
-            c.wake_event.clear()
-            c.agent_reported("n1", report_body("n1", [run_report(spec, state, 20001)]))
-            assert c.urgent_event.is_set() is urgent, state
-            assert c.wake_event.is_set() is (state != "ready" or urgent), "an unchanged report wakes nothing"
-
-    asyncio.run(main())
