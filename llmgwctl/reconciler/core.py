@@ -712,6 +712,27 @@ class Reconciler:
         # handed on. At 5,000 nodes and 20,000 replicas the old way (every list
         # sorted and fingerprinted, every Endpoint rebuilt and repr'd) was most
         # of a pass.
+        # The routers first, then the agents (issue 19): a pass that stops
+        # replicas withdraws them from the endpoints and from their nodes'
+        # lists at once, and whoever is woken first is answered first -- the
+        # routers' watches before the agents' long-polls, so traffic leaves a
+        # replica before its engine is told to stop, and 50 routers are not
+        # answered after a thousand agents when a rollout turns replicas ready.
+        endpoints = self._ready_endpoints(catalog)
+        states = self.model_states
+        if states != self._pushed_states:
+            # Before the endpoints: a router woken by either then sees both as they are.
+            self._pushed_states = states
+            for sink in self._sinks:
+                if isinstance(sink, ModelStateSink):
+                    sink.set_model_states(states)
+            self._on_change()
+        if endpoints is not None:
+            self.endpoints = endpoints
+            self.endpoints_version += 1
+            for sink in self._sinks:
+                sink.set_endpoints(self.endpoints)
+            self._on_change()
         per_node: dict[str, list[ReplicaSpec]] = collections.defaultdict(list)
         for rec in self.replicas.values():
             if rec.state != ReplicaState.STOPPING:
@@ -731,21 +752,6 @@ class Reconciler:
                 # change none of them reads).
                 self.desired.set(node.name, specs)
                 handed[node.name] = (self.desired.get(node.name)[0], specs)  # type: ignore[index]
-        endpoints = self._ready_endpoints(catalog)
-        states = self.model_states
-        if states != self._pushed_states:
-            # Before the endpoints: a router woken by either then sees both as they are.
-            self._pushed_states = states
-            for sink in self._sinks:
-                if isinstance(sink, ModelStateSink):
-                    sink.set_model_states(states)
-            self._on_change()
-        if endpoints is not None:
-            self.endpoints = endpoints
-            self.endpoints_version += 1
-            for sink in self._sinks:
-                sink.set_endpoints(self.endpoints)
-            self._on_change()
 
     def _ready_endpoints(self, catalog: Catalog) -> tuple[Endpoint, ...] | None:
         """The ready endpoints sorted by replica id when they differ from the ones published; else None.

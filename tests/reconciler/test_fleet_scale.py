@@ -171,3 +171,22 @@ def test_an_urgent_wake_does_not_wait_out_the_spacing_of_woken_passes():
             await asyncio.wait_for(task, 10)
 
     asyncio.run(main())
+
+
+def test_routers_are_told_a_replica_left_before_its_agent_is_told_to_stop_it():
+    w = World(catalog(model("a"), model("b")), settle=0)
+    w.report("n1")
+    converge(w)
+    b = next(r for r in w.rec.replicas.values() if r.spec.model == "b")
+    seen = []
+
+    class Watching:
+        def set_endpoints(self, endpoints):
+            # What the node's agent is told at the moment the routers are: still b.
+            seen.append(({e.replica_id for e in endpoints}, {s.id for s in w.desired.get("n1")[1]}))
+    w.rec.add_sink(Watching())
+    seen.clear()
+    w.live.swap(catalog(model("a")))
+    w.quiet_pass()                       # b drains, nothing in flight: stopping in the same pass
+    assert b.state == ReplicaState.STOPPING and b.spec.id not in {s.id for s in w.desired.get("n1")[1]}
+    assert len(seen) == 1 and b.spec.id not in seen[0][0] and b.spec.id in seen[0][1]
