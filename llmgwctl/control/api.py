@@ -189,7 +189,7 @@ class ControlAPI:
         self._answers: dict[str, tuple[tuple, bytes]] = {}
         # What each watch version answered, and the deltas encoded from it for the current state (watch_endpoints).
         self._watchlog = WatchLog()
-        self._deltas: tuple[tuple | None, dict[int, bytes | None]] = (None, {})
+        self._deltas: tuple[tuple | None, dict[int, bytes]] = (None, {})
         self._desired: dict[str, tuple[int, bytes]] = {}
         # Per node, the digest of its last accepted report and where it came from (see report).
         self._reports: dict[str, tuple[bytes, str | None]] = {}
@@ -485,13 +485,13 @@ class ControlAPI:
         if after not in encoded:
             delta = self._watchlog.delta(after, r.endpoints, catalog.version)
             if delta is None:
-                encoded[after] = None
-            else:
-                doc = {"version": self.c.watch.version, "delta": delta.to_dict(),
-                       "models": [m.to_dict() for m in r.model_states]}
-                if delta.catalog_changed:
-                    doc["catalog"] = catalog.to_dict()
-                encoded[after] = json.dumps(doc).encode()
+                return None         # not remembered for it: a client may send any number, each answered whole
+            doc = {"version": self.c.watch.version, "delta": delta.to_dict(),
+                   "models": [m.to_dict() for m in r.model_states]}
+            if delta.catalog_changed:
+                doc["catalog"] = catalog.to_dict()
+            # At most one per version the watch log remembers, so bounded by it.
+            encoded[after] = json.dumps(doc).encode()
         return encoded[after]
 
     async def usage(self, request: web.Request) -> web.Response:
