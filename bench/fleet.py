@@ -328,6 +328,11 @@ class Bench:
         fleet = self.fleet
         running = len(fleet.running())
         starts0, stops0 = fleet.starts(), fleet.stops()
+        # The versions the routers hold from the controller about to die: taken
+        # before the kill, not once the new one settled -- by then a router may
+        # already hold the new controller's first version, and with nothing
+        # changing after the settle it would never be given another.
+        versions = {r.version for r in fleet.routers}
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
         t0 = time.monotonic()
@@ -342,7 +347,6 @@ class Bench:
                 return False
         await self.until("settled", settled, self.args.timeout)
         took = time.monotonic() - t0
-        versions = {r.version for r in fleet.routers}
         await self.until("every router on the new controller, whole",
                          lambda: all(r.version not in versions for r in fleet.routers) and self.routers_have(running),
                          self.args.timeout)
