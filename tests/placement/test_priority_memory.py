@@ -100,6 +100,20 @@ def test_a_victim_may_go_below_its_own_minimum():
     assert [s.replica_id for s in plan.stop] == ["d1"]
 
 
+def test_a_stale_victim_is_stopped_once_and_its_room_goes_to_the_preemptor():
+    # dev's only replica is on an old profile and holds all of x. prod preempts it; dev is
+    # short too, but rule 5's stop-then-start must not stop the same replica a second time.
+    cat = Catalog([prio_model("dev", 0), prio_model("prod", 10)])
+    running = ready([replica("d1", "dev", "x", gpus=range(8), current=False)])
+    plan = place(cat, [node("x")], running, {})
+    assert [(s.replica_id, s.preempted_by) for s in plan.stop] == [("d1", "prod")]
+    assert plan.keep == () and sorted(u.model for u in plan.unplaceable) == ["dev", "prod"]
+    # Once d1 is gone, the preemptor gets the room, not the victim's model.
+    plan = place(cat, [node("x")], apply(plan, running), {})
+    assert starts(plan) == [("prod", "h100", "x", tuple(range(8)))] and plan.stop == ()
+    assert [u.model for u in plan.unplaceable] == ["dev"]
+
+
 def test_memory_preemption_frees_only_the_share_it_needs():
     cat = Catalog([prio_model("small", 0, lo=2, hi=2, gpus=1, memory=10 * GIB),
                    prio_model("prod", 10, gpus=1, memory=12 * GIB)])
