@@ -114,6 +114,20 @@ def test_a_stale_victim_is_stopped_once_and_its_room_goes_to_the_preemptor():
     assert [u.model for u in plan.unplaceable] == ["dev"]
 
 
+def test_a_stale_victim_whose_replacement_starts_elsewhere_costs_its_model_nothing():
+    # dev's old-profile replica holds x; its replacement fits on the GPU-less fallback at
+    # once, and prod preempts the old one. dev gets its wanted replica: the preemption took
+    # a replica that was never counted toward dev's wanted, so nothing of dev is short.
+    cat = Catalog([prio_model("dev", 0, fallback=True), prio_model("prod", 10)])
+    running = [replica("d1", "dev", "x", gpus=range(8), current=False)]
+    plan = place(cat, [node("x")], running, {})
+    assert starts(plan) == [("dev", "cpu", "x", ())]
+    assert [(s.replica_id, s.preempted_by) for s in plan.stop] == [("d1", "prod")]
+    assert [u.model for u in plan.unplaceable] == ["prod"]
+    plan = place(cat, [node("x")], apply(plan, running), {})
+    assert starts(plan) == [("prod", "h100", "x", tuple(range(8)))] and plan.stop == () and plan.unplaceable == ()
+
+
 def test_memory_preemption_frees_only_the_share_it_needs():
     cat = Catalog([prio_model("small", 0, lo=2, hi=2, gpus=1, memory=10 * GIB),
                    prio_model("prod", 10, gpus=1, memory=12 * GIB)])
