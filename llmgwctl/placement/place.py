@@ -287,15 +287,20 @@ class _NodeRoom:
         self.fixed_whole = set(fleet.whole.get(name, ())) - base_whole
         self.fixed_mib = {i: needs.get(i, 0) - base_needs.get(i, 0) for i in self.gpus}
         # Memory something outside llmgw holds, as far as the report tells:
-        # used minus what our replicas there declared (0 where one holds it whole).
+        # used minus what our replicas there declared. Where a serving replica
+        # holds a GPU whole, all of its used memory may be that replica's, so 0;
+        # where the one holding it whole is still starting, it may not have
+        # allocated yet (as in `fleet`), so what is used is someone else's --
+        # counting it as freeable would preempt for room that does not come.
         self.foreign = {}
+        serving_whole = {i for r in existing if not r.memory_mib and _serving(r) for i in r.gpu_indices}
         pending = fleet.pending.get(name, {})
         for i in self.gpus:
             total, free = self.memory.get(i, (0, 0))
             # Allocated by our replicas: what they declared, less what is not yet seen allocated
             # (pending also holds this pass's starts, which are in fixed_mib instead).
             allocated = base_needs.get(i, 0) - (pending.get(i, 0) - self.fixed_mib[i])
-            self.foreign[i] = 0 if i in base_whole else max(0, total - free - allocated)
+            self.foreign[i] = 0 if i in serving_whole else max(0, total - free - allocated)
 
     def fits(self, gpus: int, memory_mib: int, gone: set[str]) -> list[int] | None:
         """The GPUs one replica (`gpus` of them, `memory_mib` each or whole) gets once `gone` have left, or None."""

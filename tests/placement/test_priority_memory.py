@@ -138,6 +138,20 @@ def test_memory_preemption_frees_only_the_share_it_needs():
     assert len(plan.stop) == 1 and plan.stop[0].preempted_by == "prod"
 
 
+def test_no_preemption_of_a_starting_whole_gpu_replica_for_memory_held_outside_llmgw():
+    # 16 of GPU 0's 24 GiB are held outside llmgw, so prod (16 GiB) cannot fit there even alone.
+    # dev took the GPU whole and is still starting: what is used is not dev's yet, so stopping
+    # dev frees 8 GiB, not 24 -- preempting it would only have dev placed again next pass.
+    cat = Catalog([prio_model("dev", 0, gpus=1), prio_model("prod", 10, gpus=1, memory=16 * GIB)])
+    nodes = [memory_node("x", gib=(24,), free=(8,))]
+    running = [replica("d1", "dev", "x", gpus=(0,))]
+    plan = place(cat, nodes, running, {})
+    assert plan.stop == () and plan.start == () and [u.model for u in plan.unplaceable] == ["prod"]
+    # Once dev serves, the report cannot tell its memory from anyone else's on a GPU it holds
+    # whole: preemption takes it as dev's, as before.
+    assert [s.preempted_by for s in place(cat, nodes, ready(running), {}).stop] == ["prod"]
+
+
 # -- GPU memory -----------------------------------------------------------------------------
 
 def test_memory_profiles_share_a_gpu_while_their_needs_fit():
