@@ -25,7 +25,9 @@ The rules, in the order one pass applies them:
    `wanted` current replicas are ready. When there is no room for a new one,
    one stale replica whose GPUs would make room is stopped (stop-then-start),
    but only while every current replica is ready, so one model never has an
-   old replica going down while a new one is still coming up.
+   old replica going down while a new one is still coming up. A stale
+   replica preemption took (rule 7) is not stopped again, nor is its room
+   counted for its own model.
 6. Missing replicas are placed by model priority, highest first; within one
    priority round-robin across models in catalog order (every short model gets
    its next replica before any gets two more), each on its best profile that
@@ -163,10 +165,11 @@ def place(catalog: Catalog, nodes: Sequence[NodeView], running: Sequence[Running
 
     unplaceable: list[Unplaceable] = []
     explain = Explainer(fleet, running, priorities, starts)
+    going = {s.replica_id for s in stops}        # of stale ones, only victims of preemption are in it
     for share in shares.values():
         if not share.missing:
             continue
-        stop = _make_room(share, fleet)
+        stop = _make_room(share, fleet, going)
         if stop is not None:
             stops.append(stop)
         reason, permanent = explain.why(share.model)
@@ -284,15 +287,20 @@ class _NodeRoom:
         self.fixed_whole = set(fleet.whole.get(name, ())) - base_whole
         self.fixed_mib = {i: needs.get(i, 0) - base_needs.get(i, 0) for i in self.gpus}
         # Memory something outside llmgw holds, as far as the report tells:
-        # used minus what our replicas there declared (0 where one holds it whole).
+        # used minus what our replicas there declared. Where a serving replica
+        # holds a GPU whole, all of its used memory may be that replica's, so 0;
+        # where the one holding it whole is still starting, it may not have
+        # allocated yet (as in `fleet`), so what is used is someone else's --
+        # counting it as freeable would preempt for room that does not come.
         self.foreign = {}
+        serving_whole = {i for r in existing if not r.memory_mib and _serving(r) for i in r.gpu_indices}
         pending = fleet.pending.get(name, {})
         for i in self.gpus:
             total, free = self.memory.get(i, (0, 0))
             # Allocated by our replicas: what they declared, less what is not yet seen allocated
             # (pending also holds this pass's starts, which are in fixed_mib instead).
             allocated = base_needs.get(i, 0) - (pending.get(i, 0) - self.fixed_mib[i])
-            self.foreign[i] = 0 if i in base_whole else max(0, total - free - allocated)
+            self.foreign[i] = 0 if i in serving_whole else max(0, total - free - allocated)
 
     def fits(self, gpus: int, memory_mib: int, gone: set[str]) -> list[int] | None:
         """The GPUs one replica (`gpus` of them, `memory_mib` each or whole) gets once `gone` have left, or None."""
@@ -486,8 +494,12 @@ def _back_to_best(tiers: Sequence[_Share], fleet: Fleet, movable: Container[str]
     return starts
 
 
-def _make_room(share: _Share, fleet: Fleet) -> Stop | None:
+def _make_room(share: _Share, fleet: Fleet, going: Container[str]) -> Stop | None:
     """Stop-then-start: one stale replica whose GPUs would let a new replica fit, or None.
+
+    A stale replica in `going` (preemption took it for a higher-priority
+    model) is already going, and its room is promised to that model, so it is
+    neither stopped a second time nor counted as room for this one.
 
     Only while every current replica is ready and none was placed this pass,
     so a model never has an old replica stopping while a new one is still
@@ -505,6 +517,8 @@ def _make_room(share: _Share, fleet: Fleet) -> Stop | None:
         return None
     ranked = share.ranked
     for replica in _stop_order(share.stale, share.rank):
+        if replica.replica_id in going:
+            continue
         freed = fleet.free_count(replica.node) + len(replica.gpu_indices) if replica.node in fleet else -1
         if any(freed >= p.gpus and fleet.can_host(replica.node, p.pool, p.engine) for p in ranked):
             return Stop(replica.replica_id, REPLACED_NO_ROOM)

@@ -100,6 +100,34 @@ def test_a_victim_may_go_below_its_own_minimum():
     assert [s.replica_id for s in plan.stop] == ["d1"]
 
 
+def test_a_stale_victim_is_stopped_once_and_its_room_goes_to_the_preemptor():
+    # dev's only replica is on an old profile and holds all of x. prod preempts it; dev is
+    # short too, but rule 5's stop-then-start must not stop the same replica a second time.
+    cat = Catalog([prio_model("dev", 0), prio_model("prod", 10)])
+    running = ready([replica("d1", "dev", "x", gpus=range(8), current=False)])
+    plan = place(cat, [node("x")], running, {})
+    assert [(s.replica_id, s.preempted_by) for s in plan.stop] == [("d1", "prod")]
+    assert plan.keep == () and sorted(u.model for u in plan.unplaceable) == ["dev", "prod"]
+    # Once d1 is gone, the preemptor gets the room, not the victim's model.
+    plan = place(cat, [node("x")], apply(plan, running), {})
+    assert starts(plan) == [("prod", "h100", "x", tuple(range(8)))] and plan.stop == ()
+    assert [u.model for u in plan.unplaceable] == ["dev"]
+
+
+def test_a_stale_victim_whose_replacement_starts_elsewhere_costs_its_model_nothing():
+    # dev's old-profile replica holds x; its replacement fits on the GPU-less fallback at
+    # once, and prod preempts the old one. dev gets its wanted replica: the preemption took
+    # a replica that was never counted toward dev's wanted, so nothing of dev is short.
+    cat = Catalog([prio_model("dev", 0, fallback=True), prio_model("prod", 10)])
+    running = [replica("d1", "dev", "x", gpus=range(8), current=False)]
+    plan = place(cat, [node("x")], running, {})
+    assert starts(plan) == [("dev", "cpu", "x", ())]
+    assert [(s.replica_id, s.preempted_by) for s in plan.stop] == [("d1", "prod")]
+    assert [u.model for u in plan.unplaceable] == ["prod"]
+    plan = place(cat, [node("x")], apply(plan, running), {})
+    assert starts(plan) == [("prod", "h100", "x", tuple(range(8)))] and plan.stop == () and plan.unplaceable == ()
+
+
 def test_memory_preemption_frees_only_the_share_it_needs():
     cat = Catalog([prio_model("small", 0, lo=2, hi=2, gpus=1, memory=10 * GIB),
                    prio_model("prod", 10, gpus=1, memory=12 * GIB)])
@@ -108,6 +136,20 @@ def test_memory_preemption_frees_only_the_share_it_needs():
     plan = place(cat, [memory_node("x", gib=(24,), free=(4,))], running, {})
     # 24 GiB with 20 taken by small: freeing one of them leaves 14 >= 12.
     assert len(plan.stop) == 1 and plan.stop[0].preempted_by == "prod"
+
+
+def test_no_preemption_of_a_starting_whole_gpu_replica_for_memory_held_outside_llmgw():
+    # 16 of GPU 0's 24 GiB are held outside llmgw, so prod (16 GiB) cannot fit there even alone.
+    # dev took the GPU whole and is still starting: what is used is not dev's yet, so stopping
+    # dev frees 8 GiB, not 24 -- preempting it would only have dev placed again next pass.
+    cat = Catalog([prio_model("dev", 0, gpus=1), prio_model("prod", 10, gpus=1, memory=16 * GIB)])
+    nodes = [memory_node("x", gib=(24,), free=(8,))]
+    running = [replica("d1", "dev", "x", gpus=(0,))]
+    plan = place(cat, nodes, running, {})
+    assert plan.stop == () and plan.start == () and [u.model for u in plan.unplaceable] == ["prod"]
+    # Once dev serves, the report cannot tell its memory from anyone else's on a GPU it holds
+    # whole: preemption takes it as dev's, as before.
+    assert [s.preempted_by for s in place(cat, nodes, ready(running), {}).stop] == ["prod"]
 
 
 # -- GPU memory -----------------------------------------------------------------------------

@@ -9,8 +9,8 @@
 (4) a replica is either kept or stopped, never both, never neither;
 and the counts add up: current replicas after the plan plus unplaceable ones
 equal what was wanted, for every model that did not have a surplus (less
-what preemption stopped, plus the surge starts that move a model back to its
-best profile).
+the current replicas preemption stopped, plus the surge starts that move a
+model back to its best profile).
 """
 from __future__ import annotations
 
@@ -126,14 +126,21 @@ def check_one(cat, nodes, running, wanted):
     assert set(stopped) | set(plan.keep) == {r.replica_id for r in running}
 
     # the counts add up
+    def counted_toward_wanted(r):
+        return (r.current and not r.lost and not r.leaving and r.node in by_name
+                and (r.model, r.profile) in profiles)
+
     def counts(rs):
-        return Counter(r.model for r in rs if r.current and not r.lost and not r.leaving and r.node in by_name
-                       and (r.model, r.profile) in profiles)
+        return Counter(r.model for r in rs if counted_toward_wanted(r))
     counted, after = counts(running), counts(after_plan)
     short = Counter(u.model for u in plan.unplaceable)
     surge = Counter(a.model for a in plan.start if a.replaces)
-    model_of = {r.replica_id: r.model for r in running}
-    preempted = Counter(model_of[s.replica_id] for s in plan.stop if s.preempted_by)
+    # Only victims that counted toward wanted take from it: a stale victim
+    # (old profile) was never one of the current replicas, and its model's
+    # replacement is placed (or reported unplaceable) as for any stale replica.
+    by_id = {r.replica_id: r for r in running}
+    preempted = Counter(by_id[s.replica_id].model for s in plan.stop
+                        if s.preempted_by and counted_toward_wanted(by_id[s.replica_id]))
     for m in cat.models:
         want = wanted.get(m.name, m.replicas.min)
         if counted[m.name] <= want:
@@ -171,3 +178,25 @@ def test_same_input_same_plan():
     cat = catalog(model("a", profile(gpus=2)), model("b", profile("cpu", engine="llamacpp", pool=None, gpus=0)))
     nodes = [node(f"n{i}") for i in range(5)]
     assert place(cat, nodes, [], {"a": 4, "b": 3}) == place(cat, list(nodes), [], {"b": 3, "a": 4})
+
+
+def test_stale_victims_of_preemption_found_by_hypothesis():
+    # The two failures hypothesis shrank to: m1's only replica r0 is stale and holds n1's one
+    # GPU; m2 (priority 5) preempts it. With m1 unable to start anywhere, r0 was also
+    # stopped as "replaced: no room" (stopped twice); with m1's replacement on a GPU-less
+    # profile, the property counted the stale victim against m1's wanted (off by one).
+    def cat(m1_gpus):
+        return Catalog([
+            Model("m0", (Profile("p0", "vllm", gpus=0, priority=0),), replicas=Replicas(0, 0)),
+            Model("m1", (Profile("p0", "vllm", gpus=m1_gpus, priority=0),)
+                  + ((Profile("p1", "llamacpp", gpus=0, priority=0),) if m1_gpus else ()), replicas=Replicas(1, 1)),
+            Model("m2", (Profile("p0", "vllm", gpus=1, priority=0), Profile("p1", "llamacpp", gpus=0, priority=0)),
+                  replicas=Replicas(1, 1), priority=5)])
+    nodes = [NodeView("n0", frozenset(), (), frozenset({"vllm"}), False),
+             NodeView("n1", frozenset(), (0,), frozenset({"vllm"}), True)]
+    running = [Running("r0", "m1", "p0", "n1", (0,), current=False)]
+    twice = check_one(cat(1), nodes, running, {})
+    assert [(s.replica_id, s.preempted_by) for s in twice.stop] == [("r0", "m2")]
+    off_by_one = check_one(cat(0), nodes, running, {})
+    assert [(a.model, a.node) for a in off_by_one.start] == [("m1", "n1")]
+    assert [(s.replica_id, s.preempted_by) for s in off_by_one.stop] == [("r0", "m2")]
