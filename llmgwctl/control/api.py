@@ -207,7 +207,7 @@ class ControlAPI:
         app.router.add_post("/api/v1/usage", self.usage)
         app.router.add_get("/api/v1/replicas/{replica}/logs", self.replica_logs)
         app.router.add_post("/api/v1/agents/{node}/logs/{stream}", self.agent_logs)
-        Console(self.c.status, self.c.status_changed).add_routes(app)
+        Console(self.c.state, self.c.status_changed).add_routes(app)
         return app
 
     async def healthz(self, request: web.Request) -> web.Response:
@@ -221,7 +221,7 @@ class ControlAPI:
         return web.json_response({"ready": ready}, status=200 if ready else 503)
 
     async def status(self, request: web.Request) -> web.Response:
-        return web.json_response(self.c.status())
+        return web.Response(body=self.c.status_json(), content_type="application/json")
 
     async def get_catalog(self, request: web.Request) -> web.Response:
         catalog = self.c.live.current

@@ -137,5 +137,9 @@ class Controller:
                              log_streams=self.logs.open_streams())
 
     def status(self) -> dict:
-        """`GET /api/v1/status`."""
+        """`GET /api/v1/status` as a dict (tests, and callers in process)."""
         return self.state().to_dict()
+
+    def status_json(self) -> bytes:
+        """`GET /api/v1/status`'s body: the same document, from the rows' cached JSON (see contracts.status)."""
+        return self.state().to_json()

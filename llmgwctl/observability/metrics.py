@@ -557,6 +557,42 @@ class ControlMetrics:
 class _ControlCollector:
     def __init__(self, status: Callable[[], ControlStatus]):
         self.status = status
+        # The tallies of the last scrape and the row tuples they were made from:
+        # the reconciler hands out the same tuple while no row changed, so a
+        # scrape at 20,000 replicas walks them only after a change (issue 19).
+        self._replica_tally: tuple[tuple, tuple, list] = ((), (), [])
+        self._node_tally: tuple[tuple, dict, dict] = ((), {}, {})
+
+    def _replica_counts(self, fleet: Any) -> list[tuple[tuple[str, str], int]]:
+        rows, models, counts = self._replica_tally
+        names = tuple(m.name for m in fleet.models)
+        if rows is fleet.replicas and models == names:
+            return counts
+        # Every state of every catalog model, 0 included: a dashboard's "failed"
+        # panel must show 0, not "no data", while nothing has failed.
+        tally = {(name, st.value): 0 for name in names for st in ReplicaState}
+        for rep in fleet.replicas:
+            key = (rep.model, rep.state.value)
+            tally[key] = tally.get(key, 0) + 1
+        counts = sorted(tally.items())
+        self._replica_tally = (fleet.replicas, names, counts)
+        return counts
+
+    def _node_counts(self, fleet: Any) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+        rows, by_state, gpus = self._node_tally
+        if rows is fleet.nodes:
+            return by_state, gpus
+        by_state, gpus = {"ready": 0, "unreachable": 0}, {}
+        for node in fleet.nodes:
+            by_state[node.state] = by_state.get(node.state, 0) + 1
+            # An unreachable node's GPUs are neither usable nor known to be busy.
+            split = ((("used", node.gpus_used), ("free", node.gpus - node.gpus_used)) if node.reachable
+                     else (("unreachable", node.gpus),))
+            for pool in node.pools or ("none",):
+                for state, n in split:
+                    gpus[(pool, state)] = gpus.get((pool, state), 0) + n
+        self._node_tally = (fleet.nodes, by_state, gpus)
+        return by_state, gpus
 
     def describe(self) -> list[Metric]:
         return []
@@ -587,33 +623,19 @@ class _ControlCollector:
         degraded.add_metric(("catalog-watcher",), 1 if cat.degraded else 0)
         degraded.add_metric(("reconciler",), 1 if fleet.degraded else 0)
         yield degraded
-        # Every state of every catalog model, 0 included: a dashboard's "failed"
-        # panel must show 0, not "no data", while nothing has failed.
-        counts: dict[tuple[str, str], int] = {(m.name, st.value): 0 for m in fleet.models for st in ReplicaState}
-        for rep in fleet.replicas:
-            key = (rep.model, rep.state.value)
-            counts[key] = counts.get(key, 0) + 1
         replicas = GaugeMetricFamily("llmgw_replicas", "Replicas by model and state.", labels=("model", "state"))
-        for (model, state), n in sorted(counts.items()):
+        for (model, state), n in self._replica_counts(fleet):
             replicas.add_metric((model, state), n)
         yield replicas
         nodes = GaugeMetricFamily("llmgw_nodes", "Nodes by state.", labels=("state",))
-        by_state = {"ready": 0, "unreachable": 0}
-        gpus: dict[tuple[str, str], int] = {}
-        age = GaugeMetricFamily("llmgw_node_last_report_age_seconds", "Seconds since the node's agent last "
-                                "reported.", labels=("node",))
-        for node in fleet.nodes:
-            by_state[node.state] = by_state.get(node.state, 0) + 1
-            # An unreachable node's GPUs are neither usable nor known to be busy.
-            split = ((("used", node.gpus_used), ("free", node.gpus - node.gpus_used)) if node.reachable
-                     else (("unreachable", node.gpus),))
-            for pool in node.pools or ("none",):
-                for state, n in split:
-                    gpus[(pool, state)] = gpus.get((pool, state), 0) + n
-            age.add_metric((node.name,), node.last_seen_seconds)
+        by_state, gpus = self._node_counts(fleet)
         for state, n in sorted(by_state.items()):
             nodes.add_metric((state,), n)
         yield nodes
+        age = GaugeMetricFamily("llmgw_node_last_report_age_seconds", "Seconds since the node's agent last "
+                                "reported.", labels=("node",))
+        for node in fleet.nodes:
+            age.add_metric((node.name,), fleet.last_seen_seconds(node))
         yield age
         g = GaugeMetricFamily("llmgw_gpus", "GPUs per pool, used by replicas or free.", labels=("pool", "state"))
         for (pool, state), n in sorted(gpus.items()):
