@@ -1,6 +1,6 @@
 """The control plane at fleet scale: a real `llmgwctl serve --no-local-agent` against a simulated fleet.
 
-    python bench/fleet.py --nodes 500 [--routers 50] [--heartbeat 10] [--steady 30] [--restart]
+    python bench/fleet.py --nodes 500 [--routers 50] [--heartbeat 10] [--steady 30] [--restart] [--no-changes]
 
 The simulator (`tests/fleetsim.py`) runs in this process: NODES agents of 8
 GPUs each, heartbeating every HEARTBEAT s on random phases and long-polling
@@ -15,7 +15,7 @@ change has room. What it prints, in order:
 
   converge     catalog loaded -> every replica ready in the simulator and on every router
   steady       controller CPU (of one core) with nothing changing, per heartbeat, passes/s
-  status       GET /api/v1/status latency (p50/max of 5)
+  status       GET /api/v1/status latency (p50/max of 5); metrics: the same for GET /metrics
   memory       controller RSS, and per node over the RSS before any agent came
   add          100 models x 2 replicas written: -> desired on every affected node, -> every router
   remove       the 100 removed: -> desired without them, -> gone from every router
@@ -201,7 +201,8 @@ class Bench:
                 rss = rss_mib(self.proc.pid)
                 print(f"memory       controller RSS {rss:.0f} MiB; {(rss - rss_before) * 1024 / a.nodes:.0f} KiB "
                       f"per node over the {rss_before:.0f} MiB before any agent")
-                await self.changes(base)
+                if not a.no_changes:
+                    await self.changes(base)
                 if a.restart:
                     await self.restart(session)
             finally:
@@ -232,13 +233,14 @@ class Bench:
               f"simulator {(sim1 - sim0) / wall:.2f} of a core")
 
     async def status(self, session) -> None:
-        times = []
-        for _ in range(5):
-            t = time.monotonic()
-            status, body = await self.get(session, "/api/v1/status")
-            times.append(time.monotonic() - t)
-        print(f"status       p50 {statistics.median(times) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms "
-              f"({len(body) / 1e6:.1f} MB)")
+        for path in ("/api/v1/status", "/metrics"):
+            times = []
+            for _ in range(5):
+                t = time.monotonic()
+                status, body = await self.get(session, path)
+                times.append(time.monotonic() - t)
+            print(f"{'status' if path != '/metrics' else 'metrics':12s} p50 {statistics.median(times) * 1000:.0f} ms, "
+                  f"max {max(times) * 1000:.0f} ms ({len(body) / 1e6:.1f} MB, GET {path})")
 
     async def phase(self, label: str, write_it, desired_ok, desired_done, router_ok, on_ready=None) -> None:
         """Write a change; time it to each affected node's desired list and to each router.
@@ -358,6 +360,8 @@ def main() -> None:
     p.add_argument("--steady", type=float, default=30.0, help="seconds of the steady-state window")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds any one phase may take")
     p.add_argument("--restart", action="store_true", help="also kill and restart the controller")
+    p.add_argument("--no-changes", action="store_true",
+                   help="skip the add/remove/profile phases (for a run that wants converge, steady, status)")
     p.add_argument("--serve-arg", action="append", help="an extra argument for serve (repeatable)")
     a = p.parse_args()
     import resource as r
