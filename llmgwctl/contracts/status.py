@@ -54,6 +54,24 @@ def _num(value: float | int | None) -> str:
     return repr(value)
 
 
+# The last rows tuple seen with no replica pending or starting, and its rows
+# joined as `plain` (no use, no load under way): what an idle fleet's read
+# reuses. The tuple is held, so its identity cannot be taken by another; the
+# reconciler hands out the same tuple while no row changed.
+_PLAIN: list = [(), ""]
+
+
+def _plain_rows(rows: tuple[ReplicaStatus, ...]) -> str | None:
+    """Every row as its `plain` JSON, joined; None when one is starting (its age moves)."""
+    held, text = _PLAIN
+    if held is rows:
+        return text
+    if any(r.starting_since is not None for r in rows):
+        return None
+    _PLAIN[:] = [rows, ",".join(r.fragments()[3] for r in rows)]
+    return _PLAIN[1]
+
+
 def _split(head: dict[str, Any], tail: dict[str, Any]) -> tuple[str, str]:
     """`{head...` and `,tail...` of one object's JSON, for values to go between and after them."""
     a, b = _compact(head), _compact(tail)
@@ -271,7 +289,11 @@ class FleetStatus:
                _compact([m.to_dict() for m in self.models]), ',"replicas":[']
         add = out.append
         usage, now = self.usage, self.now
-        for r in self.replicas:
+        if not any(last is not None or inflight for last, inflight in usage.values()):
+            plain = _plain_rows(self.replicas)
+            if plain is not None:
+                add(plain)          # an idle fleet with nothing loading: the rows' join of the last read
+        for r in self.replicas if len(out) == 3 else ():
             a, b, c, plain = r.fragments()
             last, inflight = usage.get(r.id, UNUSED)
             if last is None and not inflight and r.starting_since is None:

@@ -67,7 +67,7 @@ def test_a_replica_that_changes_after_a_cached_read_shows_at_once_and_alone_is_r
     metrics = ControlMetrics(lambda: control(w), process=False)
     before = samples(metrics)
     assert before[("llmgw_replicas", (("model", "a"), ("state", "ready")))] == 2
-    w.rec.status()
+    assert {r["state"] for r in json.loads(control(w).to_json())["replicas"]} == {"ready"}   # cached now
     count = built(w)
     # Its engine crashes: the agent reports it failed, and the next pass takes that in.
     rid = sorted(w.rec.replicas)[1]
