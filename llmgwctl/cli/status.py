@@ -141,11 +141,12 @@ def render(status: dict, now: float | None = None, events: int = 8, wide: bool =
     return "\n".join(out)
 
 
-def fetch(controller: str) -> dict:
+def fetch(controller: str, model: str | None = None) -> dict:
     import requests
 
     try:
-        resp = requests.get(controller.rstrip("/") + "/api/v1/status", timeout=10, headers=controller_headers())
+        resp = requests.get(controller.rstrip("/") + "/api/v1/status", timeout=10, headers=controller_headers(),
+                            params={"model": model} if model else None)
     except requests.RequestException as exc:
         raise click.ClickException(f"cannot reach the controller at {controller}: {exc.__class__.__name__}; "
                                    "is `llmgwctl serve` running? (--controller or $LLMGW_CONTROLLER)") from None
@@ -159,10 +160,11 @@ def fetch(controller: str) -> dict:
 @click.option("-o", "--output", "fmt", type=click.Choice(("table", "wide", "json", "yaml")), default="table",
               show_default=True, help="table for people (wide: nothing cut, more columns); json or yaml for scripts.")
 @click.option("--watch", "-w", is_flag=True, help="Redraw every 2 seconds until Ctrl-C.")
-def command(controller, fmt, watch):
+@click.option("--model", "-m", metavar="NAME", help="Only this model (name or alias): its replicas and their nodes.")
+def command(controller, fmt, watch, model):
     """Show the catalog in force, models, replicas, nodes and recent events."""
     while True:
-        status = fetch(controller)
+        status = fetch(controller, model)
         text = dump(status, fmt) if fmt in ("json", "yaml") else render(status, wide=fmt == "wide")
         if watch:
             click.clear()

@@ -68,7 +68,7 @@ def _plain_rows(rows: tuple[ReplicaStatus, ...]) -> str | None:
         return text
     if any(r.starting_since is not None for r in rows):
         return None
-    _PLAIN[:] = [rows, ",".join(r.fragments()[3] for r in rows)]
+    _PLAIN[:] = [rows, ",".join(r.plain() for r in rows)]
     return _PLAIN[1]
 
 
@@ -152,9 +152,8 @@ class ReplicaStatus:
     starting_since: float | None = None
     _json: list = field(default_factory=list, init=False, repr=False, compare=False)
 
-    def fragments(self) -> tuple[str, str, str, str]:
-        """Its JSON as `A inflight B idle_seconds C starting_seconds }`, and whole for an unused replica
-        not starting (built once: the record is immutable)."""
+    def fragments(self) -> tuple[str, str, str]:
+        """Its JSON as `A inflight B idle_seconds C starting_seconds }` (built once: the record is immutable)."""
         if not self._json:
             a, c = _split({"id": self.id, "model": self.model, "profile": self.profile, "engine": self.engine,
                            "node": self.node, "gpus": list(self.gpus), "state": self.state.value, "url": self.url,
@@ -162,9 +161,13 @@ class ReplicaStatus:
                            "adopted": self.adopted},
                           {"reason": self.reason, "spec_hash": self.spec_hash, "last_log": list(self.last_log),
                            "fallback": self.fallback})
-            a, b, c = a + ',"inflight":', ',"idle_seconds":', c + ',"starting_seconds":'
-            self._json.append((a, b, c, f"{a}0{b}null{c}null}}"))
+            self._json.append((a + ',"inflight":', ',"idle_seconds":', c + ',"starting_seconds":'))
         return self._json[0]
+
+    def plain(self) -> str:
+        """Its JSON when unused and not starting: in flight 0, both ages null."""
+        a, b, c = self.fragments()
+        return f"{a}0{b}null{c}null}}"
 
     def to_dict(self, inflight: int = 0, idle_seconds: float | None = None,
                 starting_seconds: float | None = None) -> dict[str, Any]:
@@ -271,6 +274,20 @@ class FleetStatus:
         heard = self.heard.get(n.name)
         return heard[1] if heard is not None else 0
 
+    def only(self, model: str) -> "FleetStatus":
+        """The part about one model: its row, its replicas, the nodes they run on; events and the rest whole.
+
+        What an operator of a big fleet asks for (`llmgwctl status --model`,
+        `GET /api/v1/status?model=`): 20,000 replica rows are no table to read.
+        """
+        replicas = tuple(r for r in self.replicas if r.model == model)
+        on = {r.node for r in replicas}
+        return FleetStatus(settled=self.settled, passes=self.passes,
+                           models=tuple(m for m in self.models if m.name == model), replicas=replicas,
+                           nodes=tuple(n for n in self.nodes if n.name in on), events=self.events,
+                           failures=self.failures, degraded=self.degraded, last_failure=self.last_failure,
+                           now=self.now, usage=self.usage, heard=self.heard)
+
     def _tail(self) -> dict[str, Any]:
         # Like the catalog part's `watcher`, `failures`, `last_failure`: which loop is degraded and why.
         return {"reconciler": {"loop": "degraded" if self.degraded else "ok", "failures": self.failures,
@@ -294,10 +311,10 @@ class FleetStatus:
             if plain is not None:
                 add(plain)          # an idle fleet with nothing loading: the rows' join of the last read
         for r in self.replicas if len(out) == 3 else ():
-            a, b, c, plain = r.fragments()
+            a, b, c = r.fragments()
             last, inflight = usage.get(r.id, UNUSED)
             if last is None and not inflight and r.starting_since is None:
-                add(plain)          # most of a fleet: no use to show and no load under way
+                add(f"{a}0{b}null{c}null}}")      # most of a fleet: no use to show and no load under way
                 continue
             idle = "null" if last is None else _num(round(now - last, 1))
             starting = "null" if r.starting_since is None else _num(round(now - r.starting_since, 1))
@@ -361,6 +378,11 @@ class ControlStatus:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self._head(), **self.fleet.to_dict()}
+
+    def only(self, model: str) -> "ControlStatus":
+        """See `FleetStatus.only`: the catalog part stays whole."""
+        return ControlStatus(catalog=self.catalog, routers=self.routers, fleet=self.fleet.only(model),
+                             log_streams=self.log_streams)
 
     def to_json(self) -> bytes:
         """`to_dict()` as compact JSON (the same document), made from the rows' memoized fragments."""
