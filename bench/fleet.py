@@ -15,7 +15,8 @@ change has room. What it prints, in order:
 
   converge     catalog loaded -> every replica ready in the simulator and on every router
   steady       controller CPU (of one core) with nothing changing, per heartbeat, passes/s
-  status       GET /api/v1/status latency (p50/p90/max of 20); metrics: the same for GET /metrics
+  status       GET /api/v1/status latency (p50/p90/max of 20); healthz before it (the baseline: what any
+               answer waits on a loop this busy), metrics after it: the same for GET /metrics
   memory       controller RSS, and per node over the RSS before any agent came
   add          100 models x 2 replicas written: -> desired on every affected node, -> every router
   remove       the 100 removed: -> desired without them, -> gone from every router
@@ -235,13 +236,16 @@ class Bench:
     async def status(self, session) -> None:
         # 20 of each, one after another: five gave a p50 that was a lottery of
         # which one landed behind a pass (~1 s at this size) and the backlog after it.
-        for path in ("/api/v1/status", "/metrics"):
+        # /healthz first is the baseline: what any answer waits now, on serve's
+        # loop and on this process's (the simulator's), with status doing nothing.
+        for path in ("/healthz", "/api/v1/status", "/metrics"):
             times = []
             for _ in range(20):
                 t = time.monotonic()
                 status, body = await self.get(session, path)
                 times.append(time.monotonic() - t)
-            print(f"{'status' if path != '/metrics' else 'metrics':12s} p50 {statistics.median(times) * 1000:.0f} ms, "
+            label = {"/healthz": "healthz", "/metrics": "metrics"}.get(path, "status")
+            print(f"{label:12s} p50 {statistics.median(times) * 1000:.0f} ms, "
                   f"p90 {pct(times, 0.9) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms "
                   f"({len(body) / 1e6:.1f} MB, GET {path}, n=20)")
 
