@@ -228,6 +228,7 @@ class Bench:
         passes1, pass_s1 = await self.metrics(session)
         wall = t1 - t0
         passes = passes1 - passes0
+        self.steady_rate = (cpu1 - cpu0) / wall       # of one core: the status phase's baseline
         print(f"steady       controller {(cpu1 - cpu0) / wall:.3f} of a core over {wall:.0f} s; "
               f"{reports / wall:.0f} reports/s -> {(cpu1 - cpu0) / max(reports, 1) * 1e6:.0f} us CPU per report; "
               f"{passes / wall:.2f} passes/s of {(pass_s1 - pass_s0) / max(passes, 1) * 1000:.1f} ms; "
@@ -238,16 +239,21 @@ class Bench:
         # which one landed behind a pass (~1 s at this size) and the backlog after it.
         # /healthz first is the baseline: what any answer waits now, on serve's
         # loop and on this process's (the simulator's), with status doing nothing.
+        # "CPU/call": serve's CPU over the 20 calls less its steady rate over
+        # that time, per call: what one answer costs the controller, however
+        # long the client waited behind other work.
         for path in ("/healthz", "/api/v1/status", "/metrics"):
             times = []
+            cpu0, t0 = cpu_seconds(self.proc.pid), time.monotonic()
             for _ in range(20):
                 t = time.monotonic()
                 status, body = await self.get(session, path)
                 times.append(time.monotonic() - t)
+            extra = cpu_seconds(self.proc.pid) - cpu0 - self.steady_rate * (time.monotonic() - t0)
             label = {"/healthz": "healthz", "/metrics": "metrics"}.get(path, "status")
             print(f"{label:12s} p50 {statistics.median(times) * 1000:.0f} ms, "
-                  f"p90 {pct(times, 0.9) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms "
-                  f"({len(body) / 1e6:.1f} MB, GET {path}, n=20)")
+                  f"p90 {pct(times, 0.9) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms; "
+                  f"CPU/call ~{max(0.0, extra) / 20 * 1000:.0f} ms ({len(body) / 1e6:.1f} MB, GET {path}, n=20)")
 
     async def phase(self, label: str, write_it, desired_ok, desired_done, router_ok, on_ready=None) -> None:
         """Write a change; time it to each affected node's desired list and to each router.
