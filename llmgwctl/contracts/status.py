@@ -13,8 +13,8 @@ console push. So a row record says only what its replica's or node's record
 says and is kept by the reconciler until that changes; what moves without a
 change -- ages, in-flight counts, a node's report count -- is read per read
 into `FleetStatus` (`now`, `usage`, `heard`) and joined in when the JSON is
-made. Each row memoizes its own JSON around those values (`_Fragments`), so an
-unchanged row costs a string join, not a dict and an encode.
+made. Each row memoizes its own JSON around those values (`fragments()`), so
+an unchanged row costs a string join, not a dict and an encode.
 
     ControlStatus
      ├ catalog: CatalogStatus        version, models, swaps, rejections, directory_valid, last rejection

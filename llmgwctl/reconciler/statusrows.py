@@ -20,7 +20,8 @@ It knows the reconciler's records and the inventory's nodes, read-only.
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from ..catalog import Catalog, Model
 from ..contracts import NodeStatus, ReplicaState, ReplicaStatus
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 # them); the rest is the record's for life. A C-level getter: it runs for every
 # record on every read.
 _ROW_KEY = operator.attrgetter("state", "reported", "adopted", "drain_reason")
+_NO_GPUS: Mapping[int, str] = MappingProxyType({})      # a node none of whose GPUs a replica holds
 _STOPPING = (ReplicaState.DRAINING, ReplicaState.STOPPING)
 _STARTING = (ReplicaState.PENDING, ReplicaState.STARTING)
 
@@ -98,7 +100,7 @@ class StatusRows:
         seen = {}
         for node in nodes:
             seen[node.name] = node
-            held = holders.get(node.name, {})
+            held = holders.get(node.name, _NO_GPUS)
             # The revision moves with every report that says something new (pools, GPUs, engines).
             # (A refusal is shown only while recent: asked of the inventory while there is one.)
             key = (node.revision, node.reachable, conflict(node) if node.conflict is not None else None, held)
@@ -129,7 +131,7 @@ class StatusRows:
             fallback=self._is_fallback(catalog.resolve(spec.model), spec.profile),
             starting_since=rec.created if rec.state in _STARTING else None)
 
-    def _node_row(self, node: Node, conflict: str | None, held: dict[int, str]) -> NodeStatus:
+    def _node_row(self, node: Node, conflict: str | None, held: Mapping[int, str]) -> NodeStatus:
         self.built += 1
         indices = {g.index for g in node.gpus}
         return NodeStatus(
