@@ -66,13 +66,16 @@ class StatusRows:
             cache.clear()       # `fallback` is the catalog's to say
             self._catalog = catalog.version
         key_of = _ROW_KEY
+        replaced = False
         for rid, rec in records.items():
             key = key_of(rec)
             hit = cache.get(rid)
             if hit is None or hit[0] is not rec or hit[1] != key:
+                # Another record under a known id (given up, then adopted again) may sit on other GPUs.
+                replaced = replaced or (hit is not None and hit[0] is not rec)
                 cache[rid] = (rec, key, self._replica_row(rec, catalog))
                 changed = True
-        membership = records.keys() != self._replica_ids
+        membership = replaced or records.keys() != self._replica_ids
         if membership:
             for rid in [r for r in cache if r not in records]:
                 del cache[rid]

@@ -4,12 +4,14 @@ Driven through the real reconciler, inventory and metrics collector with a
 fake clock; "built" is the row cache's own count of rows it made, so a cached
 read is told from a rebuilt one without timing anything.
 """
+import dataclasses
 import json
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmgwctl.contracts import CatalogStatus, ControlStatus
 from llmgwctl.observability.metrics import ControlMetrics
+from llmgwctl.reconciler import Replica
 
 from .test_reconciler import World, catalog, converge, model
 
@@ -125,3 +127,18 @@ def test_the_console_sees_news_in_a_state_change_not_in_ages():
     w.running["n1"][rid]["state"] = "failed"
     w.step()
     assert control(w).unaged() != quiet
+
+
+def test_a_record_replaced_under_the_same_id_shows_where_the_new_one_runs():
+    # As when a replica given up with its lost node is adopted again: a new record, the same id.
+    w = fleet(replicas=1)
+    ((rid, rec),) = w.rec.replicas.items()
+    (held,) = rec.spec.gpu_indices
+    gpus = {g["index"]: g["used_by"] for g in w.rec.status()["nodes"][0]["gpu_list"]}
+    assert gpus == {held: rid, 1 - held: None}
+    spec = dataclasses.replace(rec.spec, gpu_indices=(1 - held,))
+    w.rec.replicas[rid] = Replica(spec=spec, node=rec.node, created=rec.created, state=rec.state,
+                                  reported=rec.reported)
+    status = w.rec.status()
+    assert {g["index"]: g["used_by"] for g in status["nodes"][0]["gpu_list"]} == {held: None, 1 - held: rid}
+    assert status["replicas"][0]["gpus"] == [1 - held]
