@@ -142,3 +142,34 @@ def test_a_record_replaced_under_the_same_id_shows_where_the_new_one_runs():
     status = w.rec.status()
     assert {g["index"]: g["used_by"] for g in status["nodes"][0]["gpu_list"]} == {held: None, 1 - held: rid}
     assert status["replicas"][0]["gpus"] == [1 - held]
+
+
+def test_the_status_table_of_a_big_fleet_counts_the_ready_and_lists_the_rest():
+    from llmgwctl.cli.status import SUMMARY_ABOVE, render
+
+    w = World(catalog(model("a", replicas=SUMMARY_ABOVE + 10)), settle=0)
+    nodes = [f"n{i:03d}" for i in range(SUMMARY_ABOVE + 5)]       # 2 GPUs each: room to spare
+    for node in nodes:
+        w.report(node)
+    converge(w, nodes=nodes)
+    rid = sorted(w.rec.replicas)[3]
+    node = w.rec.replicas[rid].node
+    w.running[node][rid]["state"] = "failed"
+    w.running[node][rid]["reason"] = "exited with code 1"
+    w.step()
+    status = control(w).to_dict()
+    assert len(status["replicas"]) == SUMMARY_ABOVE + 10 and len(status["nodes"]) > SUMMARY_ABOVE
+    text = render(status, now=w.clock.now)
+    lines = text.splitlines()
+    assert f"{SUMMARY_ABOVE + 10:,} replicas: {SUMMARY_ABOVE + 9:,} ready, 1 failed" in text
+    assert f"{len(nodes):,} nodes: {len(nodes):,} ready" in text
+    (row,) = [line for line in lines if line.startswith(rid)]      # its table row
+    assert " failed " in row
+    assert not [line for line in lines if line.startswith(("a-", "n0")) and " ready " in line]
+    assert f"{rid} failed: exited with code 1" in text
+    assert max(len(line) for line in lines) <= 100
+    wide = render(status, now=w.clock.now, wide=True).splitlines()
+    ids = {r["id"] for r in status["replicas"]}
+    assert sum(line.split()[0] in ids for line in wide if line and not line.startswith(" ")) == SUMMARY_ABOVE + 10
+    every = render(status, now=w.clock.now, every=True).splitlines()      # as `status --model` renders
+    assert sum(line.split()[0] in ids for line in every if line and not line.startswith(" ")) == SUMMARY_ABOVE + 10
