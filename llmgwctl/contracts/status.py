@@ -12,7 +12,7 @@ every row per read was ~0.9 s on the event loop, per status call, scrape and
 console push. So a row record says only what its replica's or node's record
 says and is kept by the reconciler until that changes; what moves without a
 change -- ages, in-flight counts, a node's report count -- is read per read
-into `FleetStatus` (`now`, `usage`, `heard`) and joined in when the JSON is
+into `FleetStatus` (`now`, `usage`, `seen_at`, `reports_of`) and joined in when the JSON is
 made. Each row memoizes its own JSON around those values (`fragments()`), so
 an unchanged row costs a string join, not a dict and an encode.
 
@@ -250,10 +250,14 @@ class FleetStatus:
     last_failure: Mapping[str, Any] | None = None
     # What moves between changes of the rows, read for this status: the
     # reconciler's clock now; usage per replica id (last use on that clock,
-    # in flight; absent: unused); node name -> (last seen on that clock, reports).
+    # in flight; absent: unused); per node name, when it was last heard (that
+    # clock) and its report count. Two flat maps, not one of pairs: a pair per
+    # node per read was 5,000 objects the collector had to promote and walk
+    # (at a serve-sized heap each full collection is a pause of 0.3 s or more).
     now: float = 0.0
     usage: Mapping[str, Usage] = field(default_factory=lambda: _EMPTY)
-    heard: Mapping[str, tuple[float, int]] = field(default_factory=lambda: _EMPTY)
+    seen_at: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+    reports_of: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
 
     def inflight(self, r: ReplicaStatus) -> int:
         return self.usage.get(r.id, UNUSED)[1]
@@ -267,12 +271,11 @@ class FleetStatus:
         return round(self.now - r.starting_since, 1) if r.starting_since is not None else None
 
     def last_seen_seconds(self, n: NodeStatus) -> float:
-        heard = self.heard.get(n.name)
-        return round(self.now - heard[0], 1) if heard is not None else 0.0
+        seen = self.seen_at.get(n.name)
+        return round(self.now - seen, 1) if seen is not None else 0.0
 
     def reports(self, n: NodeStatus) -> int:
-        heard = self.heard.get(n.name)
-        return heard[1] if heard is not None else 0
+        return self.reports_of.get(n.name, 0)
 
     def only(self, model: str) -> "FleetStatus":
         """The part about one model: its row, its replicas, the nodes they run on; events and the rest whole.
@@ -286,7 +289,7 @@ class FleetStatus:
                            models=tuple(m for m in self.models if m.name == model), replicas=replicas,
                            nodes=tuple(n for n in self.nodes if n.name in on), events=self.events,
                            failures=self.failures, degraded=self.degraded, last_failure=self.last_failure,
-                           now=self.now, usage=self.usage, heard=self.heard)
+                           now=self.now, usage=self.usage, seen_at=self.seen_at, reports_of=self.reports_of)
 
     def _tail(self) -> dict[str, Any]:
         # Like the catalog part's `watcher`, `failures`, `last_failure`: which loop is degraded and why.
@@ -319,12 +322,12 @@ class FleetStatus:
             idle = "null" if last is None else _num(round(now - last, 1))
             starting = "null" if r.starting_since is None else _num(round(now - r.starting_since, 1))
             add(f"{a}{_num(inflight)}{b}{idle}{c}{starting}}}")
-        heard = self.heard
+        seen_at, reports_of = self.seen_at, self.reports_of
         nodes = []
         for n in self.nodes:
             a, b, c = n.fragments()
-            seen, reports = heard.get(n.name, (now, 0))
-            nodes.append(f"{a}{_num(round(now - seen, 1))}{b}{_num(reports)}{c}")
+            seen = seen_at.get(n.name, now)
+            nodes.append(f"{a}{_num(round(now - seen, 1))}{b}{_num(reports_of.get(n.name, 0))}{c}")
         return [out[0], out[1], out[2], ",".join(out[3:]), '],"nodes":[', ",".join(nodes), '],"events":',
                 _compact([e.to_dict() for e in self.events]), "," + _compact(self._tail())[1:-1]]
 

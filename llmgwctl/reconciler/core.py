@@ -183,8 +183,10 @@ class Reconciler:
         self.last_failure: dict[str, Any] | None = None
         # Told how long each pass took (seconds); the control API's metrics set it.
         self.on_pass: Callable[[float], None] = lambda seconds: None
-        # Status rows kept between reads, rebuilt where a record changed (issue 19).
+        # Status rows kept between reads, rebuilt where a record changed (issue 19); the
+        # models' rows likewise, by what each shows (model name -> (key, row)).
         self._status_rows = StatusRows(_is_fallback)
+        self._model_rows: dict[str, tuple[tuple, ModelStatus]] = {}
 
     def add_sink(self, sink: EndpointSink) -> None:
         self._sinks.append(sink)
@@ -730,22 +732,34 @@ class Reconciler:
         rows = self._status_rows
         rows.update(self.replicas, self.inventory.nodes(), catalog, self.inventory.conflict)
         models = []
+        kept = self._model_rows
         for model in catalog.models:
             ready, count = rows.counts.get(model.name, (0, 0))
             scale = self._scale.get(model.name)
-            models.append(ModelStatus(
-                name=model.name, aliases=tuple(model.aliases), min=model.replicas.min, max=model.replicas.max,
-                desired=scale.wanted if scale else model.replicas.min, ready=ready, replicas=count,
-                unplaceable=self.unplaceable.get(model.name), priority=model.priority,
-                unplaceable_permanent=bool(getattr(self.unplaceable_detail.get(model.name), "permanent", False)),
-                metric=model.autoscale.metric, target=model.autoscale.policy().target,
-                load=scale.load if scale else None, needed=scale.needed if scale else None,
-            ))
-        heard = {node.name: (node.last_seen, node.reports) for node in self.inventory.nodes()}
+            detail = self.unplaceable_detail.get(model.name)
+            # The row of the last read while nothing it shows moved: no new record per model per read.
+            key = (model, scale.wanted if scale else model.replicas.min, ready, count,
+                   self.unplaceable.get(model.name), bool(getattr(detail, "permanent", False)),
+                   scale.load if scale else None, scale.needed if scale else None)
+            hit = kept.get(model.name)
+            if hit is None or hit[0] != key:
+                hit = kept[model.name] = (key, ModelStatus(
+                    name=model.name, aliases=tuple(model.aliases), min=model.replicas.min, max=model.replicas.max,
+                    desired=key[1], ready=ready, replicas=count, unplaceable=key[4], priority=model.priority,
+                    unplaceable_permanent=key[5], metric=model.autoscale.metric,
+                    target=model.autoscale.policy().target, load=key[6], needed=key[7]))
+            models.append(hit[1])
+        if len(kept) > len(models):
+            names = {m.name for m in models}
+            for name in [n for n in kept if n not in names]:
+                del kept[name]
+        nodes = self.inventory.nodes()
         return FleetStatus(settled=self.settled, passes=self.passes, models=tuple(models),
                            replicas=rows.replica_rows, nodes=rows.node_rows, events=tuple(self.events),
                            failures=self.failures, degraded=self.degraded, last_failure=self.last_failure,
-                           now=now, usage=MappingProxyType(dict(usage or {})), heard=MappingProxyType(heard))
+                           now=now, usage=MappingProxyType(dict(usage or {})),
+                           seen_at=MappingProxyType({n.name: n.last_seen for n in nodes}),
+                           reports_of=MappingProxyType({n.name: n.reports for n in nodes}))
 
     def status(self, usage: UsageSnapshot | None = None) -> dict:
         """`fleet_status` as the status JSON."""
