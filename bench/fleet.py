@@ -254,6 +254,17 @@ class Bench:
             print(f"{label:12s} p50 {statistics.median(times) * 1000:.0f} ms, "
                   f"p90 {pct(times, 0.9) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms; "
                   f"CPU/call ~{max(0.0, extra) / 20 * 1000:.0f} ms ({len(body) / 1e6:.1f} MB, GET {path}, n=20)")
+        # The same from another process (curl), as `llmgwctl status` asks: a wait
+        # on this process's loop (5,000 agents' worth) is not in it. Awaited, so
+        # the simulated fleet goes on reporting meanwhile.
+        proc = await asyncio.create_subprocess_exec(
+            "sh", "-c", f"for i in $(seq 20); do curl -s -o /dev/null -w '%{{time_total}}\\n' "
+            f"{self.url}/api/v1/status; done", stdout=subprocess.PIPE)
+        out, _ = await asyncio.wait_for(proc.communicate(), 600)
+        times = [float(t) for t in out.decode().split()]
+        if times:
+            print(f"{'status/curl':12s} p50 {statistics.median(times) * 1000:.0f} ms, "
+                  f"p90 {pct(times, 0.9) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms (n={len(times)})")
 
     async def phase(self, label: str, write_it, desired_ok, desired_done, router_ok, on_ready=None) -> None:
         """Write a change; time it to each affected node's desired list and to each router.
