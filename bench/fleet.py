@@ -1,6 +1,6 @@
 """The control plane at fleet scale: a real `llmgwctl serve --no-local-agent` against a simulated fleet.
 
-    python bench/fleet.py --nodes 500 [--routers 50] [--heartbeat 10] [--steady 30] [--restart]
+    python bench/fleet.py --nodes 500 [--routers 50] [--heartbeat 10] [--steady 30] [--restart] [--no-changes]
 
 The simulator (`tests/fleetsim.py`) runs in this process: NODES agents of 8
 GPUs each, heartbeating every HEARTBEAT s on random phases and long-polling
@@ -15,7 +15,8 @@ change has room. What it prints, in order:
 
   converge     catalog loaded -> every replica ready in the simulator and on every router
   steady       controller CPU (of one core) with nothing changing, per heartbeat, passes/s
-  status       GET /api/v1/status latency (p50/max of 5)
+  status       GET /api/v1/status latency (p50/p90/max of 20); healthz before it (the baseline: what any
+               answer waits on a loop this busy), metrics after it: the same for GET /metrics
   memory       controller RSS, and per node over the RSS before any agent came
   add          100 models x 2 replicas written: -> desired on every affected node, -> every router
   remove       the 100 removed: -> desired without them, -> gone from every router
@@ -201,7 +202,8 @@ class Bench:
                 rss = rss_mib(self.proc.pid)
                 print(f"memory       controller RSS {rss:.0f} MiB; {(rss - rss_before) * 1024 / a.nodes:.0f} KiB "
                       f"per node over the {rss_before:.0f} MiB before any agent")
-                await self.changes(base)
+                if not a.no_changes:
+                    await self.changes(base)
                 if a.restart:
                     await self.restart(session)
             finally:
@@ -226,19 +228,43 @@ class Bench:
         passes1, pass_s1 = await self.metrics(session)
         wall = t1 - t0
         passes = passes1 - passes0
+        self.steady_rate = (cpu1 - cpu0) / wall       # of one core: the status phase's baseline
         print(f"steady       controller {(cpu1 - cpu0) / wall:.3f} of a core over {wall:.0f} s; "
               f"{reports / wall:.0f} reports/s -> {(cpu1 - cpu0) / max(reports, 1) * 1e6:.0f} us CPU per report; "
               f"{passes / wall:.2f} passes/s of {(pass_s1 - pass_s0) / max(passes, 1) * 1000:.1f} ms; "
               f"simulator {(sim1 - sim0) / wall:.2f} of a core")
 
     async def status(self, session) -> None:
-        times = []
-        for _ in range(5):
-            t = time.monotonic()
-            status, body = await self.get(session, "/api/v1/status")
-            times.append(time.monotonic() - t)
-        print(f"status       p50 {statistics.median(times) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms "
-              f"({len(body) / 1e6:.1f} MB)")
+        # 20 of each, one after another: five gave a p50 that was a lottery of
+        # which one landed behind a pass (~1 s at this size) and the backlog after it.
+        # /healthz first is the baseline: what any answer waits now, on serve's
+        # loop and on this process's (the simulator's), with status doing nothing.
+        # "CPU/call": serve's CPU over the 20 calls less its steady rate over
+        # that time, per call: what one answer costs the controller, however
+        # long the client waited behind other work.
+        for path in ("/healthz", "/api/v1/status", "/metrics"):
+            times = []
+            cpu0, t0 = cpu_seconds(self.proc.pid), time.monotonic()
+            for _ in range(20):
+                t = time.monotonic()
+                status, body = await self.get(session, path)
+                times.append(time.monotonic() - t)
+            extra = cpu_seconds(self.proc.pid) - cpu0 - self.steady_rate * (time.monotonic() - t0)
+            label = {"/healthz": "healthz", "/metrics": "metrics"}.get(path, "status")
+            print(f"{label:12s} p50 {statistics.median(times) * 1000:.0f} ms, "
+                  f"p90 {pct(times, 0.9) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms; "
+                  f"CPU/call ~{max(0.0, extra) / 20 * 1000:.0f} ms ({len(body) / 1e6:.1f} MB, GET {path}, n=20)")
+        # The same from another process (curl), as `llmgwctl status` asks: a wait
+        # on this process's loop (5,000 agents' worth) is not in it. Awaited, so
+        # the simulated fleet goes on reporting meanwhile.
+        proc = await asyncio.create_subprocess_exec(
+            "sh", "-c", f"for i in $(seq 20); do curl -s -o /dev/null -w '%{{time_total}}\\n' "
+            f"{self.url}/api/v1/status; done", stdout=subprocess.PIPE)
+        out, _ = await asyncio.wait_for(proc.communicate(), 600)
+        times = [float(t) for t in out.decode().split()]
+        if times:
+            print(f"{'status/curl':12s} p50 {statistics.median(times) * 1000:.0f} ms, "
+                  f"p90 {pct(times, 0.9) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms (n={len(times)})")
 
     async def phase(self, label: str, write_it, desired_ok, desired_done, router_ok, on_ready=None) -> None:
         """Write a change; time it to each affected node's desired list and to each router.
@@ -365,6 +391,8 @@ def main() -> None:
     p.add_argument("--steady", type=float, default=30.0, help="seconds of the steady-state window")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds any one phase may take")
     p.add_argument("--restart", action="store_true", help="also kill and restart the controller")
+    p.add_argument("--no-changes", action="store_true",
+                   help="skip the add/remove/profile phases (for a run that wants converge, steady, status)")
     p.add_argument("--serve-arg", action="append", help="an extra argument for serve (repeatable)")
     a = p.parse_args()
     import resource as r

@@ -64,6 +64,18 @@ def _degraded_loops(status: dict, now: float) -> list[str]:
 # Log lines shown under a replica that is not ready: the end of a crash is
 # where its reason is; `llmgwctl logs ID` has the rest.
 LOG_LINES = 5
+# Past this many replicas (or nodes) the table lists only the ones that are
+# not ready, under a count by state: 200 rows is a few screens, and at fleet
+# size (20,000 replicas, issue 19) a table of every one is searched, not read.
+# `-o wide`, `--model` and `-o json` still show every one.
+SUMMARY_ABOVE = 200
+
+
+def _tally(rows: list[dict]) -> str:
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["state"]] = counts.get(row["state"], 0) + 1
+    return ", ".join(f"{n:,} {state}" for state, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _state(replica: dict) -> str:
@@ -72,9 +84,10 @@ def _state(replica: dict) -> str:
     return replica["state"] if since is None else f"{replica['state']} {_ago(since).removesuffix(' ago')}"
 
 
-def render(status: dict, now: float | None = None, events: int = 8, wide: bool = False) -> str:
+def render(status: dict, now: float | None = None, events: int = 8, wide: bool = False, every: bool = False) -> str:
     """The status as tables. Ids, GPUs, engines and endpoints are never cut (an id is what
-    `llmgwctl logs` takes, and `0,1,…` hides which GPUs); `wide` cuts nothing and adds columns."""
+    `llmgwctl logs` takes, and `0,1,…` hides which GPUs); `wide` cuts nothing and adds columns.
+    Past SUMMARY_ABOVE rows only those not ready are listed, unless `wide` or `every`."""
     now = time.time() if now is None else now
     cat = status["catalog"]
     swapped = now - cat["swapped_at"] if cat.get("swapped_at") else None
@@ -98,7 +111,13 @@ def render(status: dict, now: float | None = None, events: int = 8, wide: bool =
             never = " (never, with this fleet)" if m.get("unplaceable_permanent") else ""
             out.extend(_wrap(f"cannot place {m['name']}{never}: {m['unplaceable']}"))
     cut = (lambda text, width: "" if text is None else str(text)) if wide else _cut
-    if status["replicas"]:
+    replicas = status["replicas"]
+    if replicas and not (wide or every) and len(replicas) > SUMMARY_ABOVE:
+        out.append("")
+        out.extend(_wrap(f"{len(replicas):,} replicas: {_tally(replicas)}"))
+        out.append("  those not ready below; --model NAME or -o wide lists every one")
+        replicas = [r for r in replicas if r["state"] != "ready"]
+    if replicas:
         out.append("")
         headers = ("REPLICA", "PROFILE", "NODE", "GPUS", "STATE", "ENDPOINT", "RST", "USED")
         out.append(table(headers + (("MODEL", "ENGINE", "PID", "EXIT") if wide else ()), [
@@ -108,10 +127,10 @@ def render(status: dict, now: float | None = None, events: int = 8, wide: bool =
              _ago(r.get("idle_seconds")).replace(" ago", ""))
             + ((r["model"], r["engine"], r.get("pid") or "-", "-" if r.get("last_exit") is None else r["last_exit"])
                if wide else ())
-            for r in status["replicas"]]))
-        if any(r.get("fallback") for r in status["replicas"]):
+            for r in replicas]))
+        if any(r.get("fallback") for r in replicas):
             out.append("  * a fallback profile: moved back to the best one when it fits")
-        for r in status["replicas"]:
+        for r in replicas:
             if r["state"] == "ready":
                 continue
             why = r.get("reason") or ""
@@ -124,13 +143,20 @@ def render(status: dict, now: float | None = None, events: int = 8, wide: bool =
                 shown = lines if wide else lines[-LOG_LINES:]
                 out.append(f"  last {len(shown)} log lines (llmgwctl logs {r['id']}):")
                 out.extend(f"    | {line}" if wide else _cut(f"    | {line}", 100) for line in shown)
-    if status["nodes"]:
+    nodes = status["nodes"]
+    if nodes and not (wide or every) and len(nodes) > SUMMARY_ABOVE:
+        out.append("")
+        out.extend(_wrap(f"{len(nodes):,} nodes: {_tally(nodes)}; GPUs used "
+                         f"{sum(n['gpus_used'] for n in nodes):,}/{sum(n['gpus'] for n in nodes):,}"))
+        out.append("  those not ready (or refusing a second agent) below; -o wide lists every one")
+        nodes = [n for n in nodes if n["state"] != "ready" or n.get("conflict")]
+    if nodes:
         out.append("")
         out.append(table(("NODE", "STATE", "POOLS", "GPUS USED", "ENGINES", "LAST SEEN"), [
             (cut(n["name"], 24), n["state"], cut(",".join(n["pools"]) or "-", 24), f"{n['gpus_used']}/{n['gpus']}",
              ",".join(n["engines"]) or "-", _ago(n["last_seen_seconds"]))
-            for n in status["nodes"]]))
-        for n in status["nodes"]:
+            for n in nodes]))
+        for n in nodes:
             if n.get("conflict"):
                 out.extend(_wrap(f"{n['name']} conflict: {n['conflict']}"))
     if status.get("events") and events:
@@ -141,11 +167,12 @@ def render(status: dict, now: float | None = None, events: int = 8, wide: bool =
     return "\n".join(out)
 
 
-def fetch(controller: str) -> dict:
+def fetch(controller: str, model: str | None = None) -> dict:
     import requests
 
     try:
-        resp = requests.get(controller.rstrip("/") + "/api/v1/status", timeout=10, headers=controller_headers())
+        resp = requests.get(controller.rstrip("/") + "/api/v1/status", timeout=10, headers=controller_headers(),
+                            params={"model": model} if model else None)
     except requests.RequestException as exc:
         raise click.ClickException(f"cannot reach the controller at {controller}: {exc.__class__.__name__}; "
                                    "is `llmgwctl serve` running? (--controller or $LLMGW_CONTROLLER)") from None
@@ -159,11 +186,14 @@ def fetch(controller: str) -> dict:
 @click.option("-o", "--output", "fmt", type=click.Choice(("table", "wide", "json", "yaml")), default="table",
               show_default=True, help="table for people (wide: nothing cut, more columns); json or yaml for scripts.")
 @click.option("--watch", "-w", is_flag=True, help="Redraw every 2 seconds until Ctrl-C.")
-def command(controller, fmt, watch):
+@click.option("--model", "-m", metavar="NAME", help="Only this model (name or alias): its replicas and their nodes.")
+def command(controller, fmt, watch, model):
     """Show the catalog in force, models, replicas, nodes and recent events."""
     while True:
-        status = fetch(controller)
-        text = dump(status, fmt) if fmt in ("json", "yaml") else render(status, wide=fmt == "wide")
+        status = fetch(controller, model)
+        # Asked for one model: every one of its rows, however many.
+        text = dump(status, fmt) if fmt in ("json", "yaml") else render(status, wide=fmt == "wide",
+                                                                        every=model is not None)
         if watch:
             click.clear()
         click.echo(text)

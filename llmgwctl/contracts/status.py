@@ -1,10 +1,20 @@
 """What the control plane says about itself: the catalog in force, models, replicas, nodes, recent events.
 
-Built once per read by the controller (`Controller.state()`, from the
+Built per read by the controller (`Controller.state()`, from the
 reconciler's `fleet_status()` and the catalog watcher), then either turned into
-the JSON of `GET /api/v1/status` (`to_dict`, which `llmgwctl status` and
-scripts read) or read as typed fields by the control metrics collector. One
-record for both, so the metrics and the status page cannot disagree.
+the JSON of `GET /api/v1/status` (`to_json`, the same document as `to_dict`,
+which `llmgwctl status` and scripts read) or read as typed fields by the
+control metrics collector. One record for both, so the metrics and the status
+page cannot disagree.
+
+At fleet size (issue 19: 20,000 replicas, 5,000 nodes) building and encoding
+every row per read was ~0.9 s on the event loop, per status call, scrape and
+console push. So a row record says only what its replica's or node's record
+says and is kept by the reconciler until that changes; what moves without a
+change -- ages, in-flight counts, a node's report count -- is read per read
+into `FleetStatus` (`now`, `usage`, `seen_at`, `reports_of`) and joined in when the JSON is
+made. Each row memoizes its own JSON around those values (`fragments()`), so
+an unchanged row costs a string join, not a dict and an encode.
 
     ControlStatus
      ├ catalog: CatalogStatus        version, models, swaps, rejections, directory_valid, last rejection
@@ -21,11 +31,51 @@ record for both, so the metrics and the status page cannot disagree.
 """
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
 from .states import ReplicaState
+from .usage import UNUSED, Usage
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+# Compact, as the console's stream always was: a tenth fewer bytes at fleet size than json.dumps's default.
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def _num(value: float | int | None) -> str:
+    """A number as json.dumps writes it (float repr; NaN and infinities as it spells them)."""
+    if value is None:
+        return "null"
+    if isinstance(value, float) and not math.isfinite(value):
+        return _compact(value)
+    return repr(value)
+
+
+# The last rows tuple seen with no replica pending or starting, and its rows
+# joined as `plain` (no use, no load under way): what an idle fleet's read
+# reuses. The tuple is held, so its identity cannot be taken by another; the
+# reconciler hands out the same tuple while no row changed.
+_PLAIN: list = [(), ""]
+
+
+def _plain_rows(rows: tuple[ReplicaStatus, ...]) -> str | None:
+    """Every row as its `plain` JSON, joined; None when one is starting (its age moves)."""
+    held, text = _PLAIN
+    if held is rows:
+        return text
+    if any(r.starting_since is not None for r in rows):
+        return None
+    _PLAIN[:] = [rows, ",".join(r.plain() for r in rows)]
+    return _PLAIN[1]
+
+
+def _split(head: dict[str, Any], tail: dict[str, Any]) -> tuple[str, str]:
+    """`{head...` and `,tail...` of one object's JSON, for values to go between and after them."""
+    a, b = _compact(head), _compact(tail)
+    return a[:-1], ("," + b[1:-1]) if len(b) > 2 else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +120,9 @@ class ModelStatus:
 
 @dataclass(frozen=True, slots=True)
 class ReplicaStatus:
+    """One replica as its record says. In flight, idle and starting ages are `FleetStatus`'s to say
+    (`inflight()`, `idle_seconds()`, `starting_seconds()`): they move while the record does not."""
+
     id: str
     model: str
     profile: str
@@ -82,8 +135,6 @@ class ReplicaStatus:
     restarts: int
     last_exit: int | None
     adopted: bool
-    inflight: int
-    idle_seconds: float | None      # None: never used
     reason: str
     spec_hash: str
     # The engine's last log lines as its agent read them when it last exited
@@ -93,19 +144,39 @@ class ReplicaStatus:
     # Runs a profile below its model's best (a fallback); placement moves it
     # back by surge when the better profile fits.
     fallback: bool = False
-    # Seconds since the controller placed it, while it is pending or starting:
-    # how long a load has taken so far (engines report no progress of their
-    # own; a vLLM load of a 70B model is minutes, and this tells a slow load
-    # from a hung one at a glance). None in every other state.
-    starting_seconds: float | None = None
+    # When the controller placed it (its clock), while it is pending or
+    # starting; None in every other state. Status shows the seconds since as
+    # `starting_seconds`: how long a load has taken so far (engines report no
+    # progress of their own; a vLLM load of a 70B model is minutes, and this
+    # tells a slow load from a hung one at a glance).
+    starting_since: float | None = None
+    _json: list = field(default_factory=list, init=False, repr=False, compare=False)
 
-    def to_dict(self) -> dict[str, Any]:
+    def fragments(self) -> tuple[str, str, str]:
+        """Its JSON as `A inflight B idle_seconds C starting_seconds }` (built once: the record is immutable)."""
+        if not self._json:
+            a, c = _split({"id": self.id, "model": self.model, "profile": self.profile, "engine": self.engine,
+                           "node": self.node, "gpus": list(self.gpus), "state": self.state.value, "url": self.url,
+                           "pid": self.pid, "restarts": self.restarts, "last_exit": self.last_exit,
+                           "adopted": self.adopted},
+                          {"reason": self.reason, "spec_hash": self.spec_hash, "last_log": list(self.last_log),
+                           "fallback": self.fallback})
+            self._json.append((a + ',"inflight":', ',"idle_seconds":', c + ',"starting_seconds":'))
+        return self._json[0]
+
+    def plain(self) -> str:
+        """Its JSON when unused and not starting: in flight 0, both ages null."""
+        a, b, c = self.fragments()
+        return f"{a}0{b}null{c}null}}"
+
+    def to_dict(self, inflight: int = 0, idle_seconds: float | None = None,
+                starting_seconds: float | None = None) -> dict[str, Any]:
         return {"id": self.id, "model": self.model, "profile": self.profile, "engine": self.engine,
                 "node": self.node, "gpus": list(self.gpus), "state": self.state.value, "url": self.url,
                 "pid": self.pid, "restarts": self.restarts, "last_exit": self.last_exit, "adopted": self.adopted,
-                "inflight": self.inflight, "idle_seconds": self.idle_seconds, "reason": self.reason,
+                "inflight": inflight, "idle_seconds": idle_seconds, "reason": self.reason,
                 "spec_hash": self.spec_hash, "last_log": list(self.last_log), "fallback": self.fallback,
-                "starting_seconds": self.starting_seconds}
+                "starting_seconds": starting_seconds}
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +194,9 @@ class GpuStatus:
 
 @dataclass(frozen=True, slots=True)
 class NodeStatus:
+    """One node as its last report and the replicas placed on it say. When it was last heard and
+    how often are `FleetStatus`'s to say (`last_seen_seconds()`, `reports()`): heartbeats move them."""
+
     name: str
     reachable: bool
     pools: tuple[str, ...]
@@ -131,22 +205,31 @@ class NodeStatus:
     gpu_models: tuple[str, ...]
     engines: tuple[str, ...]        # the engines it can run
     engines_missing: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))   # engine -> why not
-    last_seen_seconds: float = 0.0
-    reports: int = 0
     # Why a second agent process claiming this node is being refused, while it
     # keeps trying; None when no other agent claims it (see inventory.ConflictError).
     conflict: str | None = None
     gpu_list: tuple[GpuStatus, ...] = ()
+    _json: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     @property
     def state(self) -> str:
         return "ready" if self.reachable else "unreachable"
 
-    def to_dict(self) -> dict[str, Any]:
+    def fragments(self) -> tuple[str, str, str]:
+        """Its JSON as `A last_seen_seconds B reports C` (built once: the record is immutable)."""
+        if not self._json:
+            a, c = _split({"name": self.name, "state": self.state, "pools": list(self.pools), "gpus": self.gpus,
+                           "gpus_used": self.gpus_used, "gpu_models": list(self.gpu_models),
+                           "engines": list(self.engines), "engines_missing": dict(self.engines_missing)},
+                          {"conflict": self.conflict, "gpu_list": [g.to_dict() for g in self.gpu_list]})
+            self._json.append((a + ',"last_seen_seconds":', ',"reports":', c + "}"))
+        return self._json[0]
+
+    def to_dict(self, last_seen_seconds: float = 0.0, reports: int = 0) -> dict[str, Any]:
         return {"name": self.name, "state": self.state, "pools": list(self.pools), "gpus": self.gpus,
                 "gpus_used": self.gpus_used, "gpu_models": list(self.gpu_models), "engines": list(self.engines),
-                "engines_missing": dict(self.engines_missing), "last_seen_seconds": self.last_seen_seconds,
-                "reports": self.reports, "conflict": self.conflict,
+                "engines_missing": dict(self.engines_missing), "last_seen_seconds": last_seen_seconds,
+                "reports": reports, "conflict": self.conflict,
                 "gpu_list": [g.to_dict() for g in self.gpu_list]}
 
 
@@ -165,14 +248,96 @@ class FleetStatus:
     failures: int = 0
     degraded: bool = False
     last_failure: Mapping[str, Any] | None = None
+    # What moves between changes of the rows, read for this status: the
+    # reconciler's clock now; usage per replica id (last use on that clock,
+    # in flight; absent: unused); per node name, when it was last heard (that
+    # clock) and its report count. Two flat maps, not one of pairs: a pair per
+    # node per read was 5,000 objects the collector had to promote and walk
+    # (at a serve-sized heap each full collection is a pause of 0.3 s or more).
+    now: float = 0.0
+    usage: Mapping[str, Usage] = field(default_factory=lambda: _EMPTY)
+    seen_at: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+    reports_of: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
+
+    def inflight(self, r: ReplicaStatus) -> int:
+        return self.usage.get(r.id, UNUSED)[1]
+
+    def idle_seconds(self, r: ReplicaStatus) -> float | None:
+        """Seconds since its last use; None: never used."""
+        last = self.usage.get(r.id, UNUSED)[0]
+        return round(self.now - last, 1) if last is not None else None
+
+    def starting_seconds(self, r: ReplicaStatus) -> float | None:
+        return round(self.now - r.starting_since, 1) if r.starting_since is not None else None
+
+    def last_seen_seconds(self, n: NodeStatus) -> float:
+        seen = self.seen_at.get(n.name)
+        return round(self.now - seen, 1) if seen is not None else 0.0
+
+    def reports(self, n: NodeStatus) -> int:
+        return self.reports_of.get(n.name, 0)
+
+    def only(self, model: str) -> "FleetStatus":
+        """The part about one model: its row, its replicas, the nodes they run on; events and the rest whole.
+
+        What an operator of a big fleet asks for (`llmgwctl status --model`,
+        `GET /api/v1/status?model=`): 20,000 replica rows are no table to read.
+        """
+        replicas = tuple(r for r in self.replicas if r.model == model)
+        on = {r.node for r in replicas}
+        return FleetStatus(settled=self.settled, passes=self.passes,
+                           models=tuple(m for m in self.models if m.name == model), replicas=replicas,
+                           nodes=tuple(n for n in self.nodes if n.name in on), events=self.events,
+                           failures=self.failures, degraded=self.degraded, last_failure=self.last_failure,
+                           now=self.now, usage=self.usage, seen_at=self.seen_at, reports_of=self.reports_of)
+
+    def _tail(self) -> dict[str, Any]:
+        # Like the catalog part's `watcher`, `failures`, `last_failure`: which loop is degraded and why.
+        return {"reconciler": {"loop": "degraded" if self.degraded else "ok", "failures": self.failures,
+                               "last_failure": dict(self.last_failure) if self.last_failure is not None else None}}
 
     def to_dict(self) -> dict[str, Any]:
         return {"settled": self.settled, "passes": self.passes, "models": [m.to_dict() for m in self.models],
-                "replicas": [r.to_dict() for r in self.replicas], "nodes": [n.to_dict() for n in self.nodes],
-                "events": [e.to_dict() for e in self.events],
-                # Like the catalog part's `watcher`, `failures`, `last_failure`: which loop is degraded and why.
-                "reconciler": {"loop": "degraded" if self.degraded else "ok", "failures": self.failures,
-                               "last_failure": dict(self.last_failure) if self.last_failure is not None else None}}
+                "replicas": [r.to_dict(self.inflight(r), self.idle_seconds(r), self.starting_seconds(r))
+                             for r in self.replicas],
+                "nodes": [n.to_dict(self.last_seen_seconds(n), self.reports(n)) for n in self.nodes],
+                "events": [e.to_dict() for e in self.events], **self._tail()}
+
+    def json_parts(self) -> list[str]:
+        """`to_dict()`'s members as JSON text, without the braces: each row from its memoized fragments."""
+        out = [f'"settled":{_compact(self.settled)},"passes":{self.passes},"models":',
+               _compact([m.to_dict() for m in self.models]), ',"replicas":[']
+        add = out.append
+        usage, now = self.usage, self.now
+        if not any(last is not None or inflight for last, inflight in usage.values()):
+            plain = _plain_rows(self.replicas)
+            if plain is not None:
+                add(plain)          # an idle fleet with nothing loading: the rows' join of the last read
+        for r in self.replicas if len(out) == 3 else ():
+            a, b, c = r.fragments()
+            last, inflight = usage.get(r.id, UNUSED)
+            if last is None and not inflight and r.starting_since is None:
+                add(f"{a}0{b}null{c}null}}")      # most of a fleet: no use to show and no load under way
+                continue
+            idle = "null" if last is None else _num(round(now - last, 1))
+            starting = "null" if r.starting_since is None else _num(round(now - r.starting_since, 1))
+            add(f"{a}{_num(inflight)}{b}{idle}{c}{starting}}}")
+        seen_at, reports_of = self.seen_at, self.reports_of
+        nodes = []
+        for n in self.nodes:
+            a, b, c = n.fragments()
+            seen = seen_at.get(n.name, now)
+            nodes.append(f"{a}{_num(round(now - seen, 1))}{b}{_num(reports_of.get(n.name, 0))}{c}")
+        return [out[0], out[1], out[2], ",".join(out[3:]), '],"nodes":[', ",".join(nodes), '],"events":',
+                _compact([e.to_dict() for e in self.events]), "," + _compact(self._tail())[1:-1]]
+
+    def unaged(self) -> tuple:
+        """What a person would see change, without what only ages (idle and heartbeat ages, report
+        counts, the pass count): equal for two reads means no news for the console's stream."""
+        usage = self.usage
+        return (self.settled, self.models, self.replicas, self.nodes, self.events, self.failures, self.degraded,
+                self.last_failure, tuple(usage.get(r.id, UNUSED)[1] for r in self.replicas),
+                tuple(self.starting_seconds(r) for r in self.replicas if r.starting_since is not None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +376,22 @@ class ControlStatus:
     fleet: FleetStatus
     log_streams: int = 0            # `llmgwctl logs` streams being relayed from agents now
 
+    def _head(self) -> dict[str, Any]:
+        return {"catalog": self.catalog.to_dict(), "routers": self.routers, "log_streams": self.log_streams}
+
     def to_dict(self) -> dict[str, Any]:
-        return {"catalog": self.catalog.to_dict(), "routers": self.routers, "log_streams": self.log_streams,
-                **self.fleet.to_dict()}
+        return {**self._head(), **self.fleet.to_dict()}
+
+    def only(self, model: str) -> "ControlStatus":
+        """See `FleetStatus.only`: the catalog part stays whole."""
+        return ControlStatus(catalog=self.catalog, routers=self.routers, fleet=self.fleet.only(model),
+                             log_streams=self.log_streams)
+
+    def to_json(self) -> bytes:
+        """`to_dict()` as compact JSON (the same document), made from the rows' memoized fragments."""
+        head = _compact(self._head())
+        return "".join((head[:-1], ",", *self.fleet.json_parts(), "}")).encode()
+
+    def unaged(self) -> tuple:
+        """See `FleetStatus.unaged`: equal means nothing a person would see changed."""
+        return (self.catalog, self.routers, self.log_streams, self.fleet.unaged())

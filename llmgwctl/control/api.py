@@ -2,7 +2,8 @@
 
     GET  /healthz                          200 while the process serves
     GET  /readyz                           200 once the settling window is over, else 503
-    GET  /api/v1/status                    catalog, models, replicas, nodes, events
+    GET  /api/v1/status[?model=NAME]       catalog, models, replicas, nodes, events (with model: its
+                                           replicas and their nodes only; 404 for a model not in the catalog)
     GET  /api/v1/catalog                   {"version", "directory", "catalog": Catalog.to_dict()}
     POST /api/v1/catalog[?dry_run=1]       {"filename": "x.yaml", "content": "<yaml>"} -> plan; 422 with
                                            {"errors": ["file:line:col: path: message", ...]} when invalid
@@ -213,7 +214,7 @@ class ControlAPI:
         app.router.add_post("/api/v1/usage", self.usage)
         app.router.add_get("/api/v1/replicas/{replica}/logs", self.replica_logs)
         app.router.add_post("/api/v1/agents/{node}/logs/{stream}", self.agent_logs)
-        Console(self.c.status, self.c.status_changed).add_routes(app)
+        Console(self.c.state, self.c.status_changed).add_routes(app)
         return app
 
     async def healthz(self, request: web.Request) -> web.Response:
@@ -227,7 +228,12 @@ class ControlAPI:
         return web.json_response({"ready": ready}, status=200 if ready else 503)
 
     async def status(self, request: web.Request) -> web.Response:
-        return web.json_response(self.c.status())
+        model = request.query.get("model")
+        try:
+            body = self.c.status_json(model)
+        except KeyError:
+            return _error(404, f"no model {str(model)[:100]!r} in the catalog in force", kind="not_found_error")
+        return web.Response(body=body, content_type="application/json")
 
     async def get_catalog(self, request: web.Request) -> web.Response:
         catalog = self.c.live.current

@@ -142,5 +142,18 @@ class Controller:
                              log_streams=self.logs.open_streams())
 
     def status(self) -> dict:
-        """`GET /api/v1/status`."""
+        """`GET /api/v1/status` as a dict (tests, and callers in process)."""
         return self.state().to_dict()
+
+    def status_json(self, model: str | None = None) -> bytes:
+        """`GET /api/v1/status`'s body: the same document, from the rows' cached JSON (see contracts.status).
+
+        With `model` (a name or alias; KeyError if the catalog has no such model)
+        only that model's part of the fleet (`ControlStatus.only`).
+        """
+        if model is None:
+            return self.state().to_json()
+        found = self.live.current.resolve(model)
+        if found is None:
+            raise KeyError(model)
+        return self.state().only(found.name).to_json()

@@ -93,6 +93,7 @@ import platform
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client import ProcessCollector, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 from .. import __version__
 from ..contracts import ControlStatus, ReplicaState
@@ -315,6 +316,17 @@ class _Family:
             cumulative.append(("+Inf", total))
             fam.add_metric(values, cumulative, child.sum)
         return fam
+
+
+def _label(value: str) -> str:
+    """A label value escaped as the text format wants (backslash, newline, double quote)."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _family(name: str, help_: str, samples: Iterable[str]) -> bytes:
+    """One gauge family in the text format: HELP, TYPE, then `name` + each `{labels} value`."""
+    return "".join((f"# HELP {name} {help_}\n# TYPE {name} gauge\n",
+                    *(f"{name}{sample}\n" for sample in samples))).encode()
 
 
 def _le(bound: float) -> str:
@@ -541,8 +553,9 @@ class ControlMetrics:
                                 buckets=PASS_BUCKETS, registry=r)
         self.requests = Counter("llmgw_control_requests", "Control API requests by route template and status.",
                                 ("route", "code"), registry=r)
-        if status is not None:
-            r.register(_ControlCollector(status))
+        self._fleet = _ControlCollector(status) if status is not None else None
+        if self._fleet is not None:
+            r.register(self._fleet)
         r.register(_BuildInfo())
         if process:
             ProcessCollector(registry=r)
@@ -551,18 +564,72 @@ class ControlMetrics:
         self.passes.observe(seconds)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        page = generate_latest(self.registry)
+        # The per-model and per-node families, from the status the collector read in this scrape.
+        return page + self._fleet.fleet_text() if self._fleet is not None else page
 
 
 class _ControlCollector:
     def __init__(self, status: Callable[[], ControlStatus]):
         self.status = status
+        # The tallies of the last scrape and the row tuples they were made from:
+        # the reconciler hands out the same tuple while no row changed, so a
+        # scrape at 20,000 replicas walks them only after a change (issue 19).
+        self._replica_tally: tuple[tuple, tuple, bytes] = ((), (), b"")
+        self._node_tally: tuple[tuple, dict, dict] = ((), {}, {})
+        self._last: ControlStatus | None = None
+
+    def _replica_text(self, fleet: Any) -> bytes:
+        rows, models, text = self._replica_tally
+        names = tuple(m.name for m in fleet.models)
+        if rows is fleet.replicas and models == names:
+            return text
+        # Every state of every catalog model, 0 included: a dashboard's "failed"
+        # panel must show 0, not "no data", while nothing has failed.
+        tally = {(name, st.value): 0 for name in names for st in ReplicaState}
+        for rep in fleet.replicas:
+            key = (rep.model, rep.state.value)
+            tally[key] = tally.get(key, 0) + 1
+        text = _family("llmgw_replicas", "Replicas by model and state.",
+                       (f'{{model="{_label(model)}",state="{state}"}} {floatToGoString(n)}'
+                        for (model, state), n in sorted(tally.items())))
+        self._replica_tally = (fleet.replicas, names, text)
+        return text
+
+    def fleet_text(self) -> bytes:
+        """The families with a series per catalog model or per node, written here rather than by
+        prometheus_client, whose ~6 us a sample was 12,000 samples and most of a scrape at 5,000
+        nodes and 1,000 models (issue 19); per replica state they are kept until a row changes."""
+        s = self._last
+        if s is None:
+            return b""
+        fleet = s.fleet
+        ages = _family("llmgw_node_last_report_age_seconds", "Seconds since the node's agent last reported.",
+                       (f'{{node="{_label(node.name)}"}} {floatToGoString(fleet.last_seen_seconds(node))}'
+                        for node in fleet.nodes))
+        return self._replica_text(fleet) + ages
+
+    def _node_counts(self, fleet: Any) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+        rows, by_state, gpus = self._node_tally
+        if rows is fleet.nodes:
+            return by_state, gpus
+        by_state, gpus = {"ready": 0, "unreachable": 0}, {}
+        for node in fleet.nodes:
+            by_state[node.state] = by_state.get(node.state, 0) + 1
+            # An unreachable node's GPUs are neither usable nor known to be busy.
+            split = ((("used", node.gpus_used), ("free", node.gpus - node.gpus_used)) if node.reachable
+                     else (("unreachable", node.gpus),))
+            for pool in node.pools or ("none",):
+                for state, n in split:
+                    gpus[(pool, state)] = gpus.get((pool, state), 0) + n
+        self._node_tally = (fleet.nodes, by_state, gpus)
+        return by_state, gpus
 
     def describe(self) -> list[Metric]:
         return []
 
     def collect(self) -> Iterable[Metric]:
-        s = self.status()
+        s = self._last = self.status()
         cat, fleet = s.catalog, s.fleet
         yield CounterMetricFamily("llmgw_catalog_swaps", "Catalogs swapped in since start.", value=cat.swaps)
         yield CounterMetricFamily("llmgw_catalog_rejections", "Catalog directory states rejected since start.",
@@ -587,34 +654,12 @@ class _ControlCollector:
         degraded.add_metric(("catalog-watcher",), 1 if cat.degraded else 0)
         degraded.add_metric(("reconciler",), 1 if fleet.degraded else 0)
         yield degraded
-        # Every state of every catalog model, 0 included: a dashboard's "failed"
-        # panel must show 0, not "no data", while nothing has failed.
-        counts: dict[tuple[str, str], int] = {(m.name, st.value): 0 for m in fleet.models for st in ReplicaState}
-        for rep in fleet.replicas:
-            key = (rep.model, rep.state.value)
-            counts[key] = counts.get(key, 0) + 1
-        replicas = GaugeMetricFamily("llmgw_replicas", "Replicas by model and state.", labels=("model", "state"))
-        for (model, state), n in sorted(counts.items()):
-            replicas.add_metric((model, state), n)
-        yield replicas
         nodes = GaugeMetricFamily("llmgw_nodes", "Nodes by state.", labels=("state",))
-        by_state = {"ready": 0, "unreachable": 0}
-        gpus: dict[tuple[str, str], int] = {}
-        age = GaugeMetricFamily("llmgw_node_last_report_age_seconds", "Seconds since the node's agent last "
-                                "reported.", labels=("node",))
-        for node in fleet.nodes:
-            by_state[node.state] = by_state.get(node.state, 0) + 1
-            # An unreachable node's GPUs are neither usable nor known to be busy.
-            split = ((("used", node.gpus_used), ("free", node.gpus - node.gpus_used)) if node.reachable
-                     else (("unreachable", node.gpus),))
-            for pool in node.pools or ("none",):
-                for state, n in split:
-                    gpus[(pool, state)] = gpus.get((pool, state), 0) + n
-            age.add_metric((node.name,), node.last_seen_seconds)
+        by_state, gpus = self._node_counts(fleet)
         for state, n in sorted(by_state.items()):
             nodes.add_metric((state,), n)
         yield nodes
-        yield age
+        # llmgw_replicas and llmgw_node_last_report_age_seconds: render() adds them (`fleet_text`).
         g = GaugeMetricFamily("llmgw_gpus", "GPUs per pool, used by replicas or free.", labels=("pool", "state"))
         for (pool, state), n in sorted(gpus.items()):
             g.add_metric((pool, state), n)

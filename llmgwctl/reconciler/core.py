@@ -26,18 +26,19 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, runtime_checkable
 
 from ..catalog import Catalog, Live, Model, Profile, ScalingPolicy
-from ..contracts import (Endpoint, Event, FleetStatus, LoadReading, LoadSource, ModelState, ModelStatus, NodeStatus,
-                         ReplicaSpec, ReplicaState, ReplicaStatus, ReportedReplica, UsageSnapshot, UsageSource)
-from ..contracts.status import GpuStatus
+from ..contracts import (Endpoint, Event, FleetStatus, LoadReading, LoadSource, ModelState, ModelStatus, ReplicaSpec,
+                         ReplicaState, ReportedReplica, UsageSnapshot, UsageSource)
 from ..contracts.usage import UNUSED
 from ..inventory import Inventory, Node
 from ..placement import NodeView, Running, Unplaceable, place
 from .autoscale import Autoscaler, signal
 from .desired import DesiredStore
 from .modelstates import model_states
+from .statusrows import StatusRows
 
 log = logging.getLogger("llmgw.reconciler")
 
@@ -193,6 +194,10 @@ class Reconciler:
         self.last_failure: dict[str, Any] | None = None
         # Told how long each pass took (seconds); the control API's metrics set it.
         self.on_pass: Callable[[float], None] = lambda seconds: None
+        # Status rows kept between reads, rebuilt where a record changed (issue 19); the
+        # models' rows likewise, by what each shows (model name -> (key, row)).
+        self._status_rows = StatusRows(_is_fallback)
+        self._model_rows: dict[str, tuple[tuple, ModelStatus]] = {}
 
     def add_sink(self, sink: EndpointSink) -> None:
         self._sinks.append(sink)
@@ -816,65 +821,44 @@ class Reconciler:
     # --- for status -----------------------------------------------------------
 
     def fleet_status(self, usage: UsageSnapshot | None = None) -> FleetStatus:
-        """What the reconciler wants and what runs, typed: the control API's JSON and its metrics read this."""
+        """What the reconciler wants and what runs, typed: the control API's JSON and its metrics read this.
+
+        Rows come from `_status_rows`, rebuilt only where a record or node changed
+        since the last read; ages and usage are read now (see contracts.status).
+        """
         catalog = self.live.current
-        usage = usage or {}
         now = self._clock()
-        by_model: dict[str, list[Replica]] = collections.defaultdict(list)
-        # Which replica holds each GPU of each node, in one walk over the records.
-        gpu_holders: dict[str, dict[int, str]] = collections.defaultdict(dict)
-        for rec in self.replicas.values():
-            by_model[rec.spec.model].append(rec)
-            for i in rec.spec.gpu_indices:
-                gpu_holders[rec.node][i] = rec.spec.id
+        rows = self._status_rows
+        rows.update(self.replicas, self.inventory.nodes(), catalog, self.inventory.conflict)
         models = []
+        kept = self._model_rows
         for model in catalog.models:
-            recs = by_model.get(model.name, [])
+            ready, count = rows.counts.get(model.name, (0, 0))
             scale = self._scale.get(model.name)
-            models.append(ModelStatus(
-                name=model.name, aliases=tuple(model.aliases), min=model.replicas.min, max=model.replicas.max,
-                desired=scale.wanted if scale else model.replicas.min,
-                ready=sum(r.state == ReplicaState.READY for r in recs), replicas=len(recs),
-                unplaceable=self.unplaceable.get(model.name), priority=model.priority,
-                unplaceable_permanent=bool(getattr(self.unplaceable_detail.get(model.name), "permanent", False)),
-                metric=model.autoscale.metric, target=model.autoscale.policy().target,
-                load=scale.load if scale else None, needed=scale.needed if scale else None,
-            ))
-        replicas = []
-        for rec in sorted(self.replicas.values(), key=lambda r: (r.spec.model, r.spec.id)):
-            last, inflight = usage.get(rec.spec.id, UNUSED)
-            rep = rec.reported
-            stopping = rec.state in (ReplicaState.DRAINING, ReplicaState.STOPPING)
-            replicas.append(ReplicaStatus(
-                id=rec.spec.id, model=rec.spec.model, profile=rec.spec.profile, engine=rec.spec.engine,
-                node=rec.node, gpus=rec.spec.gpu_indices, state=rec.state, url=rec.url,
-                pid=rep.pid if rep else None, restarts=rep.restarts if rep else 0,
-                last_exit=rep.last_exit if rep else None, adopted=rec.adopted,
-                inflight=inflight, idle_seconds=round(now - last, 1) if last is not None else None,
-                reason=rec.drain_reason if stopping else (rep.reason if rep else ""),
-                spec_hash=rec.spec_hash, last_log=rep.last_log if rep else (),
-                fallback=_is_fallback(catalog.resolve(rec.spec.model), rec.spec.profile),
-                starting_seconds=(round(now - rec.created, 1)
-                                  if rec.state in (ReplicaState.PENDING, ReplicaState.STARTING) else None),
-            ))
-        nodes = []
-        for node in sorted(self.inventory.nodes(), key=lambda n: n.name):
-            holders = gpu_holders.get(node.name, {})
-            used = set(holders)
-            nodes.append(NodeStatus(
-                name=node.name, reachable=node.reachable, pools=tuple(sorted(node.pools)),
-                gpus=len(node.gpus), gpus_used=len(used & {g.index for g in node.gpus}),
-                gpu_models=tuple(sorted({g.name for g in node.gpus if g.name})),
-                engines=tuple(sorted(node.available_engines)),
-                engines_missing={n: why for n, (ok, why) in sorted(node.engines.items()) if not ok},
-                last_seen_seconds=round(now - node.last_seen, 1), reports=node.reports,
-                conflict=self.inventory.conflict(node),
-                gpu_list=tuple(GpuStatus(g.index, g.name, g.memory_mib, holders.get(g.index))
-                               for g in sorted(node.gpus, key=lambda g: g.index)),
-            ))
+            detail = self.unplaceable_detail.get(model.name)
+            # The row of the last read while nothing it shows moved: no new record per model per read.
+            key = (model, scale.wanted if scale else model.replicas.min, ready, count,
+                   self.unplaceable.get(model.name), bool(getattr(detail, "permanent", False)),
+                   scale.load if scale else None, scale.needed if scale else None)
+            hit = kept.get(model.name)
+            if hit is None or hit[0] != key:
+                hit = kept[model.name] = (key, ModelStatus(
+                    name=model.name, aliases=tuple(model.aliases), min=model.replicas.min, max=model.replicas.max,
+                    desired=key[1], ready=ready, replicas=count, unplaceable=key[4], priority=model.priority,
+                    unplaceable_permanent=key[5], metric=model.autoscale.metric,
+                    target=model.autoscale.policy().target, load=key[6], needed=key[7]))
+            models.append(hit[1])
+        if len(kept) > len(models):
+            names = {m.name for m in models}
+            for name in [n for n in kept if n not in names]:
+                del kept[name]
+        nodes = self.inventory.nodes()
         return FleetStatus(settled=self.settled, passes=self.passes, models=tuple(models),
-                           replicas=tuple(replicas), nodes=tuple(nodes), events=tuple(self.events),
-                           failures=self.failures, degraded=self.degraded, last_failure=self.last_failure)
+                           replicas=rows.replica_rows, nodes=rows.node_rows, events=tuple(self.events),
+                           failures=self.failures, degraded=self.degraded, last_failure=self.last_failure,
+                           now=now, usage=MappingProxyType(dict(usage or {})),
+                           seen_at=MappingProxyType({n.name: n.last_seen for n in nodes}),
+                           reports_of=MappingProxyType({n.name: n.reports for n in nodes}))
 
     def status(self, usage: UsageSnapshot | None = None) -> dict:
         """`fleet_status` as the status JSON."""

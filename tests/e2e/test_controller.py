@@ -75,6 +75,12 @@ def test_status_command_tables_and_json(fleet):
     assert sorted(m["name"] for m in as_json["models"]) == ["anywhere", "big", "small"]
     assert {r["state"] for r in as_json["replicas"]} == {"ready"}
     assert as_json["events"][0]["kind"] == "catalog-loaded"
+    one = json.loads(subprocess.run([sys.executable, "-m", "llmgwctl", "status", "-o", "json", "--model", "small",
+                                     "--controller", fleet.control], capture_output=True, text=True, timeout=60).stdout)
+    assert [m["name"] for m in one["models"]] == ["small"] and {r["model"] for r in one["replicas"]} == {"small"}
+    unknown = subprocess.run([sys.executable, "-m", "llmgwctl", "status", "--model", "nope", "--controller",
+                              fleet.control], capture_output=True, text=True, timeout=60)
+    assert unknown.returncode == 1 and "404" in unknown.stderr and "no model 'nope'" in unknown.stderr
     gone = subprocess.run([sys.executable, "-m", "llmgwctl", "status", "--controller", "http://127.0.0.1:9"],
                           capture_output=True, text=True, timeout=60)
     assert gone.returncode == 1 and "cannot reach the controller at http://127.0.0.1:9" in gone.stderr
