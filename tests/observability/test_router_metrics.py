@@ -139,7 +139,9 @@ def test_a_replacement_replica_continues_the_series_of_the_one_it_replaced(engin
     assert slots == {"obs-new": slot, "obs-other": f"{MODEL}/default/1"}
     by_slot = {dict(labels)["endpoint"]: v for (name, labels), v in page.items()
                if name == "llmgw_router_requests_total" and dict(labels).get("code") == "200"}
-    assert by_slot[slot] + by_slot[f"{MODEL}/default/1"] == 5 and by_slot[slot] >= 1
+    # The four may all go to one replica (the same prompt: prefix affinity), and a
+    # slot that served nothing has no series yet.
+    assert by_slot[slot] + by_slot.get(f"{MODEL}/default/1", 0) == 5 and by_slot[slot] >= 1
     assert not any(name.endswith("_created") for name, _ in page)
 
 
