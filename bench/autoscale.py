@@ -253,6 +253,8 @@ def main() -> None:
     ap.add_argument("--max-requests", type=int, default=1000, help="per model")
     ap.add_argument("--request-timeout", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--dump", type=Path, help="also write every request's (arrival, TTFT, duration, ok), the "
+                    "replica samples and the scaling events to this JSON file, for a closer look")
     args = ap.parse_args()
 
     bounds = phase_bounds(args)
@@ -294,6 +296,9 @@ def main() -> None:
             proc.wait()
         log.close()
     report(args, bounds, end, results, samples, events)
+    if args.dump:
+        args.dump.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results,
+                                         "samples": samples, "events": events}))
 
 
 def report(args, bounds, end, results, samples, events) -> None:
