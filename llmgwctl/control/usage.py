@@ -50,7 +50,7 @@ class UsageBoard:
         self._counted: dict[str, tuple[float, dict[str, tuple[float | None, int]]]] = {}
         # replica id -> request-seconds in flight on it through standalone routers, as the board added them up
         self._busy: dict[str, float] = {}
-        # A local source without counters (a test's dict): its samples, integrated on each read, and when
+        # A local source without counters (a test's dict): its samples integrated on each read; the last read
         self._local_busy: dict[str, float] = {}
         self._local_read: tuple[float, dict[str, int]] | None = None
 
