@@ -45,7 +45,7 @@ from llmgwctl.reconciler.autoscale import Autoscaler, Signal  # noqa: E402
 SERVICE, TTFT, BATCH, MAX = 0.43, 0.05, 4, 6
 # The bench's defaults: its auto model's target, the hold's rate, and the
 # needed-count limit of issue 17 (the fake's 4 s start-up + 2 polls of 1 s).
-TARGET, PEAK, IN_TIME = 1.45, 10.0, 4.0 + 2 * bench.POLL
+TARGET, PEAK, IN_TIME = 1.5, 10.0, 4.0 + 2 * bench.POLL
 
 
 def needed(target: float) -> int:
