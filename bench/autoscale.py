@@ -241,7 +241,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=20, help="max_tokens per request")
     ap.add_argument("--min", type=int, default=1)
     ap.add_argument("--max", type=int, default=6)
-    ap.add_argument("--target", type=float, default=1.5, help="in flight per replica (3/8 of the batch: room for Poisson bursts)")
+    # 1.5: the operating point of this workload, batch and start-up. The
+    # sweep of bench/autoscale_model.py puts it on a plateau 1.45-1.6 (all
+    # four of issue 17's targets on 70-76 % of seeds, lower loses the needed
+    # count, higher the latency), and on the machine 1.5 beat 1.45
+    # (bench/README.md, "Fourth pass").
+    ap.add_argument("--target", type=float, default=1.5, help="in flight per replica (the operating point: README)")
     ap.add_argument("--max-step", type=int, default=2)
     ap.add_argument("--window", type=float, default=20.0, help="scale_down_window (s)")
     ap.add_argument("--base-rate", type=float, default=1.0, help="requests/s per model at the base")
@@ -253,6 +258,8 @@ def main() -> None:
     ap.add_argument("--max-requests", type=int, default=1000, help="per model")
     ap.add_argument("--request-timeout", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--dump", type=Path, help="also write every request's (arrival, TTFT, duration, ok), the "
+                    "replica samples and the scaling events to this JSON file, for a closer look")
     args = ap.parse_args()
 
     bounds = phase_bounds(args)
@@ -294,6 +301,9 @@ def main() -> None:
             proc.wait()
         log.close()
     report(args, bounds, end, results, samples, events)
+    if args.dump:
+        args.dump.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results,
+                                         "samples": samples, "events": events}))
 
 
 def report(args, bounds, end, results, samples, events) -> None:

@@ -208,7 +208,8 @@ class Autoscale:
     of the target. Up: at most `max_step` replicas a step (replicas still
     starting count as capacity), unless the load per wanted replica is
     `fast_factor` times the target or more -- then straight to the count the
-    load needs. Down: only to the highest count any pass of the last
+    load needs; a step is sized for the load grown over the model's measured
+    cold start. Down: only to the highest count any pass of the last
     `scale_down_window` seconds needed, and at most `max_step` a step.
     `policy()` resolves the defaults; the policy math is
     llmgwctl.reconciler.autoscale.

@@ -12,7 +12,7 @@ the agent protocol and the control API have always sent.
     endpoint   Endpoint (reconciler / static file / watch -> router)
     modelstate ModelState, ModelCondition (reconciler / watch -> router: starting, or cannot be placed and why)
     report     AgentReport, ReportedReplica, Gpu, EngineAvailability (agent -> inventory)
-    usage      Usage, UsageSource, LoadSource, UsageReport (router -> reconciler)
+    usage      Usage, UsageSource, LoadSource, ConcurrencySource, UsageReport (router -> reconciler)
     status     ControlStatus and its parts (controller -> control API, metrics, `llmgwctl status`)
     errors     ContractError and its children: a payload that breaks a contract
 
@@ -29,10 +29,10 @@ from .spec import LoadReading, ReplicaSpec
 from .states import AGENT_STATES, ReplicaState
 from .status import (CatalogStatus, ControlStatus, Event, FleetStatus, GpuStatus, ModelStatus, NodeStatus,
                      ReplicaStatus)
-from .usage import LoadSource, Usage, UsageReport, UsageSnapshot, UsageSource
+from .usage import ConcurrencySource, LoadSource, Usage, UsageReport, UsageSnapshot, UsageSource
 
 __all__ = [
-    "AGENT_STATES", "AgentReport", "CatalogStatus", "ContractError", "ControlStatus", "Endpoint", "EndpointError",
+    "AGENT_STATES", "AgentReport", "CatalogStatus", "ConcurrencySource", "ContractError", "ControlStatus", "Endpoint", "EndpointError",
     "EngineAvailability", "Event", "FleetStatus", "Gpu", "GpuStatus", "LoadReading", "LoadSource", "ModelCondition", "ModelState",
     "ModelStateError", "ModelStatus", "NodeStatus",
     "ReplicaSpec", "ReplicaState", "ReplicaStatus", "ReportError", "ReportedReplica", "Usage", "UsageError",

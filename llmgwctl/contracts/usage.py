@@ -8,11 +8,23 @@ what standalone routers report. A standalone router sends it as a
     POST {controller}/api/v1/usage
     {"router": "<id, new per process>", "version": 42,          # the watch version this router has applied
      "replicas": {"r-7": {"idle_seconds": 3.2, "inflight": 1,   # idle_seconds null: never used
+                          "inflight_seconds": 812.4,            # optional: the counter below
                           "load": {"running": 3, "waiting": 0, "kv_cache": 0.4}}}}   # optional
 
 `load` is the router's latest fresh reading of the replica's engine gauges
 (absent: none, or a router from before issue 17; a controller from before it
 ignores the key). The autoscaler reads it through a `LoadSource`.
+
+`inflight_seconds` is the replica's in-flight count integrated over time
+since this router first listed it (request-seconds): a counter that only
+grows. Two readings of it, differenced and
+divided by the time between them, are the mean concurrency in between --
+every request counted for as long as it was in flight, where `inflight` is
+one sample of a count that jumps with every arrival (Knative's queue-proxy
+reports the same average, for the same reason). Absent: a router from
+before it; the controller then integrates that router's `inflight` samples
+itself (`control.usage.UsageBoard`). A controller from before it ignores
+the key. The autoscaler reads it through a `ConcurrencySource`.
 
 Idle seconds, not a timestamp, travel on the wire: the two processes' monotonic
 clocks share no origin, so each side converts with its own clock.
@@ -60,13 +72,24 @@ class LoadSource(Protocol):
     def load_snapshot(self) -> Mapping[str, LoadReading]: ...
 
 
+class ConcurrencySource(Protocol):
+    """Where the routers' in-flight counters are read, once a pass: per replica, its in-flight requests
+    integrated over time (request-seconds, only ever growing; see the module docstring). The
+    autoscaler depends on this, not on the router, and differences two readings itself, so any
+    number of readers (status, the reconciler) read the same counters without resetting them."""
+
+    def inflight_seconds(self) -> Mapping[str, float]: ...
+
+
 class ReportedUsage(NamedTuple):
     """One replica in a standalone router's report: seconds since its last use (None: never), in flight,
-    and the router's fresh reading of its engine's gauges (None: none)."""
+    the router's fresh reading of its engine's gauges (None: none), and its in-flight counter
+    (None: a router from before it)."""
 
     idle_seconds: float | None
     inflight: int = 0
     load: LoadReading | None = None
+    inflight_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +102,13 @@ class UsageReport:
 
     @classmethod
     def of(cls, router: str, version: int, snapshot: UsageSnapshot, now: float,
-           loads: Mapping[str, LoadReading] | None = None) -> "UsageReport":
-        """The report of a snapshot (and load readings) taken on a clock that reads `now`."""
-        loads = loads or {}
+           loads: Mapping[str, LoadReading] | None = None,
+           inflight_seconds: Mapping[str, float] | None = None) -> "UsageReport":
+        """The report of a snapshot (and load readings, in-flight counters) taken on a clock that reads `now`."""
+        loads, busy = loads or {}, inflight_seconds or {}
         return cls(router, version, MappingProxyType({
-            rid: ReportedUsage(None if last is None else round(now - last, 3), inflight, loads.get(rid))
+            rid: ReportedUsage(None if last is None else round(now - last, 3), inflight, loads.get(rid),
+                               None if (b := busy.get(rid)) is None else round(b, 3))
             for rid, (last, inflight) in snapshot.items()}))
 
     def loads(self) -> dict[str, LoadReading]:
@@ -99,6 +124,7 @@ class UsageReport:
         return {"router": self.router, "version": self.version,
                 "replicas": {rid: {"idle_seconds": r.idle_seconds, "inflight": r.inflight}
                              | ({"load": _load_dict(r.load)} if r.load is not None else {})
+                             | ({"inflight_seconds": r.inflight_seconds} if r.inflight_seconds is not None else {})
                              for rid, r in self.replicas.items()}}
 
     @classmethod
@@ -115,11 +141,21 @@ class UsageReport:
                 if inflight < 0 or (idle is not None and float(idle) < 0):
                     raise ValueError(f"{rid}: negative idle_seconds or inflight")
                 replicas[str(rid)] = ReportedUsage(None if idle is None else float(idle), inflight,
-                                                   _load_from(rid, entry.get("load")))
+                                                   _load_from(rid, entry.get("load")),
+                                                   _counter_from(rid, entry.get("inflight_seconds")))
             version = int(body.get("version") or 0)
         except (AttributeError, TypeError, ValueError) as exc:
             raise UsageError(f"bad usage entry: {exc}") from None
         return cls(body["router"], version, MappingProxyType(replicas))
+
+
+def _counter_from(rid: str, raw: Any) -> float | None:
+    """A reported in-flight counter; ValueError when it is not a finite non-negative number."""
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not (math.isfinite(raw) and raw >= 0):
+        raise ValueError(f"{rid}: inflight_seconds must be a finite number >= 0, not {raw!r}")
+    return float(raw)
 
 
 def _load_dict(load: LoadReading) -> dict[str, Any]:

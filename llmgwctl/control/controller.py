@@ -51,7 +51,7 @@ class Controller:
         # Usage from the in-process router and from standalone routers' reports.
         self.usage = UsageBoard(router, version=lambda: self.watch.version, clock=clock)
         self.reconciler = Reconciler(self.live, self.inventory, self.desired, endpoints=router, usage=self.usage,
-                                     load=self.usage,
+                                     load=self.usage, concurrency=self.usage,
                                      clock=clock, wall_clock=wall_clock, on_change=self._fleet_changed,
                                      **reconciler_options)
         self.live.subscribe(self._swapped)

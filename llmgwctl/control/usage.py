@@ -8,6 +8,14 @@ that is the in-process router's snapshot; standalone routers
 (`llmgwctl.router.watch.UsageReporter`), and this board merges them: the
 latest use wins, in-flight counts add up.
 
+In-flight counters (`inflight_seconds`, the autoscaler's time-averaged
+concurrency) add up the same way, but a sum of counters jumps whenever a
+router appears or goes silent; so the board keeps one counter per replica
+of its own and adds to it, on each report, only what the router's counter
+grew by since its last report. A router from before the counter reports only
+`inflight` samples: the board integrates those (the sample times the time
+since that router's last report), so its traffic still counts.
+
 A standalone router that has not yet applied the newest endpoint list may
 still send requests to a replica the controller just withdrew; until it
 catches up, every replica it reports counts as busy, so a drain never ends on
@@ -38,6 +46,13 @@ class UsageBoard:
         self._remote: dict[str, tuple[float, int, dict[str, Usage]]] = {}
         # router id -> the engine readings its last report carried
         self._loads: dict[str, dict[str, LoadReading]] = {}
+        # router id -> (received at, its in-flight counters or, from an old router, samples): the last report's
+        self._counted: dict[str, tuple[float, dict[str, tuple[float | None, int]]]] = {}
+        # replica id -> request-seconds in flight on it through standalone routers, as the board added them up
+        self._busy: dict[str, float] = {}
+        # A local source without counters (a test's dict): its samples integrated on each read; the last read
+        self._local_busy: dict[str, float] = {}
+        self._local_read: tuple[float, dict[str, int]] | None = None
 
     def report(self, body: Any) -> None:
         """Take one standalone router's report (see llmgwctl.contracts.usage); UsageError if malformed."""
@@ -45,6 +60,23 @@ class UsageBoard:
         now = self._clock()
         self._remote[report.router] = (now, report.version, report.snapshot(now))
         self._loads[report.router] = report.loads()
+        self._count(report, now)
+
+    def _count(self, report: UsageReport, now: float) -> None:
+        """Add what each replica's in-flight counter grew by since this router's last report (see the docstring)."""
+        last = self._counted.get(report.router)
+        if last is not None:
+            then, before = last
+            for rid, r in report.replicas.items():
+                prev = before.get(rid)
+                if r.inflight_seconds is not None:
+                    grown = r.inflight_seconds - prev[0] if prev is not None and prev[0] is not None else 0.0
+                else:
+                    grown = r.inflight * (now - then)     # an old router: its sample, held over the interval
+                if grown > 0:
+                    self._busy[rid] = self._busy.get(rid, 0.0) + grown
+        self._counted[report.router] = (now, {rid: (r.inflight_seconds, r.inflight)
+                                              for rid, r in report.replicas.items()})
 
     def routers(self) -> int:
         return len(self._fresh())
@@ -54,6 +86,7 @@ class UsageBoard:
         for router in [r for r, (at, _, _) in self._remote.items() if now - at > self.stale_after]:
             del self._remote[router]
             self._loads.pop(router, None)
+            self._counted.pop(router, None)
         return self._remote.values()
 
     def usage_snapshot(self) -> UsageSnapshot:
@@ -87,3 +120,39 @@ class UsageBoard:
             for rid, reading in loads.items():
                 merged.setdefault(rid, reading)
         return merged
+
+    def inflight_seconds(self) -> dict[str, float]:
+        """Per replica, request-seconds in flight through every router: the in-process router's counter plus
+        the board's own for standalone routers (a ConcurrencySource; see the module docstring).
+
+        Only replicas some router still lists are kept; one that comes back
+        starts from zero again, which a reader differencing its readings
+        takes as a counter reset, not as negative load.
+        """
+        local = getattr(self.local, "inflight_seconds", None)
+        if local is not None:
+            merged: dict[str, float] = dict(local())
+        else:
+            merged = self._integrate_local()
+        self._fresh()
+        listed = {rid for _, readings in self._counted.values() for rid in readings}
+        for rid in [r for r in self._busy if r not in listed and r not in merged]:
+            del self._busy[rid]
+        for rid in listed | self._busy.keys():
+            merged[rid] = merged.get(rid, 0.0) + self._busy.get(rid, 0.0)
+        return merged
+
+    def _integrate_local(self) -> dict[str, float]:
+        """A local source with no counters of its own: its in-flight samples held since the last read."""
+        if self.local is None:
+            return {}
+        now = self._clock()
+        samples = {rid: u[1] for rid, u in self.local.usage_snapshot().items()}
+        if self._local_read is not None:
+            then, before = self._local_read
+            for rid, n in before.items():
+                if n:
+                    self._local_busy[rid] = self._local_busy.get(rid, 0.0) + n * (now - then)
+        self._local_read = (now, samples)
+        self._local_busy = {rid: b for rid, b in self._local_busy.items() if rid in samples}
+        return {rid: self._local_busy.get(rid, 0.0) for rid in samples}

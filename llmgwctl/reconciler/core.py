@@ -30,8 +30,9 @@ from types import MappingProxyType
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, runtime_checkable
 
 from ..catalog import Catalog, Live, Model, Profile, ScalingPolicy
-from ..contracts import (Endpoint, Event, FleetStatus, LoadReading, LoadSource, ModelState, ModelStatus, ReplicaSpec,
-                         ReplicaState, ReportedReplica, UsageSnapshot, UsageSource)
+from ..contracts import (ConcurrencySource, Endpoint, Event, FleetStatus, LoadReading, LoadSource, ModelState,
+                         ModelStatus, ReplicaSpec, ReplicaState, ReportedReplica,
+                         UsageSnapshot, UsageSource)
 from ..contracts.usage import UNUSED
 from ..inventory import Inventory, Node
 from ..placement import NodeView, Running, Unplaceable, place
@@ -104,6 +105,7 @@ class Replica:
     seen: bool = False              # its agent has reported it at least once
     ready_since: float | None = None    # when it last became ready (and reachable); None while not
     returned: bool = False          # its node came back with it after a loss: surplus is settled next plan
+    timed: bool = False             # its placement-to-ready time went into its model's cold start
     spec_hash: str = field(init=False)
     # Placement's view of it, kept with what it was built from: (state, current) -> Running.
     # Its spec and node never change, so those two are all that can make it differ.
@@ -128,12 +130,15 @@ class _ModelScale:
     policy: ScalingPolicy | None = None    # the catalog policy the history was gathered under
     load: float | None = None
     needed: int | None = None
+    # Seconds from placement to ready of its recent replicas (a running mean): how far ahead a step
+    # up is sized (autoscale.Autoscaler.decide); 0 until one of its replicas was placed and became ready.
+    cold_start: float = 0.0
 
 
 class Reconciler:
     def __init__(self, live: Live, inventory: Inventory, desired: DesiredStore, *,
                  endpoints: EndpointSink | None = None, usage: UsageSource | None = None,
-                 load: LoadSource | None = None,
+                 load: LoadSource | None = None, concurrency: ConcurrencySource | None = None,
                  clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
                  settle: float = SETTLE, drain_grace: float = DRAIN_GRACE, replace_after: float = REPLACE_AFTER,
                  on_change: Callable[[], None] = lambda: None, move_every: float = MOVE_EVERY):
@@ -143,6 +148,11 @@ class Reconciler:
         # The engines' gauges for autoscaling on waiting or KV-cache use; read once a pass.
         self.load = load
         self._loads: Mapping[str, LoadReading] = {}
+        # The routers' in-flight counters (request-seconds per replica), read once a pass and
+        # differenced with the last pass's: the time-averaged concurrency the autoscaler scales on.
+        self.concurrency = concurrency
+        self._busy: tuple[float, Mapping[str, float]] | None = None      # (when, counters): this pass's
+        self._busy_before: tuple[float, Mapping[str, float]] | None = None   # and the last pass's
         self._clock, self._wall = clock, wall_clock
         self.settle, self.drain_grace, self.replace_after = settle, drain_grace, replace_after
         self.started = clock()
@@ -261,6 +271,8 @@ class Reconciler:
             if self.settled:
                 usage = dict(self.usage.usage_snapshot()) if self.usage else {}
                 self._loads = dict(self.load.load_snapshot()) if self.load else {}
+                self._busy_before = self._busy
+                self._busy = (now, dict(self.concurrency.inflight_seconds())) if self.concurrency else None
                 self._plan(catalog, now, usage)
                 self._drain(now, usage)
         finally:
@@ -343,6 +355,8 @@ class Reconciler:
                         rec.ready_since = None
                     elif rec.ready_since is None:
                         rec.ready_since = now
+                        if not rec.adopted and not rec.timed:
+                            self._timed_cold_start(rec, now)
             # A replica the agent no longer lists: once it had listed it, or once
             # we told it to stop, absence means the engine is gone.
             for rid, rec in by_node.get(node.name, ()):
@@ -365,6 +379,18 @@ class Reconciler:
         if len(merged) > len(self.inventory):
             for name in [n for n in merged if self.inventory.get(n) is None]:
                 del merged[name]
+
+    def _timed_cold_start(self, rec: Replica, now: float) -> None:
+        """A replica we placed is ready for the first time: its placement-to-ready time joins its model's.
+
+        A mean over the last few (each new one weighs half), so one slow start
+        (a cold page cache, a busy node) moves it but does not own it. Only
+        replicas this controller placed: an adopted one's placement is unknown.
+        """
+        rec.timed = True
+        scale = self._scale.setdefault(rec.spec.model, _ModelScale())
+        took = max(0.0, now - rec.created)
+        scale.cold_start = took if scale.cold_start <= 0 else (scale.cold_start + took) / 2
 
     def _claimed_twice(self, rec: Replica, other: str) -> None:
         # A replica id is handed to one node once and never reused, so another
@@ -466,11 +492,12 @@ class Reconciler:
                 ready = [r.spec.id for r in recs if r.state == ReplicaState.READY]
                 starting = sum(r.state in (ReplicaState.PENDING, ReplicaState.STARTING) for r in recs)
                 inflight_by = {r.spec.id: usage.get(r.spec.id, UNUSED)[1] for r in recs}
-                sig = signal(policy.metric, ready, starting, inflight_by, self._loads)
+                sig = signal(policy.metric, ready, starting, inflight_by, self._loads,
+                             self._concurrency([r.spec.id for r in by_model.get(model.name, ())], now))
                 # A scale-to-zero model in use keeps one replica: only its idle timeout takes it to zero.
                 low = max(model.replicas.min, 1 if used is not None else 0)
                 decision = scale.autoscaler.decide(policy, now, min(target, model.replicas.max), sig,
-                                                   low, model.replicas.max)
+                                                   low, model.replicas.max, cold_start=scale.cold_start)
                 scale.load, scale.needed = decision.load, decision.needed
                 if decision.reason:
                     target, why = decision.wanted, decision.reason
@@ -491,6 +518,26 @@ class Reconciler:
         for name in [n for n in self._scale if catalog.resolve(n) is None]:
             del self._scale[name]
         return wanted
+
+    def _concurrency(self, ids: Iterable[str], now: float) -> tuple[float, float] | None:
+        """(request-seconds in flight on these replicas since the last pass, seconds since it); None without counters.
+
+        Every replica of the model counts, draining ones too: their requests
+        are load it still serves. A replica new since the last pass starts
+        from its first reading, and a counter that went back (its router
+        restarted, or listed it anew) adds nothing this pass.
+        """
+        if self._busy is None or self._busy_before is None:
+            return None
+        (_, counters), (then, before) = self._busy, self._busy_before
+        if now <= then:
+            return None
+        grown = 0.0
+        for rid in ids:
+            busy = counters.get(rid)
+            if busy is not None:
+                grown += max(0.0, busy - before.get(rid, busy))
+        return grown, now - then
 
     def _plan(self, catalog: Catalog, now: float, usage: UsageSnapshot) -> None:
         wanted = self._wanted(catalog, now, usage)

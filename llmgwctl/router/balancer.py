@@ -47,14 +47,18 @@ class EndpointState:
     """What the router knows about one endpoint right now. Mutated only on the event loop."""
 
     __slots__ = ("endpoint", "replica_id", "weight", "inflight", "last_used",
-                 "load", "load_at", "ejected_until", "failures")
+                 "load", "load_at", "ejected_until", "failures", "busy", "busy_at")
 
-    def __init__(self, endpoint: Endpoint, last_used: float | None = None):
+    def __init__(self, endpoint: Endpoint, last_used: float | None = None, now: float = 0.0):
         self.endpoint = endpoint
         self.replica_id = endpoint.replica_id
         self.weight = endpoint.weight
         self.inflight = 0
         self.last_used = last_used
+        # In flight integrated over time up to busy_at (request-seconds; see
+        # contracts.usage): the autoscaler's time-averaged concurrency.
+        self.busy = 0.0
+        self.busy_at = now
         self.load: LoadReading | None = None
         self.load_at = float("-inf")
         self.ejected_until = float("-inf")
@@ -117,7 +121,7 @@ class Balancer:
             else:
                 # Changed fields (a new url after a restart): fresh counters, but the
                 # last use still counts for the idle timeout.
-                states[ep.replica_id] = EndpointState(ep, prev.last_used if prev else None)
+                states[ep.replica_id] = EndpointState(ep, prev.last_used if prev else None, self._clock())
         by_model: dict[str, dict[int, list[EndpointState]]] = {}
         for st in states.values():
             by_model.setdefault(st.endpoint.model, {}).setdefault(st.endpoint.priority, []).append(st)
@@ -149,6 +153,17 @@ class Balancer:
             else:
                 snapshot.setdefault(rid, Usage(st.last_used, st.inflight))
         return snapshot
+
+    def inflight_seconds(self) -> dict[str, float]:
+        """{replica_id: its in-flight count integrated over time, up to now} (a ConcurrencySource).
+
+        Withdrawn endpoints still carrying requests are included, like in
+        `usage_snapshot`: their requests are load the model still serves.
+        """
+        now = self._clock()
+        out = {rid: st.busy + st.inflight * (now - st.busy_at) for rid, st in self._withdrawn.items()}
+        out.update((rid, st.busy + st.inflight * (now - st.busy_at)) for rid, st in self._states.items())
+        return out
 
     def load_snapshot(self) -> dict[str, LoadReading]:
         """{replica_id: its engine's latest reading}, only readings fresher than `stale_after`: the
@@ -261,13 +276,19 @@ class Balancer:
 
     def started(self, state: EndpointState) -> None:
         """A request goes to `state`: it counts as load from now, and as use for the idle timeout."""
+        now = self._clock()
+        state.busy += state.inflight * (now - state.busy_at)
+        state.busy_at = now
         state.inflight += 1
-        state.last_used = self._clock()
+        state.last_used = now
 
     def finished(self, state: EndpointState) -> None:
         """The request `started` on `state` is over, however it ended; its end is the endpoint's last use."""
+        now = self._clock()
+        state.busy += state.inflight * (now - state.busy_at)
+        state.busy_at = now
         state.inflight -= 1
-        state.last_used = self._clock()
+        state.last_used = now
 
     # -- outcomes -----------------------------------------------------------------
 

@@ -10,6 +10,7 @@ narrow surfaces the control plane meets it through:
   once with the reason): pushed once per change, never pulled per request;
 - `usage_snapshot()`: last use and in-flight count per replica, read once a tick;
 - `load_snapshot()`: each engine's latest fresh load reading, for the autoscaler;
+- `inflight_seconds()`: each replica's in-flight count integrated over time, for the autoscaler;
 - a `Waker` it calls when a request finds no ready replica;
 - `set_api_keys(keys)`: optional API keys (see `auth`), swapped whole like a catalog.
 
@@ -234,6 +235,10 @@ class Router:
     def load_snapshot(self) -> dict[str, LoadReading]:
         """{replica_id: its engine's latest fresh load reading}, for the autoscaler (a LoadSource)."""
         return self.balancer.load_snapshot()
+
+    def inflight_seconds(self) -> dict[str, float]:
+        """{replica_id: in flight integrated over time}, for the autoscaler (a ConcurrencySource)."""
+        return self.balancer.inflight_seconds()
 
     # -- lifecycle ------------------------------------------------------------------
 

@@ -70,11 +70,13 @@ Usage (every USAGE_INTERVAL seconds), a `llmgwctl.contracts.UsageReport`::
 
     POST {controller}/api/v1/usage
     {"router": "<id, new per process>", "version": 42,          # the watch version this router has applied
-     "replicas": {"r-7": {"idle_seconds": 3.2, "inflight": 1}}}  # idle_seconds null: never used
+     "replicas": {"r-7": {"idle_seconds": 3.2, "inflight": 1,   # idle_seconds null: never used
+                          "inflight_seconds": 812.4, "load": {...}}}}
     -> 204
 
-the standalone form of the in-process router's `usage_snapshot()`: the
-controller's idle scale-down and drain read it. `version` lets the controller
+the standalone form of the in-process router's `usage_snapshot()`,
+`inflight_seconds()` and `load_snapshot()` (see llmgwctl.contracts.usage):
+the controller's idle scale-down, drain and autoscaler read it. `version` lets the controller
 tell a report sent before this router applied a withdrawal from one after it.
 
 While the controller is unreachable the router keeps serving its last list and
@@ -290,11 +292,13 @@ class UsageReporter:
         self.router_id = uuid.uuid4().hex[:12]
 
     def payload(self) -> dict[str, Any]:
-        # The engine gauges ride along (the controller's autoscaler reads them);
-        # a source without them (a test's dict) reports usage alone.
+        # The engine gauges and the in-flight counters ride along (the
+        # controller's autoscaler reads them); a source without them (a test's
+        # dict) reports usage alone.
         loads = getattr(self._source, "load_snapshot", None)
+        busy = getattr(self._source, "inflight_seconds", None)
         report = UsageReport.of(self.router_id, self._watch.version, self._source.usage_snapshot(), self._clock(),
-                                loads() if loads is not None else None)
+                                loads() if loads is not None else None, busy() if busy is not None else None)
         return report.to_dict()
 
     async def report_once(self) -> bool:

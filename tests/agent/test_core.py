@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import aiohttp
 import pytest
@@ -18,7 +19,7 @@ from llmgwctl.agent import procs, state
 from llmgwctl.contracts import AgentReport, ReplicaSpec, ReplicaState
 from llmgwctl.engines import LaunchError, driver_for
 
-from ..support import FakeClock, wait_until
+from ..support import FakeClock, until, wait_until
 from .harness import group_alive
 
 
@@ -228,6 +229,28 @@ async def test_ready_engine_is_recorded_for_adoption(tmp_path, port_range, group
         assert r.state == READY
         rec = state.load(tmp_path, procs.boot_id())
         assert [(x.spec.id, x.pid, x.port) for x in rec] == [("a", r.pid, r.port)]
+        await agent.close()
+
+
+async def test_a_starting_engine_is_probed_between_passes_and_reported_ready_at_once(tmp_path, port_range, groups):
+    # Passes an hour apart: only the probes between passes can notice the
+    # engine's health passing, so this replica becomes ready within the
+    # bound below only if they run. Its readiness is a change: it is told at once.
+    changes = []
+    async with aiohttp.ClientSession() as session:
+        agent = make_agent(tmp_path, port_range, session, time.monotonic, host="127.0.0.1",
+                           on_change=lambda: changes.append(agent.report()))
+        stop = asyncio.Event()
+        loop = asyncio.create_task(agent.run(stop, tick=3600))
+        try:
+            agent.set_desired([fake_spec("a", "--startup-delay", "0.5", gpus=0)])
+            await until(lambda: "a" in agent.replicas and agent.replicas["a"].pgid, "the engine is spawned")
+            groups.append(agent.replicas["a"].pgid)
+            await until(lambda: agent.replicas["a"].state == READY, "ready without a second pass", timeout=30)
+            assert changes[-1].replicas[0].state == ReplicaState.READY
+        finally:
+            stop.set()
+            await loop
         await agent.close()
 
 

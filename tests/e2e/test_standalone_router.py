@@ -59,6 +59,10 @@ def test_standalone_router_reports_usage_so_a_drain_waits_for_its_streams(fleet)
     thread.start()
     # The controller learns of the stream from the router's usage report.
     wait_until(lambda: fleet.replicas("going")[0]["inflight"] == 1, "the stream in the controller's usage")
+    # And in the autoscaler's load: the router's in-flight counter (request-seconds) grew by the
+    # stream's seconds between two reports, and the controller averaged that over its passes.
+    wait_until(lambda: next(m["autoscale"]["load"] or 0 for m in fleet.status()["models"] if m["name"] == "going") >= 0.5,
+               "the stream's time-averaged concurrency in the model's load", timeout=30)
     (fleet.catalogs / "going.yaml").unlink()
     wait_until(lambda: fleet.replicas("going") and fleet.replicas("going")[0]["state"] == "draining", "draining")
     thread.join(60)

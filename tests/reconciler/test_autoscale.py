@@ -41,6 +41,68 @@ def test_one_passing_burst_is_averaged_away():
     assert decide(s, 3, 2, 13).wanted == 3, "mean of 4, 13, 13 is 10: needs 3"
 
 
+def ramp(scaler, policy, until, *, cold_start, current=1, rate=0.4, start=0.5):
+    """Passes every second of a load growing `rate` a second (time-averaged over each pass); the last decision."""
+    d = None
+    for t in range(until + 1):
+        d = scaler.decide(policy, float(t), current, Signal(start + rate * t, current, span=1.0), 1, 10,
+                          cold_start=cold_start)
+        current = d.wanted
+    return d
+
+
+def test_a_step_on_a_ramp_is_sized_for_the_load_when_its_replicas_will_be_ready():
+    policy = Autoscale(target=1.5, scale_down_window=20, tolerance=0.1).policy()
+    # Growing 0.4/s: at t=4 the mean of the last 2 s is 1.9 on one replica -- the level needs 2.
+    level = ramp(Autoscaler(), policy, 4, cold_start=0)
+    assert (level.wanted, level.needed) == (2, 2)
+    # With a 4 s cold start (+1 s of the mean's lag) the load will be 1.9 + 0.4 * 5 = 3.9 when a
+    # replica placed now is ready: 3 are needed, and the one step buys them.
+    d = ramp(Autoscaler(), policy, 4, cold_start=4)
+    assert (d.wanted, d.needed) == (3, 3)
+    assert "growing 0.4/s: 3.9 by the time a replica placed now is ready (5.0 s)" in d.reason
+
+
+def test_the_growth_never_starts_a_step_and_a_flat_or_falling_load_plans_nothing():
+    policy = Autoscale(target=1.5, scale_down_window=20, tolerance=0.1).policy()
+    # Steeply growing but still under the target on 2 replicas: no step, however steep.
+    d = ramp(Autoscaler(), policy, 5, cold_start=30, current=2, rate=0.2, start=0.1)
+    assert d.wanted == 2 and d.reason == ""
+    # Past the band on a flat load: the level's step, no more.
+    s = Autoscaler()
+    for t in range(10):
+        d = s.decide(policy, float(t), 1, Signal(2.0, 1, span=1.0), 1, 10, cold_start=30)
+    assert (d.wanted, d.needed) == (2, 2)
+    s = Autoscaler()
+    for t in range(10):                 # falling, but still over the band at the end
+        d = s.decide(policy, float(t), 1, Signal(6.0 - 0.4 * t, 1, span=1.0), 1, 10, cold_start=30)
+    assert d.needed == 2 and "growing" not in d.reason
+
+
+def test_the_reconciler_measures_each_models_cold_start_from_placement_to_ready():
+    w = World(scaled(), settle=0)
+    w.report("n1")
+    def all_ready():
+        for rep in w.running["n1"].values():
+            rep["state"] = "ready"
+        w.report("n1")
+
+    w.step()                                # placed
+    w.agent_follows("n1", state="starting")
+    for _ in range(5):
+        w.step()
+    all_ready()                             # ready 6 s after it was placed
+    w.step()
+    assert w.rec._scale["a"].cold_start == 6.0
+    under(w, 7)                             # the second replica: placed, then ready 2 s later
+    w.agent_follows("n1", state="starting")
+    w.step()
+    all_ready()
+    w.step()
+    second = max(w.rec.replicas.values(), key=lambda r: r.created)
+    assert count(w) == 2 and w.rec._scale["a"].cold_start == (6.0 + second.ready_since - second.created) / 2
+
+
 def test_no_reading_holds_the_count():
     d = decide(Autoscaler(), 0, 3, None)
     assert (d.wanted, d.needed, d.reason) == (3, None, "")
@@ -195,6 +257,109 @@ def test_the_board_merges_local_and_standalone_readings_and_forgets_silent_route
     assert board.load_snapshot() == {"a": LoadReading(1, 0, 0.1)}
 
 
+def test_usage_reports_carry_in_flight_counters_and_old_reports_still_parse():
+    report = UsageReport.of("r", 3, {"x": (90.0, 2), "y": (None, 0)}, now=100.0, inflight_seconds={"x": 12.3456})
+    wire = json.loads(json.dumps(report.to_dict()))
+    assert wire["replicas"]["x"]["inflight_seconds"] == 12.346
+    assert "inflight_seconds" not in wire["replicas"]["y"]
+    assert UsageReport.from_dict(wire).replicas["x"].inflight_seconds == 12.346
+    old = UsageReport.from_dict({"router": "r", "version": 1, "replicas": {"x": {"idle_seconds": 1, "inflight": 1}}})
+    assert old.replicas["x"].inflight_seconds is None
+    from llmgwctl.contracts import UsageError
+    for bad in (-1, "3", True, float("nan")):
+        with pytest.raises(UsageError):
+            UsageReport.from_dict({"router": "r", "version": 1,
+                                   "replicas": {"x": {"idle_seconds": 1, "inflight": 1, "inflight_seconds": bad}}})
+
+
+def test_the_board_adds_up_in_flight_counters_without_jumps_as_routers_come_and_go():
+    class Local:
+        busy = {"a": 5.0}
+
+        def usage_snapshot(self):
+            return {"a": (1.0, 1)}
+
+        def inflight_seconds(self):
+            return dict(self.busy)
+
+    def report(router, **replicas):
+        board.report({"router": router, "version": 1, "replicas": {
+            rid: {"idle_seconds": 0, "inflight": n, **({"inflight_seconds": c} if c is not None else {})}
+            for rid, (n, c) in replicas.items()}})
+
+    clock = FakeClock(100.0)
+    local = Local()
+    board = UsageBoard(local, version=lambda: 1, clock=clock)
+    assert board.inflight_seconds() == {"a": 5.0}
+    report("s", a=(1, 1000.0))              # a router that ran long before: its first report adds nothing
+    assert board.inflight_seconds() == {"a": 5.0}
+    clock.advance(2)
+    local.busy = {"a": 7.0}
+    report("s", a=(1, 1003.0), b=(2, 40.0))  # grew by 3; b is new to the board: nothing yet
+    assert board.inflight_seconds() == {"a": 10.0, "b": 0.0}
+    report("old", a=(2, None))              # a router from before the counter: its samples, held
+    clock.advance(2)
+    report("old", a=(4, None))
+    assert board.inflight_seconds()["a"] == 7.0 + 3.0 + 4 * 2
+    clock.advance(7)                        # both routers go silent: what they added stays
+    assert board.inflight_seconds() == {"a": 18.0}, "no drop when a router goes stale; b is no longer listed"
+
+
+def test_a_local_source_without_counters_is_integrated_from_its_samples():
+    class Local:
+        n = 2
+
+        def usage_snapshot(self):
+            return {"a": (1.0, self.n)}
+
+    clock = FakeClock(100.0)
+    local = Local()
+    board = UsageBoard(local, clock=clock)
+    assert board.inflight_seconds() == {"a": 0.0}
+    clock.advance(1.5)
+    local.n = 0
+    assert board.inflight_seconds() == {"a": 3.0}
+    clock.advance(1.0)
+    assert board.inflight_seconds() == {"a": 3.0}
+
+
+def test_a_time_averaged_load_is_the_signal_and_weighs_what_it_spans():
+    # 6 request-seconds over 1.5 s: 4 in flight on average, whatever a sample would have caught.
+    assert signal("inflight", ["a"], 0, {"a": 0}, {}, (6.0, 1.5)) == Signal(4.0, 1, 0, span=1.5)
+    assert signal("inflight", ["a"], 0, {"a": 3}, {}, None).load == 3.0, "no counters: the sample"
+    s = Autoscaler()
+    policy = Autoscale(target=4, tolerance=0).policy()
+    s.decide(policy, 0.0, 1, Signal(2.0, 1, span=1.9), 1, 10)
+    # A woken pass 0.1 s later with a burst: it weighs 0.1 s of the mean, not half of it.
+    d = s.decide(policy, 0.1, 1, Signal(40.0, 1, span=0.1), 1, 10)
+    assert d.load == pytest.approx((2.0 * 1.9 + 40.0 * 0.1) / 2.0) and d.wanted == 1
+
+
+def test_the_reconciler_scales_on_the_routers_counters_when_it_has_them():
+    class Counters:
+        busy: dict = {}
+
+        def inflight_seconds(self):
+            return dict(self.busy)
+
+    w = World(scaled(max_=2), settle=0)     # max 2: the step's size is another test's (the growth)
+    w.rec.concurrency = counters = Counters()
+    w.report("n1")
+    converge(w)
+    (rid,) = [r.spec.id for r in w.rec.replicas.values()]
+    total = 0.0
+    for _ in range(4):
+        # Every pass the router's sample says 0 in flight (it read between
+        # requests), but its counter grew by 7 request-seconds a second.
+        load_on(w, 0)
+        total += 7.0
+        counters.busy = {rid: total}
+        w.step()
+    assert count(w) == 2
+    (event,) = [e for e in w.rec.events if e.kind == "scale-up"]
+    assert "inflight 7 on 1 ready replica" in event.message
+
+
 # --- the reconciler following the policy --------------------------------------------
 
 def scaled(max_=8, **policy):
@@ -223,6 +388,11 @@ def under(world, per_replica, passes=3):
         world.step()
 
 
+def level_only(world):
+    """Forget the measured cold start: steps are sized for the load as it is (the growth has its own tests)."""
+    world.rec._scale["a"].cold_start = 0.0
+
+
 def count(world):
     return len([r for r in world.rec.replicas.values() if r.state not in ("draining", "stopping")])
 
@@ -231,6 +401,7 @@ def test_load_scales_a_model_up_to_what_it_needs_and_starting_replicas_ask_for_n
     w = World(scaled(), settle=0)
     w.report("n1")
     converge(w)
+    level_only(w)
     assert count(w) == 1
     under(w, 7)                             # 7 in flight, target 4: needs 2 (normal path, 1.75x)
     assert count(w) == 2 and w.rec._scale["a"].wanted == 2
@@ -244,6 +415,7 @@ def test_load_scales_a_model_up_to_what_it_needs_and_starting_replicas_ask_for_n
     assert count(w) == 3, "a slow cold start must not trigger more and more replicas"
     w.agent_follows("n1")                   # the second replica is ready now
     for _ in range(5):                      # 14 in flight over the ready replicas: needs 4
+        level_only(w)                       # (the starts that end are timed)
         load_total(w, 14)
         w.step()
         w.agent_follows("n1")
@@ -256,6 +428,7 @@ def test_while_a_step_starts_a_load_a_whole_step_larger_steps_again():
     w = World(scaled(), settle=0)
     w.report("n1")
     converge(w)
+    level_only(w)
     under(w, 7)
     assert count(w) == 2
     under(w, 15)                            # needs 4: two more than the 2 wanted, max_step 2
@@ -266,6 +439,7 @@ def test_far_above_target_the_fast_path_goes_straight_to_the_count():
     w = World(scaled(max_step=1), settle=0)
     w.report("n1")
     converge(w)
+    level_only(w)
     under(w, 0)
     under(w, 24, passes=1)                  # the mean of 0, 0, 24 is 8 on one replica: needs 2, 2x the target
     assert count(w) == 2

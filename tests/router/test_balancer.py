@@ -223,3 +223,27 @@ def test_endpoint_dict_round_trip():
     assert Endpoint.from_dict(e.to_dict()) == e
     with pytest.raises(ValueError, match="missing field 'url'"):
         Endpoint.from_dict({"replica_id": "x", "model": "m"})
+
+
+def test_in_flight_is_integrated_over_time_for_the_autoscaler():
+    """inflight_seconds: each request counted for as long as it is in flight, whatever a sample would catch."""
+    b, clock = make(ep("a"), ep("b"))
+    a = state(b, "a")
+    b.started(a)
+    clock.advance(0.5)
+    b.started(a)                    # two in flight from 0.5 s
+    clock.advance(0.25)
+    b.finished(a)
+    b.finished(a)                   # none from 0.75 s: a sample now says 0
+    clock.advance(1.0)
+    assert b.inflight_seconds() == {"a": pytest.approx(0.5 + 2 * 0.25), "b": 0.0}
+    b.started(a)
+    clock.advance(2.0)              # still running: the counter runs up to now
+    assert b.inflight_seconds()["a"] == pytest.approx(3.0)
+    # Withdrawn while the request runs: still counted until it ends, as the drain sees it.
+    b.set_endpoints([ep("b")])
+    clock.advance(1.0)
+    assert b.inflight_seconds()["a"] == pytest.approx(4.0)
+    b.finished(a)
+    b.usage_snapshot()              # the snapshot lets a finished withdrawn endpoint go
+    assert "a" not in b.inflight_seconds()
