@@ -29,10 +29,12 @@ models:
 
 
 def comparable(status: dict) -> dict:
-    """The status minus what moves by itself (events, counters, timings, in-flight requests)."""
+    """The status minus what moves by itself (events, counters, timings, in-flight requests, the load they make)."""
     return {
         "catalog": status["catalog"]["version"],
-        "models": status["models"],
+        # The autoscaler's load is a time-averaged in-flight count: under the test's load it moves.
+        "models": [{**m, "autoscale": {k: v for k, v in m["autoscale"].items() if k not in ("load", "needed")}}
+                   for m in status["models"]],
         "replicas": [{k: v for k, v in r.items() if k not in ("inflight", "idle_seconds", "adopted")}
                      for r in status["replicas"]],
         "nodes": [{k: v for k, v in n.items() if k not in ("last_seen_seconds", "reports")} for n in status["nodes"]],
