@@ -24,6 +24,14 @@ minimum of one replica of 8 GPUs:
   drain pass     those victims leaving (draining) -> no further stop: the
                  preemptors wait for the room already coming free
 
+Then one model wanting 1,000 replicas at once on the empty 5,000-node fleet
+(a rolling change or a scale-up of one big model), once taking whole GPUs and
+once sharing them by memory: every replica placed lands beside the ones before
+it in the index, so this is where a pick that walks past the model's own
+nodes costs most.
+
+  one model pass   empty fleet -> 1,000 replicas of one model placed
+
     python bench/placement.py [--repeat 5] [--seed 1]
 
 The whole run takes well under two minutes on a 2-core machine (the scan
@@ -103,6 +111,8 @@ def reported(nodes: list[NodeView], running: list[Running]) -> list[NodeView]:
 
 
 PREEMPTORS = 100
+# A big rolling change: the fleet bench's is 1,000 replicas of one model.
+ONE_MODEL_REPLICAS = 1000
 
 
 def preemption_case(n_nodes: int, rng: random.Random):
@@ -231,6 +241,21 @@ def main() -> int:
           f"| {preempt_s * 1000:,.1f} ms |")
     print(f"| drain pass (victims leaving) | {len(cat):,} | {len(running):,} | {PREEMPTORS} waiting | 0 more "
           f"| {drain_s * 1000:,.1f} ms |")
+    rng = random.Random(args.seed)
+    nodes = fleet(5000, rng)
+    print(f"\n| one model, {len(nodes):,} nodes x {GPUS_PER_NODE} GPUs (empty) | replicas | placed | pass "
+          "| per replica |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for label, memory in (("whole GPU each", None), ("20 GiB of a GPU each", 20 * 1024)):
+        cat = Catalog([Model("big", (Profile("main", "vllm", gpus=1, gpu_memory_mib=memory),), source="org/big",
+                             replicas=Replicas(1, ONE_MODEL_REPLICAS))])
+        wanted = {"big": ONE_MODEL_REPLICAS}
+        one_s, plan = timed(lambda cat=cat, wanted=wanted: place(cat, nodes, [], wanted), args.repeat)
+        if len(plan.start) != ONE_MODEL_REPLICAS:
+            print(f"BUG: {len(plan.start)} of {ONE_MODEL_REPLICAS} replicas of one model placed", file=sys.stderr)
+            return 1
+        print(f"| {label} | {ONE_MODEL_REPLICAS:,} | {len(plan.start):,} | {one_s * 1000:,.1f} ms "
+              f"| {one_s / ONE_MODEL_REPLICAS * 1e6:,.1f} µs |")
     print(f"\nwhole run: {time.perf_counter() - began:.1f} s (python {sys.version.split()[0]})")
     return 0
 

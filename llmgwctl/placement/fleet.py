@@ -47,6 +47,14 @@ The indexes:
   memory index the same lazy way.
 - If a (pool, engine, gpus, memory) asked for finds no node, no later request
   in the pass can find one either; it is remembered as full.
+- Nodes already running the model being placed are *parked*: taken out of
+  the bucket heaps and memory indexes when a pick meets them, and kept aside
+  while the picks are for that same model. Spread only grows during a pass,
+  so a parked node stays one the model skips; without parking, every pick of
+  a model with many replicas walked past all of its own nodes again (1,000
+  replicas of one model: ~500,000 heap operations). When a pick is for
+  another model, the parked nodes it does not run on go back first (see
+  `Fleet._park_for`).
 
 It knows nodes, GPU counts and memory, nothing about models beyond the
 per-node replica counts the caller passes in for spreading.
@@ -71,13 +79,18 @@ MAX_REPLICAS_PER_NODE = 1000
 class _Group:
     """The schedulable nodes of one pool (or all pools) whose agents run one engine."""
 
-    __slots__ = ("members", "buckets", "counts", "by_memory")
+    __slots__ = ("members", "buckets", "counts", "by_memory", "parked_for", "parked_whole", "parked_memory")
 
     def __init__(self) -> None:
         self.members: set[str] = set()
         self.buckets: dict[int, list[str]] = {}   # whole-free GPUs -> heap of node names
         self.counts: list[int] = []                # sorted keys of `buckets`
         self.by_memory: dict[int, list[tuple[int, str]]] = {}   # g -> sorted (g-th largest budget, node)
+        # The spread (one model's replicas per node) whose nodes are parked, and
+        # the entries taken out for it: (bucket, node) and (g, key, node).
+        self.parked_for: Mapping[str, int] | None = None
+        self.parked_whole: list[tuple[int, str]] = []
+        self.parked_memory: list[tuple[int, int, str]] = []
 
     def push(self, name: str, free: int) -> None:
         heap = self.buckets.get(free)
@@ -195,7 +208,9 @@ class Fleet:
         name -> that model's replicas there) beats any node with one. Then
         best-fit: the fewest free GPUs (or the least memory budget) that still
         fit, so whole machines stay free for the models that need them. Then
-        the name, for determinism.
+        the name, for determinism. Calls passing the same `spread` mapping
+        must only ever add to it (as place() does, one per model): nodes it
+        names are kept aside for it between those calls (`_park_for`).
         """
         if (pool, engine, gpus, memory_mib) in self._full:
             return None
@@ -219,27 +234,23 @@ class Fleet:
         return best
 
     def _pick_whole(self, group: _Group, gpus: int, spread: Mapping[str, int]) -> str | None:
+        self._park_for(group, spread)
+        parked = group.parked_whole
         for free in group.counts[bisect.bisect_left(group.counts, gpus):]:
             heap = group.buckets[free]
-            skipped: list[str] = []
-            found = None
             while heap:
                 name = heap[0]
                 if len(self.free[name]) != free or self.slots[name] <= 0:
                     heapq.heappop(heap)        # it moved to a smaller bucket, or is full for this pass
                 elif spread.get(name):
-                    skipped.append(heapq.heappop(heap))
+                    parked.append((free, heapq.heappop(heap)))   # runs the model already: aside until another model picks
                 else:
-                    found = name
-                    break
-            for name in skipped:
-                heapq.heappush(heap, name)
-            if found is not None:
-                return found
+                    return name
         return None
 
     def _pick_memory(self, group: _Group, gpus: int, memory_mib: int, spread: Mapping[str, int]) -> str | None:
         index = self._memory_index(group, gpus)
+        self._park_for(group, spread)
         i = bisect.bisect_left(index, (memory_mib, ""))
         while i < len(index):
             key, name = index[i]
@@ -248,10 +259,47 @@ class Fleet:
             elif self.kth_budget(name, gpus) != key:
                 del index[i]                   # its budget fell; its current entry is further left
             elif spread.get(name):
-                i += 1
+                del index[i]                   # runs the model already: aside until another model picks
+                group.parked_memory.append((gpus, key, name))
             else:
                 return name
         return None
+
+    def _park_for(self, group: _Group, spread: Mapping[str, int]) -> None:
+        """Make the group's parked entries those of `spread`: another model's go back first, unless `spread` holds them too.
+
+        Keyed by the spread mapping itself: place() keeps one per model for
+        the whole pass and only ever adds to it, so an entry parked for it is
+        still one its picks skip. Another model may want those nodes, so on a
+        switch they go back -- all but those the new model runs on as well,
+        which its picks would only park again. place() goes round-robin over
+        the models short at one priority, so two models short of many switch
+        on every pick; they mostly pack onto the same nodes (best-fit), and
+        keeping those parked makes a switch one lookup per parked node where
+        a pick used to cost a heap pop and push each. When one model is short
+        of many (a rolling change, a scale-up), the others are done after
+        their first rounds and its picks run back to back, each parking only
+        the node the one before it took. Entries gone stale while parked (the
+        count or budget fell, the slots ran out) are dropped, not put back:
+        the node's current entry is already elsewhere, or it has no room.
+        """
+        if group.parked_for is spread:
+            return
+        whole: list[tuple[int, str]] = []
+        for entry in group.parked_whole:
+            count, name = entry
+            if spread.get(name):
+                whole.append(entry)
+            elif len(self.free[name]) == count and self.slots[name] > 0:
+                heapq.heappush(group.buckets[count], name)
+        memory: list[tuple[int, int, str]] = []
+        for item in group.parked_memory:
+            gpus, key, name = item
+            if spread.get(name):
+                memory.append(item)
+            elif self.slots[name] > 0 and self.kth_budget(name, gpus) == key:
+                bisect.insort(group.by_memory[gpus], (key, name))
+        group.parked_whole, group.parked_memory, group.parked_for = whole, memory, spread
 
     def take(self, name: str, gpus: int, memory_mib: int = 0) -> tuple[int, ...]:
         """Take room for one replica on `name` and return its GPU indices.
