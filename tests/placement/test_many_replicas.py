@@ -18,70 +18,82 @@ from llmgwctl.placement import place
 from .helpers import memory_node, node, replica
 
 
-def whole_reference(nodes, running, wanted, models):
-    """(model, node, gpus) per start, for whole-GPU profiles, round-robin over `models` as place() does."""
-    free = {n.name: [g for g in n.gpus if not any(r.node == n.name and g in r.gpu_indices for r in running)]
-            for n in nodes}
-    spread = {m.name: defaultdict(int) for m in models}
-    for r in running:
-        if r.model in spread:
-            spread[r.model][r.node] += 1
+def _round_robin(models, wanted, spread, pick):
+    """(model, node, gpus) per start: one replica per model in turn, as place() goes round the models.
+
+    `pick(model, spread)` takes the room for one replica of `model` and
+    returns (node, gpus), or None when nothing fits it any more.
+    """
     missing = {m.name: wanted[m.name] - sum(spread[m.name].values()) for m in models}
     out = []
     while any(missing.values()):
         for m in models:
             if not missing[m.name]:
                 continue
-            p = m.profiles[0]
-            fits = [n.name for n in nodes if n.schedulable and len(free[n.name]) >= p.gpus]
-            if not fits:
+            found = pick(m, spread[m.name])
+            if found is None:
                 missing[m.name] = 0
                 continue
-            best = min(fits, key=lambda n: (spread[m.name][n], len(free[n]), n))
-            room = free[best]
-            chosen = next((room[i:i + p.gpus] for i in range(len(room) - p.gpus + 1)
-                           if room[i + p.gpus - 1] - room[i] == p.gpus - 1), room[:p.gpus])
-            free[best] = [g for g in room if g not in chosen]
+            best, chosen = found
             spread[m.name][best] += 1
             missing[m.name] -= 1
             out.append((m.name, best, tuple(chosen)))
     return out
 
 
+def _spread(running, models):
+    spread = {m.name: defaultdict(int) for m in models}
+    for r in running:
+        if r.model in spread:
+            spread[r.model][r.node] += 1
+    return spread
+
+
+def whole_reference(nodes, running, wanted, models):
+    """(model, node, gpus) per start, for whole-GPU profiles: fewest of the model's replicas, then best fit."""
+    free = {n.name: [g for g in n.gpus if not any(r.node == n.name and g in r.gpu_indices for r in running)]
+            for n in nodes}
+
+    def pick(m, spread):
+        p = m.profiles[0]
+        fits = [n.name for n in nodes if n.schedulable and len(free[n.name]) >= p.gpus]
+        if not fits:
+            return None
+        best = min(fits, key=lambda n: (spread[n], len(free[n]), n))
+        room = free[best]
+        chosen = next((room[i:i + p.gpus] for i in range(len(room) - p.gpus + 1)
+                       if room[i + p.gpus - 1] - room[i] == p.gpus - 1), room[:p.gpus])
+        free[best] = [g for g in room if g not in chosen]
+        return best, chosen
+
+    return _round_robin(models, wanted, _spread(running, models), pick)
+
+
 def memory_reference(nodes, running, wanted, models):
-    """(model, node, gpus) per start for one-profile memory models, round-robin over `models`.
+    """(model, node, gpus) per start for one-profile memory models.
 
     The nodes report every GPU free (nothing has allocated yet), so a GPU's
     budget is its total less what the replicas on it declared.
     """
     budget = {n.name: {g: t for g, (t, _) in n.memory.items()} for n in nodes}
-    spread = {m.name: defaultdict(int) for m in models}
     for r in running:
         for g in r.gpu_indices:
             budget[r.node][g] -= r.memory_mib
-        if r.model in spread:
-            spread[r.model][r.node] += 1
-    missing = {m.name: wanted[m.name] - sum(spread[m.name].values()) for m in models}
-    out = []
-    while any(missing.values()):
-        for m in models:
-            if not missing[m.name]:
-                continue
-            p = m.profiles[0]
-            kth = {n: sorted(b.values(), reverse=True)[p.gpus - 1] for n, b in budget.items()}
-            fits = [n for n in budget if kth[n] >= p.gpu_memory_mib]
-            if not fits:
-                missing[m.name] = 0
-                continue
-            best = min(fits, key=lambda n: (spread[m.name][n], kth[n], n))
-            room = sorted((b, i) for i, b in budget[best].items() if b >= p.gpu_memory_mib)
-            chosen = sorted(i for _, i in room[:p.gpus])
-            for i in chosen:
-                budget[best][i] -= p.gpu_memory_mib
-            spread[m.name][best] += 1
-            missing[m.name] -= 1
-            out.append((m.name, best, tuple(chosen)))
-    return out
+
+    def pick(m, spread):
+        p = m.profiles[0]
+        kth = {n: sorted(b.values(), reverse=True)[p.gpus - 1] for n, b in budget.items()}
+        fits = [n for n in budget if kth[n] >= p.gpu_memory_mib]
+        if not fits:
+            return None
+        best = min(fits, key=lambda n: (spread[n], kth[n], n))
+        room = sorted((b, i) for i, b in budget[best].items() if b >= p.gpu_memory_mib)
+        chosen = sorted(i for _, i in room[:p.gpus])
+        for i in chosen:
+            budget[best][i] -= p.gpu_memory_mib
+        return best, chosen
+
+    return _round_robin(models, wanted, _spread(running, models), pick)
 
 
 def starts(plan):
