@@ -42,6 +42,11 @@ from .spec import LoadReading
 # The most a gauge may say on the wire: past a million requests or a KV use
 # past 1 a reading is broken, and a bound keeps sums over a fleet finite.
 MAX_GAUGE = 1e6
+# The most a router's in-flight counter may say: MAX_GAUGE requests in flight
+# for ten years. A bigger one is broken or hostile, and a bound keeps the
+# board's sums and the reconciler's differences finite (1e308 twice is inf,
+# and inf - inf a NaN that made every pass raise).
+MAX_COUNTER = MAX_GAUGE * 86400 * 3650
 
 
 class Usage(NamedTuple):
@@ -140,11 +145,14 @@ class UsageReport:
                 inflight = int(entry.get("inflight") or 0)
                 if inflight < 0 or (idle is not None and float(idle) < 0):
                     raise ValueError(f"{rid}: negative idle_seconds or inflight")
+                # Past these a number is broken, and sums of it overflow the reconciler's arithmetic.
+                if inflight > MAX_GAUGE or (idle is not None and not math.isfinite(float(idle))):
+                    raise ValueError(f"{rid}: inflight must be at most {MAX_GAUGE:.0f} and idle_seconds finite")
                 replicas[str(rid)] = ReportedUsage(None if idle is None else float(idle), inflight,
                                                    _load_from(rid, entry.get("load")),
                                                    _counter_from(rid, entry.get("inflight_seconds")))
             version = int(body.get("version") or 0)
-        except (AttributeError, TypeError, ValueError) as exc:
+        except (AttributeError, TypeError, ValueError, OverflowError) as exc:   # OverflowError: int(1e400)
             raise UsageError(f"bad usage entry: {exc}") from None
         return cls(body["router"], version, MappingProxyType(replicas))
 
@@ -153,8 +161,8 @@ def _counter_from(rid: str, raw: Any) -> float | None:
     """A reported in-flight counter; ValueError when it is not a finite non-negative number."""
     if raw is None:
         return None
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not (math.isfinite(raw) and raw >= 0):
-        raise ValueError(f"{rid}: inflight_seconds must be a finite number >= 0, not {raw!r}")
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not (math.isfinite(raw) and 0 <= raw <= MAX_COUNTER):
+        raise ValueError(f"{rid}: inflight_seconds must be a number from 0 to {MAX_COUNTER:.3g}, not {raw!r}")
     return float(raw)
 
 

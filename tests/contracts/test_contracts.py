@@ -111,7 +111,13 @@ def test_usage_reports_travel_as_idle_seconds_and_land_on_the_receivers_clock():
 
 @pytest.mark.parametrize("body", [None, {"router": 1, "replicas": {}}, {"router": "a", "replicas": []},
                                   {"router": "a", "replicas": {"r": {"idle_seconds": -1}}},
-                                  {"router": "a", "replicas": {"r": 3}}])
+                                  {"router": "a", "replicas": {"r": 3}},
+                                  # Numbers past any real reading: sums of them overflowed the reconciler's pass.
+                                  {"router": "a", "replicas": {"r": {"inflight": 1e400}}},
+                                  {"router": "a", "replicas": {"r": {"inflight": 10 ** 300}}},
+                                  {"router": "a", "replicas": {"r": {"idle_seconds": float("inf")}}},
+                                  {"router": "a", "replicas": {"r": {"inflight_seconds": 1e308}}},
+                                  {"router": "a", "replicas": {"r": {"inflight_seconds": float("nan")}}}])
 def test_malformed_usage_reports_are_usage_errors(body):
     with pytest.raises(UsageError):
         UsageReport.from_dict(body)
