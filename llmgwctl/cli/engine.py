@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -53,21 +54,14 @@ def command() -> None:
 @click.option("--batch-slowdown", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Share of a decode step each further running request adds (0.1: a batch of 11 is half speed).")
 # -- end of the cache and cost model options --
-def fake(model: str, port: int, host: str, replica_id: str, startup_delay: float, tokens_per_second: float,
-         ttft: float, max_num_seqs: int, fail_rate: float, default_max_tokens: int, embedding_dim: int,
-         crash_after: float | None, crash_code: int, log_requests: bool,
-         prefix_cache_tokens: int, block_size: int, prefill_time_per_token: float, decode_time_per_token: float,
-         batch_slowdown: float) -> None:
+def fake(**options: Any) -> None:
     """Serve a fake vLLM: OpenAI routes, /health, /metrics, no GPU."""
     from ..engines.fake_server import FakeConfig, run
 
-    config = FakeConfig(model=model, host=host, port=port, replica_id=replica_id, startup_delay=startup_delay,
-                        tokens_per_second=tokens_per_second, ttft=ttft, max_num_seqs=max_num_seqs,
-                        fail_rate=fail_rate, default_max_tokens=default_max_tokens, embedding_dim=embedding_dim,
-                        crash_after=crash_after, crash_code=crash_code, log_requests=log_requests,
-                        prefix_cache_tokens=prefix_cache_tokens, block_size=block_size,
-                        prefill_time_per_token=prefill_time_per_token, decode_time_per_token=decode_time_per_token,
-                        batch_slowdown=batch_slowdown)
+    # Each option is named as the FakeConfig field it sets: one list (the
+    # decorators above), not three that must agree (options, parameters, fields).
+    config = FakeConfig(**options)
+    model, host, port = config.model, config.host, config.port
 
     def announce(bound: int) -> None:
         # One line a parent process can read to learn the port when it asked for 0.
