@@ -377,8 +377,15 @@ class RouterProcess:
             if proc.returncode is None:
                 proc.terminate()
             try:
+                # Read to the end: the child's last line has its final count of failed
+                # watches, and a child blocked on a full pipe could not exit at all.
+                rest = await asyncio.wait_for(proc.stdout.read(), 10)
+                for line in rest.splitlines()[-1:]:
+                    doc = json.loads(line)
+                    if isinstance(doc, dict):
+                        self.watch_errors = doc["watch_errors"]
                 await asyncio.wait_for(proc.wait(), 10)
-            except asyncio.TimeoutError:
+            except (asyncio.TimeoutError, ValueError):
                 proc.kill()
                 await proc.wait()
 
