@@ -95,8 +95,11 @@ def _endpoint(r: dict) -> Endpoint:
 
 
 def run(seed: int, cold: float, signal: str, plan: bool, target: float = TARGET, pick: str = "code",
-        routers: int = 1) -> tuple[float, float, int, float | None]:
-    """(hold TTFT p99, replica-seconds / the fixed-at-max fleet's, flaps, needed count after the ramp) of one seed."""
+        routers: int = 1, trace: dict | None = None) -> tuple[float, float, int, float | None]:
+    """(hold TTFT p99, replica-seconds / the fixed-at-max fleet's, flaps, needed count after the ramp) of one seed.
+
+    `trace`, when given, gets every request's (arrival, TTFT), the replicas and the wanted count over time.
+    """
     args = types.SimpleNamespace(base=15, ramp=10, hold=30, tail=35, base_rate=1.0, factor=10.0, seed=seed,
                                  max_requests=1000)
     bounds = bench.phase_bounds(args)
@@ -205,6 +208,8 @@ def run(seed: int, cold: float, signal: str, plan: bool, target: float = TARGET,
                 if r["inflight"] == 0:
                     r["gone"] = now
             held_at.append(sum(1 for r in replicas if r["gone"] is None))
+    if trace is not None:
+        trace.update(ttfts=ttfts, replicas=replicas, wanted=wanted_at, bounds=bounds)
     hold = [x for a, x in ttfts if bounds[2][1] <= a < bounds[2][2]]
     # Ready as status counts it: from ready_at until drained. The first time
     # from the ramp's start with the needed count ready, as the bench reads it.
