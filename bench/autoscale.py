@@ -276,6 +276,11 @@ def main() -> None:
         [sys.executable, "-m", "llmgwctl", "serve", "--catalogs", str(tmp / "catalogs"),
          "--listen", f"127.0.0.1:{router_port}", "--control", f"127.0.0.1:{control_port}",
          "--state-dir", str(tmp / "state"), "--ports", f"{base}-{base + 99}", "--gpus", "none", "--settle", "1"],
+        # `python -m` puts the working directory first on sys.path, ahead of
+        # PYTHONPATH: run from the tree this bench is in, so it measures that
+        # tree's llmgwctl wherever it is started from (a snapshot's bench run
+        # from a worktree ran the worktree's code).
+        cwd=Path(__file__).resolve().parent.parent,
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_ready(control, {"auto": args.min, "fixed-max": args.max, "fixed-min": args.min}, proc)

@@ -11,10 +11,12 @@ The pick, for one model:
 
 1. Tiers are the model's endpoints grouped by priority, highest first. The
    first tier with an endpoint that has capacity is used; an endpoint lacks
-   capacity when its engine reports requests waiting (every slot is taken) or
-   its KV cache nearly full. If no tier has capacity, the highest tier with a
-   usable endpoint takes the request and it queues at that engine, which is
-   where the best profile's queue belongs.
+   capacity when its load as this router counts it now (its own in-flight
+   requests, immediate, plus other routers' share from the last reading)
+   reaches the count its engine was last seen full at (requests waiting: every
+   slot taken; or its KV cache nearly full). If no tier has capacity, the
+   highest tier with a usable endpoint takes the request and it queues at
+   that engine, which is where the best profile's queue belongs.
 2. Within the tier: two endpoints drawn at random, the one with less load per
    unit of weight wins (power of two choices). Where weights differ the two
    are drawn by weight and a tie goes to the first drawn, so idle endpoints
@@ -47,7 +49,7 @@ class EndpointState:
     """What the router knows about one endpoint right now. Mutated only on the event loop."""
 
     __slots__ = ("endpoint", "replica_id", "weight", "inflight", "last_used",
-                 "load", "load_at", "ejected_until", "failures", "busy", "busy_at")
+                 "load", "load_at", "others", "full_at", "ejected_until", "failures", "busy", "busy_at")
 
     def __init__(self, endpoint: Endpoint, last_used: float | None = None, now: float = 0.0):
         self.endpoint = endpoint
@@ -61,6 +63,12 @@ class EndpointState:
         self.busy_at = now
         self.load: LoadReading | None = None
         self.load_at = float("-inf")
+        # What the latest reading says beyond this router's own count: the
+        # requests the engine held that this router did not send (other
+        # routers'), and the count at which it was last seen full (its slots,
+        # or its KV cache); None when no reading has shown it full.
+        self.others = 0.0
+        self.full_at: float | None = None
         self.ejected_until = float("-inf")
         self.failures = 0
 
@@ -179,11 +187,35 @@ class Balancer:
         profiles = self._profiles.get(model)
         return profiles is not None and profile in profiles
 
-    def record(self, state: EndpointState, reading: LoadReading | None) -> None:
-        """Store a poll result; None (no reading, or the poll failed) keeps the old one ageing into unknown."""
-        if reading is not None:
-            state.load = reading
-            state.load_at = self._clock()
+    def record(self, state: EndpointState, reading: LoadReading | None, sent_inflight: int | None = None) -> None:
+        """Store a poll result; None (no reading, or the poll failed) keeps the old one ageing into unknown.
+
+        `sent_inflight` is this router's in-flight count when the poll was
+        sent. The reading is kept as two things the pick adds to its own
+        count, which is always current (a reading is up to a poll old, and at
+        a second a poll a request of half a second has come and gone):
+
+        - `others`: what the engine held beyond this router's requests. Of
+          our own count, the larger of then and now: requests started while
+          the poll was in flight may not have reached the engine, ones that
+          finished may still be in its gauges; either way the engine's
+          figure minus ours errs low, so one router alone sees ~0 and many
+          routers see each other's traffic as before.
+        - `full_at`: when the engine queues (waiting > 0) or its KV cache is
+          nearly full, the count it held running then: its capacity. It is
+          kept across readings (a batch limit does not move) until one shows
+          more running with nothing queued.
+        """
+        if reading is None:
+            return
+        state.load = reading
+        state.load_at = self._clock()
+        ours = state.inflight if sent_inflight is None else max(sent_inflight, state.inflight)
+        state.others = max(0.0, reading.running + reading.waiting - ours)
+        if reading.waiting > 0 or (reading.kv_cache is not None and reading.kv_cache >= KV_FULL):
+            state.full_at = reading.running
+        elif state.full_at is not None and reading.running >= state.full_at:
+            state.full_at = None
 
     # -- the hot path ------------------------------------------------------------
 
@@ -210,10 +242,16 @@ class Balancer:
         return min(rest, key=lambda st: st.ejected_until) if rest else None
 
     def _has_room(self, st: EndpointState, now: float) -> bool:
-        load = st.load
-        if load is None or now - st.load_at > self.stale_after:
-            return True     # unknown: nothing says it is full
-        return load.waiting <= 0 and (load.kv_cache is None or load.kv_cache < KV_FULL)
+        """Whether a request sent now would find a free slot: the load as `busy` counts it, below the
+        count the engine was last seen full at. A reading that showed it full stops counting as
+        full as soon as this router's own requests on it have finished, not a poll later."""
+        full_at = st.full_at
+        if full_at is None:
+            return True     # never seen full: nothing says it is
+        if now - st.load_at > self.stale_after:
+            # Unknown: only our own count, which is never stale, can say it is full.
+            return st.inflight < full_at
+        return st.inflight + st.others < full_at
 
     def score(self, st: EndpointState, now: float) -> float:
         """Load per unit of weight; lower is better."""
@@ -221,19 +259,18 @@ class Balancer:
 
     def busy(self, st: EndpointState, now: float) -> float:
         """The endpoint's load in requests, before weighting."""
-        load = st.load
-        if load is None or now - st.load_at > self.stale_after:
+        if st.load is None or now - st.load_at > self.stale_after:
             # Unknown is not idle: count one request more than we know of, so a
             # peer known to be idle wins a tie but this one still takes traffic
             # when its peers are busy. An engine without metrics is not stale.
-            busy: float = st.inflight + (0 if st.endpoint.metrics_path is None else 1)
-        else:
-            # Our in-flight count and the engine's running gauge see the same
-            # requests from two sides: ours is immediate, the engine's lags one
-            # poll but includes other routers' traffic. Take the larger, add the
-            # engine's queue, and scale up as its KV cache fills.
-            busy = (max(st.inflight, load.running) + load.waiting) * (1.0 + (load.kv_cache or 0.0))
-        return busy
+            return st.inflight + (0 if st.endpoint.metrics_path is None else 1)
+        # Our in-flight count is immediate; the engine's gauges lag a poll but
+        # include other routers' traffic (`others`, see `record`). The KV
+        # cache's fill says when the engine is full (`_has_room`), not how
+        # loaded: weighing the load by a poll-old fill (as this once did) sent
+        # every router to the replicas that happened to be idle at the last
+        # poll (bench/README.md, "Fifth pass").
+        return st.inflight + st.others
 
     def two_choices(self, cands: list[EndpointState], now: float) -> EndpointState:
         """Least-load's pick among `cands`, for a chooser that has no better idea."""

@@ -58,6 +58,7 @@ class LoadPoller:
         ep = st.endpoint
         if ep.metrics_path is None:
             return      # poll_once passes only endpoints with one; an engine without metrics is not polled
+        sent = st.inflight      # ours when the engine counted: the balancer subtracts it (Balancer.record)
         try:
             async with self._session.get(ep.url + ep.metrics_path, timeout=self._timeout) as resp:
                 if resp.status != 200:
@@ -70,7 +71,7 @@ class LoadPoller:
         except Exception:   # an adapter bug must not stop polling the other endpoints
             log.exception("reading %s metrics from %s", ep.engine, ep.url)
             return
-        self._balancer.record(st, reading)
+        self._balancer.record(st, reading, sent)
 
     async def run(self) -> None:
         while True:

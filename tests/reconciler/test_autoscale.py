@@ -79,6 +79,52 @@ def test_the_growth_never_starts_a_step_and_a_flat_or_falling_load_plans_nothing
     assert d.needed == 2 and "growing" not in d.reason
 
 
+def test_a_ramp_that_grows_while_a_step_starts_extends_the_step_before_the_level_would():
+    """Flat when the level stepped (no growth to size it by), then growing: a step is extended while it starts."""
+    policy = Autoscale(target=1.5, scale_down_window=20, tolerance=0.1).policy()
+
+    def steps(starting_until_ready: bool) -> list[tuple[int, int]]:
+        s, current, out = Autoscaler(), 1, []
+        for t in range(10):
+            load = 1.8 if t < 5 else 1.8 + 0.4 * (t - 4)
+            # The one replica it started with is ready; the others are starting (or, to compare, ready).
+            sig = Signal(load, 1 if starting_until_ready else current, current - 1 if starting_until_ready else 0,
+                         span=1.0)
+            d = s.decide(policy, float(t), current, sig, 1, 10, cold_start=4)
+            if d.wanted != current:
+                out.append((t, d.wanted))
+            current = d.wanted
+        return out
+
+    # 1.8 on one replica: the level's step to 2, sized for no growth. From t=5 the load grows 0.4/s;
+    # at t=7 the 2 s mean is 2.8 and the fitted growth 0.16/s: 3.6 a cold start from now, past 2 x 1.65.
+    assert steps(True) == [(0, 2), (7, 3), (9, 4)]
+    # The same loads with nothing starting: the growth starts no step; the level's comes at t=9
+    # (3.6 on 2, past the band), two passes later.
+    assert steps(False) == [(0, 2), (9, 4)]
+
+
+def test_a_step_in_progress_is_not_extended_on_a_flat_or_falling_load_or_after_a_jump():
+    policy = Autoscale(target=1.5, scale_down_window=20, tolerance=0.1).policy()
+    for loads in ([3.0] * 10, [3.0 - 0.1 * t for t in range(10)]):
+        s, current = Autoscaler(), 2
+        for t, load in enumerate(loads):
+            d = s.decide(policy, float(t), current, Signal(load, 1, current - 1, span=1.0), 1, 10, cold_start=4)
+            current = d.wanted
+        assert current == 2, loads
+    # A jump from 0.5 to 3 and flat after it: the level steps to 3 (its growth sized by the jump).
+    # The 2 s mean and the fitted slope go on rising for seconds after, but the load itself has
+    # not grown since the step was taken on it: nothing more.
+    s, current, steps = Autoscaler(), 1, []
+    for t in range(12):
+        d = s.decide(policy, float(t), current, Signal(0.5 if t < 4 else 3.0, 1, current - 1, span=1.0), 1, 10,
+                     cold_start=4)
+        if d.wanted != current:
+            steps.append((t, d.wanted))
+        current = d.wanted
+    assert steps == [(4, 3)]
+
+
 def test_the_reconciler_measures_each_models_cold_start_from_placement_to_ready():
     w = World(scaled(), settle=0)
     w.report("n1")

@@ -126,6 +126,90 @@ def test_stale_full_reading_no_longer_blocks_the_tier():
     assert set(counts(b, n=50)) == {"hi"}
 
 
+# -- the engine's gauges against the router's own count (a reading is up to a poll old) -------
+
+def test_a_full_reading_stops_blocking_once_our_own_requests_on_it_have_finished():
+    b, _ = make(ep("hi", priority=10), ep("lo", priority=1))
+    hi = state(b, "hi")
+    for _ in range(5):
+        b.started(hi)
+    b.record(hi, LoadReading(running=4, waiting=1, kv_cache=1.0))     # all five are ours
+    assert set(counts(b, n=50)) == {"lo"}
+    b.finished(hi)
+    b.finished(hi)
+    # 3 of its 4 slots are taken now, though the reading (fresh) still says one waits.
+    assert set(counts(b, n=50)) == {"hi"}
+
+
+def test_our_own_count_reaching_the_slots_seen_full_is_full_before_the_engine_says_so():
+    b, _ = make(ep("hi", priority=10), ep("lo", priority=1))
+    hi = state(b, "hi")
+    for _ in range(4):
+        b.started(hi)
+    b.record(hi, LoadReading(running=4, waiting=0, kv_cache=1.0))     # 4 slots, all taken
+    for _ in range(3):
+        b.finished(hi)
+    b.record(hi, LoadReading(running=1, waiting=0, kv_cache=0.25))
+    assert set(counts(b, n=50)) == {"hi"}
+    for _ in range(3):
+        b.started(hi)
+    # The last reading said 1 running and nothing waiting; we have just sent 3 more.
+    assert set(counts(b, n=50)) == {"lo"}
+
+
+def test_more_running_than_the_slots_seen_full_forgets_them():
+    b, _ = make(ep("hi", priority=10), ep("lo", priority=1))
+    hi = state(b, "hi")
+    b.record(hi, LoadReading(running=2, waiting=1))
+    assert set(counts(b, n=50)) == {"lo"}
+    b.record(hi, LoadReading(running=3, waiting=0))     # it held more than 2 after all
+    assert set(counts(b, n=50)) == {"hi"}
+
+
+def test_a_poll_old_count_of_requests_that_have_finished_is_not_load():
+    b, _ = make(ep("a"), ep("b"))
+    a = state(b, "a")
+    for _ in range(3):
+        b.started(a)
+    b.record(a, LoadReading(running=3, waiting=0, kv_cache=0.9))
+    b.record(state(b, "b"), LoadReading(running=0, waiting=0, kv_cache=0.0))
+    for _ in range(3):
+        b.finished(a)
+    b.started(state(b, "b"))
+    # a is idle now (its 3 were ours and are done), b has one: a wins every time.
+    assert counts(b) == {"a": 2000}
+
+
+def test_other_routers_requests_in_the_gauges_still_count():
+    b, _ = make(ep("a"), ep("b"))
+    a, bb = state(b, "a"), state(b, "b")
+    b.started(a)
+    b.record(a, LoadReading(running=4, waiting=2))      # 1 of ours, 5 of other routers'
+    b.started(bb)
+    b.started(bb)
+    b.record(bb, LoadReading(running=2, waiting=0))
+    assert counts(b) == {"b": 2000}
+    b.finished(a)
+    # Ours finished, the others' 5 are still what we know of: a is still full.
+    b.set_endpoints([ep("a", priority=10), ep("b")])
+    b.record(state(b, "a"), LoadReading(running=4, waiting=1))
+    assert set(counts(b, n=50)) == {"b"}
+
+
+def test_our_requests_that_finished_while_the_poll_was_out_are_not_taken_for_others():
+    b, _ = make(ep("a"), ep("b"))
+    a = state(b, "a")
+    b.started(a)
+    b.started(a)
+    sent = a.inflight
+    b.finished(a)
+    b.finished(a)
+    b.record(a, LoadReading(running=2, waiting=0), sent)     # the engine counted our 2
+    b.record(state(b, "b"), LoadReading(running=0, waiting=0))
+    b.started(state(b, "b"))
+    assert counts(b) == {"a": 2000}
+
+
 def test_endpoint_without_metrics_is_not_penalised_as_stale():
     b, _ = make(ep("a", metrics=None), ep("b"))
     b.record(state(b, "b"), LoadReading(running=0, waiting=0))
