@@ -373,20 +373,25 @@ class ControlAPI:
         which just reads the requests that came with it. A node whose list is
         not known yet is not answered early: its requests wait for the list.
         """
+        desired = self.c.desired
         asked = self.c.logs.asked(node)
-        if asked.is_set() and self.c.desired.get(node) is not None:
-            return self.c.desired.get(node)
-        poll = asyncio.ensure_future(self.c.desired.wait(node, after, timeout))
+        if asked.is_set() and desired.get(node) is not None:
+            return desired.get(node)
+        # The poll is this task itself, so a change resumes it in one step of the loop
+        # (aio.Waiters); a log request answers it through the store, with the list as it is.
+        held = True
+
+        def heard_asked(task: asyncio.Future) -> None:
+            if held and not task.cancelled():
+                desired.wake(node)
+
         heard = asyncio.ensure_future(asked.wait())
+        heard.add_done_callback(heard_asked)
         try:
-            await asyncio.wait({poll, heard}, return_when=asyncio.FIRST_COMPLETED)
+            return await desired.wait(node, after, timeout)
         finally:
+            held = False
             heard.cancel()
-            if not poll.done():
-                poll.cancel()
-        if poll.done() and not poll.cancelled():
-            return poll.result()
-        return self.c.desired.get(node)
 
     async def replica_logs(self, request: web.Request) -> web.StreamResponse:
         rid = request.match_info["replica"]
