@@ -1,13 +1,17 @@
 """The control plane at fleet scale: a real `llmgwctl serve --no-local-agent` against a simulated fleet.
 
-    python bench/fleet.py --nodes 500 [--routers 50] [--heartbeat 10] [--steady 30] [--restart] [--no-changes]
+    python bench/fleet.py --nodes 500 [--routers 50] [--heartbeat 10] [--steady 30] [--calls 50] [--restart]
+                          [--no-changes] [--routers-in-process]
 
 The simulator (`tests/fleetsim.py`) runs in this process: NODES agents of 8
 GPUs each, heartbeating every HEARTBEAT s on random phases and long-polling
-their desired lists, and ROUTERS standalone routers following the watch
-stream. The controller is its own process on loopback (no token), so its CPU
-and memory are read from /proc/PID apart from the simulator's, which is
-printed beside them (both share the machine's cores).
+their desired lists. ROUTERS standalone routers follow the watch stream in a
+process of their own (`RouterProcess`; with --routers-in-process on the
+agents' loop, as before): in a real fleet they are other machines, and on
+the agents' loop every router's clock also carried the simulator's lag. The
+controller is its own process on loopback (no token), so its CPU and memory
+are read from /proc/PID apart from the simulator's and the routers', which
+are printed beside them (all share the machine's cores).
 
 The catalog is sized to the fleet: 4 replicas of 1 GPU per node, half the
 GPUs -- one model `big` with 1,000 replicas, the rest in MODELS models -- so a
@@ -15,8 +19,9 @@ change has room. What it prints, in order:
 
   converge     catalog loaded -> every replica ready in the simulator and on every router
   steady       controller CPU (of one core) with nothing changing, per heartbeat, passes/s
-  status       GET /api/v1/status latency (p50/p90/max of 20); healthz before it (the baseline: what any
-               answer waits on a loop this busy), metrics after it: the same for GET /metrics
+  status       GET /api/v1/status latency (p50/p90/p99/max of CALLS, from another process as `llmgwctl
+               status` asks); healthz before it (the baseline: what any answer waits on serve's loop),
+               metrics after it: the same for GET /metrics
   memory       controller RSS, and per node over the RSS before any agent came
   add          100 models x 2 replicas written: -> desired on every affected node, -> every router
   remove       the 100 removed: -> desired without them, -> gone from every router
@@ -35,7 +40,6 @@ import os
 import resource
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -115,7 +119,8 @@ class Bench:
         self.listen = free_port()
         self.url = f"http://127.0.0.1:{self.control}"
         self.proc: subprocess.Popen | None = None
-        self.fleet = SimFleet(self.url, args.nodes, routers=args.routers, heartbeat=args.heartbeat)
+        self.fleet = SimFleet(self.url, args.nodes, routers=args.routers, heartbeat=args.heartbeat,
+                              router_process=not args.routers_in_process)
         total = 4 * args.nodes
         # big is 1,000 from 500 nodes up; a smaller fleet (a quick run) gets 2 per node.
         self.big = min(BIG, 2 * args.nodes)
@@ -198,7 +203,7 @@ class Bench:
                 print(f"converge     {took:6.1f} s to every replica ready; every router whole {took2:.1f} s later "
                       f"(from the first agent's start; agents start on random phases over {a.heartbeat:g} s)")
                 await self.steady(session)
-                await self.status(session)
+                await self.status()
                 rss = rss_mib(self.proc.pid)
                 print(f"memory       controller RSS {rss:.0f} MiB; {(rss - rss_before) * 1024 / a.nodes:.0f} KiB "
                       f"per node over the {rss_before:.0f} MiB before any agent")
@@ -207,23 +212,36 @@ class Bench:
                 if a.restart:
                     await self.restart(session)
             finally:
+                routers_cpu = self.routers_cpu()
+                sim_cpu, wall = self_cpu() - sim_cpu0, time.monotonic() - t0
                 stop.set()
-                sim_cpu = self_cpu() - sim_cpu0
                 await asyncio.wait({sim}, timeout=15)
-                print(f"simulator    {sim_cpu / (time.monotonic() - t0):.2f} of a core over the run (this process); "
-                      f"errors: reports {self.fleet.report_errors}, polls {self.fleet.poll_errors}, "
-                      f"watches {self.fleet.watch_errors}")
+                rp = self.fleet.router_process
+                print(f"simulator    {sim_cpu / wall:.2f} of a core over the run (this process: agents"
+                      f"{'' if rp else ' and routers'}); "
+                      + (f"routers {routers_cpu / wall:.2f} (their process; {rp.lines} lines applied here "
+                         f"in {rp.busy:.1f} s, longest {rp.longest * 1000:.0f} ms); " if rp else "")
+                      + f"errors: reports {self.fleet.report_errors}, polls {self.fleet.poll_errors}, "
+                      f"watches {self.fleet.watch_failures()}")
                 self.proc.send_signal(signal.SIGKILL)
                 self.proc.wait()
+
+    def routers_cpu(self) -> float:
+        """The router process's CPU seconds so far (0 with the routers on this loop)."""
+        pid = self.fleet.router_process.pid if self.fleet.router_process else None
+        try:
+            return cpu_seconds(pid) if pid else 0.0
+        except OSError:
+            return 0.0
 
     async def steady(self, session) -> None:
         a = self.args
         await asyncio.sleep(a.heartbeat)        # let the last changes' reports settle out
         passes0, pass_s0 = await self.metrics(session)
         reports0 = sum(x.reports for x in self.fleet.agents)
-        cpu0, sim0, t0 = cpu_seconds(self.proc.pid), self_cpu(), time.monotonic()
+        cpu0, sim0, rt0, t0 = cpu_seconds(self.proc.pid), self_cpu(), self.routers_cpu(), time.monotonic()
         await asyncio.sleep(a.steady)
-        cpu1, sim1, t1 = cpu_seconds(self.proc.pid), self_cpu(), time.monotonic()
+        cpu1, sim1, rt1, t1 = cpu_seconds(self.proc.pid), self_cpu(), self.routers_cpu(), time.monotonic()
         reports = sum(x.reports for x in self.fleet.agents) - reports0
         passes1, pass_s1 = await self.metrics(session)
         wall = t1 - t0
@@ -232,39 +250,39 @@ class Bench:
         print(f"steady       controller {(cpu1 - cpu0) / wall:.3f} of a core over {wall:.0f} s; "
               f"{reports / wall:.0f} reports/s -> {(cpu1 - cpu0) / max(reports, 1) * 1e6:.0f} us CPU per report; "
               f"{passes / wall:.2f} passes/s of {(pass_s1 - pass_s0) / max(passes, 1) * 1000:.1f} ms; "
-              f"simulator {(sim1 - sim0) / wall:.2f} of a core")
+              f"simulator {(sim1 - sim0) / wall:.2f} of a core"
+              + (f", routers {(rt1 - rt0) / wall:.2f}" if self.fleet.router_process else ""))
 
-    async def status(self, session) -> None:
-        # 20 of each, one after another: five gave a p50 that was a lottery of
-        # which one landed behind a pass (~1 s at this size) and the backlog after it.
-        # /healthz first is the baseline: what any answer waits now, on serve's
-        # loop and on this process's (the simulator's), with status doing nothing.
-        # "CPU/call": serve's CPU over the 20 calls less its steady rate over
+    async def status(self) -> None:
+        # From a process of its own (bench/get_times.py, plain requests as
+        # `llmgwctl status` does), CALLS one after another. Measured on this
+        # process's loop, every call also waited behind 5,000 agents' work
+        # (status p90 347 ms here, 107 ms from curl in the same run): that
+        # is the simulator, not the controller. /healthz first is the
+        # baseline: what any answer waits on serve's loop now.
+        # "CPU/call": serve's CPU over the calls less its steady rate over
         # that time, per call: what one answer costs the controller, however
         # long the client waited behind other work.
+        calls = self.args.calls
         for path in ("/healthz", "/api/v1/status", "/metrics"):
-            times = []
             cpu0, t0 = cpu_seconds(self.proc.pid), time.monotonic()
-            for _ in range(20):
-                t = time.monotonic()
-                status, body = await self.get(session, path)
-                times.append(time.monotonic() - t)
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, str(Path(__file__).resolve().parent / "get_times.py"), self.url + path, str(calls),
+                stdout=subprocess.PIPE)
+            out, _ = await asyncio.wait_for(proc.communicate(), 600)
             extra = cpu_seconds(self.proc.pid) - cpu0 - self.steady_rate * (time.monotonic() - t0)
+            rows = [line.split() for line in out.decode().splitlines()]
+            times = [float(r[0]) for r in rows]
+            size = int(rows[-1][2]) if rows else 0
+            bad = sum(1 for r in rows if r[1] != "200")
             label = {"/healthz": "healthz", "/metrics": "metrics"}.get(path, "status")
-            print(f"{label:12s} p50 {statistics.median(times) * 1000:.0f} ms, "
-                  f"p90 {pct(times, 0.9) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms; "
-                  f"CPU/call ~{max(0.0, extra) / 20 * 1000:.0f} ms ({len(body) / 1e6:.1f} MB, GET {path}, n=20)")
-        # The same from another process (curl), as `llmgwctl status` asks: a wait
-        # on this process's loop (5,000 agents' worth) is not in it. Awaited, so
-        # the simulated fleet goes on reporting meanwhile.
-        proc = await asyncio.create_subprocess_exec(
-            "sh", "-c", f"for i in $(seq 20); do curl -s -o /dev/null -w '%{{time_total}}\\n' "
-            f"{self.url}/api/v1/status; done", stdout=subprocess.PIPE)
-        out, _ = await asyncio.wait_for(proc.communicate(), 600)
-        times = [float(t) for t in out.decode().split()]
-        if times:
-            print(f"{'status/curl':12s} p50 {statistics.median(times) * 1000:.0f} ms, "
-                  f"p90 {pct(times, 0.9) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms (n={len(times)})")
+            if not times:
+                print(f"{label:12s} no answer (GET {path})")
+                continue
+            print(f"{label:12s} p50 {pct(times, 0.5) * 1000:.0f} ms, p90 {pct(times, 0.9) * 1000:.0f} ms, "
+                  f"p99 {pct(times, 0.99) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms; "
+                  f"CPU/call ~{max(0.0, extra) / len(times) * 1000:.0f} ms ({size / 1e6:.1f} MB, GET {path}, "
+                  f"n={len(times)}{f', {bad} not 200' if bad else ''}; another process)")
 
     async def phase(self, label: str, write_it, desired_ok, desired_done, router_ok, on_ready=None) -> None:
         """Write a change; time it to each affected node's desired list and to each router.
@@ -393,6 +411,11 @@ def main() -> None:
     p.add_argument("--restart", action="store_true", help="also kill and restart the controller")
     p.add_argument("--no-changes", action="store_true",
                    help="skip the add/remove/profile phases (for a run that wants converge, steady, status)")
+    p.add_argument("--calls", type=int, default=50,
+                   help="GETs of each of /healthz, status, /metrics, one after another (a p99 needs more than 20)")
+    p.add_argument("--routers-in-process", action="store_true",
+                   help="run the routers on the simulator's loop, as the bench did before (their clocks then "
+                        "include the agents' lag)")
     p.add_argument("--serve-arg", action="append", help="an extra argument for serve (repeatable)")
     a = p.parse_args()
     import resource as r

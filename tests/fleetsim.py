@@ -1,4 +1,4 @@
-"""A simulated fleet: thousands of node agents and N standalone routers in one asyncio process.
+"""A simulated fleet: thousands of node agents and N standalone routers, on one loop or two processes.
 
 Test tooling for the control plane at fleet scale (issue 19): `bench/fleet.py`
 measures a real `llmgwctl serve --no-local-agent` with it, and
@@ -15,8 +15,11 @@ the real HTTP protocol, built from the project's own contract types:
   router polls it). A replica no longer desired is gone at once.
 - `SimRouter` follows `/api/v1/watch/endpoints` as a standalone router does
   (asking for deltas, `delta=True`, as `llmgwctl router` does) and keeps only
-  what the measurements need: the version and which replica ids it was told,
-  with when.
+  what the measurements need (`RouterView`): the version and which replica
+  ids it was told, with when. With `router_process=True` the routers run in
+  a child process of their own (`RouterProcess`), as a real fleet's routers
+  are other machines: their clocks then leave out the agents' loop, and the
+  parent keeps a view of each from one line per answer.
 
 Serve on loopback without a token: agents then need no node tokens. The
 agents share one aiohttp session (one process cannot afford thousands of
@@ -30,13 +33,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import fcntl
 import json
 import random
 import re
+import signal
+import sys
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from pathlib import Path
+from typing import Callable, Iterable, Protocol
 
 import aiohttp
 
@@ -203,24 +210,64 @@ def controller_answer_matches(raw: bytes) -> bool:
             == {e["replica_id"]: e["model"] for e in doc["endpoints"]})
 
 
-class SimRouter:
-    """A standalone router as far as the watch stream goes: what it was told, and when."""
+class RouterView:
+    """What a router holds from the watch stream: the version and which replica ids it was told.
 
-    def __init__(self, fleet: "SimFleet", index: int, *, delta: bool = True):
-        self.fleet = fleet
+    Kept by a `SimRouter` on the simulator's loop, or, for routers in their own
+    process (`RouterProcess`), by the parent's mirror of each, from the changes
+    the child computed.
+    """
+
+    def __init__(self, index: int, *, delta: bool = True):
         self.index = index
         self.delta = delta                          # False: a router older than delta answers
         self.version = 0
         self.endpoints: dict[str, str] = {}         # replica id -> model
-        self.answers = 0
-        self.bytes = 0                              # answer bytes received
+        self.answers = 0                            # answers that changed the version
+        self.bytes = 0                              # their bytes
         # Endpoints per model, kept with `endpoints`: what a measurement asks on every answer,
         # without walking 20,000 entries on the loop the agents run on.
         self.models: collections.Counter[str] = collections.Counter()
         self.deltas = 0                             # answers that were deltas
 
+    def apply(self, version: int, added: dict[str, str], removed: Iterable[str], delta: bool, size: int) -> None:
+        for rid in removed:
+            model = self.endpoints.pop(rid, None)
+            if model is not None:
+                self.models[model] -= 1
+        for rid, model in added.items():
+            was = self.endpoints.get(rid)
+            if was is not None:
+                self.models[was] -= 1
+            self.endpoints[rid] = model
+            self.models[model] += 1
+        self.version = version
+        self.answers += 1
+        self.bytes += size
+        self.deltas += delta
+
+
+class _Host(Protocol):
+    """What a SimRouter runs against: the fleet in process, or the router process's own host."""
+
+    url: str
+    session: aiohttp.ClientSession
+    watch_errors: int
+
+    def answered(self, router: "SimRouter", arrived: float) -> None: ...
+
+
+class SimRouter(RouterView):
+    """A standalone router as far as the watch stream goes: what it was told, and when."""
+
+    def __init__(self, host: _Host, index: int, *, delta: bool = True):
+        super().__init__(index, delta=delta)
+        self.host = host
+        # The last answer's change as apply() took it, for a host that passes it on (the router process).
+        self.last: tuple[int, bool, int, dict[str, str], list[str]] = (0, False, 0, {}, [])
+
     async def run(self, stop: asyncio.Event) -> None:
-        f = self.fleet
+        f = self.host
         retry = Backoff(initial=0.5, cap=5.0)
         while not stop.is_set():
             try:
@@ -236,66 +283,186 @@ class SimRouter:
                 continue
             retry.reset()
             arrived = time.monotonic()
-            self.answers += 1
-            self.bytes += len(raw)
             head = _VERSION.search(raw)
             version = int(head.group(1))
             if version == self.version:
                 continue
-            if raw.startswith(b', "delta": ', head.end()):
+            is_delta = raw.startswith(b', "delta": ', head.end())
+            if is_delta:
                 delta = json.loads(raw)["delta"]         # a few endpoints: small
                 if delta["since"] != self.version:
                     self.version = 0                    # as the real router: ask for the whole list
                     f.watch_errors += 1
                     continue
-                for rid in delta["removed"]:
-                    model = self.endpoints.pop(rid, None)
-                    if model is not None:
-                        self.models[model] -= 1
-                for e in delta["endpoints"]:
-                    was = self.endpoints.get(e["replica_id"])
-                    if was is not None:
-                        self.models[was] -= 1
-                    self.endpoints[e["replica_id"]] = e["model"]
-                    self.models[e["model"]] += 1
-                self.deltas += 1
+                added = {e["replica_id"]: e["model"] for e in delta["endpoints"]}
+                removed = list(delta["removed"])
             else:
                 # Read with a pattern, not json.loads: at 20,000 endpoints an answer is
                 # ~4 MB, and fifty routers parsing each one whole starved the agents on
                 # the same loop of their heartbeats. The controller writes the keys in
                 # Endpoint.to_dict's order; `controller_answer_matches` checks that.
-                self.endpoints = {rid.decode(): model.decode() for rid, model in _ENDPOINT.findall(raw)}
-                self.models = collections.Counter(self.endpoints.values())
-            self.version = version
-            f.on_endpoints(self, arrived)
+                whole = {rid.decode(): model.decode() for rid, model in _ENDPOINT.findall(raw)}
+                # As a change, so that a router process sends a fallback's whole answer
+                # (20,000 ids) as the few that differ.
+                added = {rid: m for rid, m in whole.items() if self.endpoints.get(rid) != m}
+                removed = [rid for rid in self.endpoints if rid not in whole]
+            self.apply(version, added, removed, is_delta, len(raw))
+            self.last = (version, is_delta, len(raw), added, removed)
+            f.answered(self, arrived)
+
+
+class RouterProcess:
+    """N SimRouters in a child process of their own, and the parent's mirror of each (`views`).
+
+    In a real fleet the routers are other machines; on the simulator's loop
+    every router's clock also carried the lag of 5,000 agents (up to a
+    thousand long-poll answers at once in a rollout). The child runs the
+    routers on its own loop and session (`python -m tests.fleetsim URL N`)
+    and writes one JSON line per answer that changed a router: index, arrival
+    time (time.monotonic is CLOCK_MONOTONIC, one clock for every process on
+    Linux), version, whether it was a delta, its size, the ids added with
+    their model and the ids removed. The parent applies the line to the
+    router's view and calls `on_endpoints` with the child's arrival time.
+    """
+
+    # A line holds one answer's change: up to 20,000 ids when a router first meets a
+    # whole fleet, ~1 MB; asyncio's default 64 KiB limit would end the reader.
+    LINE_LIMIT = 64 << 20
+
+    def __init__(self, url: str, routers: int):
+        self.url = url
+        self.views = [RouterView(i) for i in range(routers)]
+        self.watch_errors = 0
+        self.pid: int | None = None
+        # This loop's share: lines applied, seconds spent on them (parse, apply, on_endpoints), the longest one.
+        self.lines = 0
+        self.busy = self.longest = 0.0
+        self.on_endpoints: Callable[[RouterView, float], None] = lambda r, t: None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        whole = ",".join(str(v.index) for v in self.views if not v.delta)
+        root = Path(__file__).resolve().parent.parent
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tests.fleetsim", self.url, str(len(self.views)), whole,
+            stdout=asyncio.subprocess.PIPE, cwd=root, limit=self.LINE_LIMIT)
+        self.pid = proc.pid
+        assert proc.stdout is not None
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while True:
+                reading = asyncio.ensure_future(proc.stdout.readline())
+                await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if not reading.done():
+                    reading.cancel()
+                    break
+                line = reading.result()
+                if not line:
+                    break
+                began = time.perf_counter()
+                doc = json.loads(line)
+                if isinstance(doc, dict):
+                    self.watch_errors = doc["watch_errors"]
+                    continue
+                index, arrived, version, delta, size, errors, added, removed = doc
+                self.watch_errors = errors
+                view = self.views[index]
+                view.apply(version, added, removed, delta, size)
+                self.on_endpoints(view, arrived)
+                took = time.perf_counter() - began
+                self.lines += 1
+                self.busy += took
+                self.longest = max(self.longest, took)
+        finally:
+            stopping.cancel()
+            if proc.returncode is None:
+                proc.terminate()
+            try:
+                # Read to the end: the child's last line has its final count of failed
+                # watches, and a child blocked on a full pipe could not exit at all.
+                rest = await asyncio.wait_for(proc.stdout.read(), 10)
+                for line in rest.splitlines()[-1:]:
+                    doc = json.loads(line)
+                    if isinstance(doc, dict):
+                        self.watch_errors = doc["watch_errors"]
+                await asyncio.wait_for(proc.wait(), 10)
+            except (asyncio.TimeoutError, ValueError):
+                proc.kill()
+                await proc.wait()
+
+
+class _ChildHost:
+    """The router process's side: its routers, its session, and the lines it writes."""
+
+    def __init__(self, url: str, routers: int, whole: set[int]):
+        self.url = url.rstrip("/")
+        self.session: aiohttp.ClientSession = None  # type: ignore[assignment]  # made on the loop, in run()
+        self.watch_errors = 0
+        self.routers = [SimRouter(self, i, delta=i not in whole) for i in range(routers)]
+        self.out = sys.stdout.buffer
+
+    def answered(self, router: SimRouter, arrived: float) -> None:
+        # Written at once and blocking: a line is read by the parent as it comes, and a
+        # full pipe holding the loop up is the parent being slow, which it must not be.
+        version, delta, size, added, removed = router.last
+        self.out.write(json.dumps([router.index, arrived, version, delta, size, self.watch_errors,
+                                   added, removed]).encode() + b"\n")
+        self.out.flush()
+
+    async def run(self) -> None:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60)) as self.session:
+            tasks = [asyncio.ensure_future(r.run(stop)) for r in self.routers]
+            # A router waits in its long-poll up to 30 s: stop ends them at once.
+            await stop.wait()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self.out.write(json.dumps({"watch_errors": self.watch_errors}).encode() + b"\n")
+        self.out.flush()
 
 
 class SimFleet:
     """`nodes` agents and `routers` routers against the control API at `url`; `run(stop)` until stopped."""
 
     def __init__(self, url: str, nodes: int, *, routers: int = 0, heartbeat: float = 10.0, gpus: int = 8,
-                 ready_after: tuple[float, float] = (0.2, 1.0)):
+                 ready_after: tuple[float, float] = (0.2, 1.0), router_process: bool = False):
         self.url = url.rstrip("/")
         self.heartbeat = heartbeat
         self.ready_after = ready_after
         self.session: aiohttp.ClientSession = None  # type: ignore[assignment]  # made on the loop, in run()
         self.agents = [SimAgent(self, i, gpus=gpus) for i in range(nodes)]
-        self.routers = [SimRouter(self, i) for i in range(routers)]
-        self.report_errors = self.poll_errors = self.watch_errors = 0
+        # router_process: the routers run in a child process (`RouterProcess`) and
+        # `routers` are the parent's views of them; else they run on this loop.
+        self.router_process = RouterProcess(self.url, routers) if router_process else None
+        self.routers: list[RouterView] = (
+            list(self.router_process.views) if self.router_process else [SimRouter(self, i) for i in range(routers)])
+        if self.router_process:
+            self.router_process.on_endpoints = lambda r, t: self.on_endpoints(r, t)
+        self.report_errors = self.poll_errors = self.watch_errors = 0   # watch_errors: routers on this loop
         # Kept by the agents as they start and stop replicas: running replicas per model
         # (any state), and which agent runs each id (cheap questions for a measurement).
         self.models: collections.Counter[str] = collections.Counter()
         self.where: dict[str, SimAgent] = {}
         # Observers the measurements set: (agent, arrival time, specs), (router, arrival time), (agent, replica, t).
         self.on_desired: Callable[[SimAgent, float, list[ReplicaSpec]], None] = lambda a, t, s: None
-        self.on_endpoints: Callable[[SimRouter, float], None] = lambda r, t: None
+        self.on_endpoints: Callable[[RouterView, float], None] = lambda r, t: None
         self.on_ready: Callable[[SimAgent, SimReplica, float], None] = lambda a, r, t: None
 
     async def run(self, stop: asyncio.Event) -> None:
         # No pool limit: every agent holds a long-poll, and reports share what is left idle.
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
         async with aiohttp.ClientSession(connector=connector) as self.session:
-            await asyncio.gather(*(a.run(stop) for a in self.agents), *(r.run(stop) for r in self.routers))
+            routers = ([self.router_process.run(stop)] if self.router_process
+                       else [r.run(stop) for r in self.routers if isinstance(r, SimRouter)])
+            await asyncio.gather(*(a.run(stop) for a in self.agents), *routers)
+
+    def watch_failures(self) -> int:
+        """Failed watch answers (and delta fallbacks) of every router, on this loop or in their process."""
+        return self.watch_errors + (self.router_process.watch_errors if self.router_process else 0)
+
+    def answered(self, router: "SimRouter", arrived: float) -> None:
+        self.on_endpoints(router, arrived)
 
     # -- what measurements and tests read ------------------------------------------------
 
@@ -309,3 +476,25 @@ class SimFleet:
     def stops(self) -> int:
         return sum(a.stops for a in self.agents)
 
+
+
+def _router_process_main() -> None:
+    """`python -m tests.fleetsim URL ROUTERS [WHOLE]`: the child `RouterProcess` starts.
+
+    WHOLE: comma-separated indices of routers that ask without delta (old routers).
+    Lines to stdout until SIGTERM, then one line with the failed watches.
+    """
+    url, routers = sys.argv[1], int(sys.argv[2])
+    whole = {int(i) for i in sys.argv[3].split(",") if i} if len(sys.argv) > 3 else set()
+    try:
+        # A bigger pipe (1 MiB, Linux's default cap) so a burst of lines -- fifty routers
+        # told the same change -- does not block this loop on the parent's next read.
+        fcntl.fcntl(sys.stdout.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+    except OSError:
+        pass
+    from llmgwctl.aio import run
+    run(_ChildHost(url, routers, whole).run())
+
+
+if __name__ == "__main__":
+    _router_process_main()

@@ -139,30 +139,43 @@ class UsageReport:
                 or not isinstance(body.get("replicas"), Mapping)):
             raise UsageError('expected {"router": ID, "version": N, "replicas": {REPLICA: {"idle_seconds", "inflight"}}}')
         replicas = {}
+        rid = None
         try:
             for rid, entry in body["replicas"].items():
                 idle = entry.get("idle_seconds")
-                inflight = int(entry.get("inflight") or 0)
-                if inflight < 0 or (idle is not None and float(idle) < 0):
-                    raise ValueError(f"{rid}: negative idle_seconds or inflight")
-                # Past these a number is broken, and sums of it overflow the reconciler's arithmetic.
-                if inflight > MAX_GAUGE or (idle is not None and not math.isfinite(float(idle))):
-                    raise ValueError(f"{rid}: inflight must be at most {MAX_GAUGE:.0f} and idle_seconds finite")
+                inflight = _inflight_from(entry.get("inflight"))
+                if idle is not None and not (math.isfinite(float(idle)) and float(idle) >= 0):
+                    raise ValueError(f"idle_seconds must be a finite number from 0, not {idle!r}")
                 replicas[str(rid)] = ReportedUsage(None if idle is None else float(idle), inflight,
-                                                   _load_from(rid, entry.get("load")),
-                                                   _counter_from(rid, entry.get("inflight_seconds")))
+                                                   _load_from(entry.get("load")),
+                                                   _counter_from(entry.get("inflight_seconds")))
+            rid = None
             version = int(body.get("version") or 0)
-        except (AttributeError, TypeError, ValueError, OverflowError) as exc:   # OverflowError: int(1e400)
-            raise UsageError(f"bad usage entry: {exc}") from None
+        except (AttributeError, TypeError, ValueError, OverflowError) as exc:   # OverflowError: float(10**400)
+            # The replica's id in every message: a router's report carries thousands.
+            raise UsageError(f"bad usage entry{'' if rid is None else f' for {rid!r}'}: {exc}") from None
         return cls(body["router"], version, MappingProxyType(replicas))
 
 
-def _counter_from(rid: str, raw: Any) -> float | None:
+def _inflight_from(raw: Any) -> int:
+    """A reported in-flight count; ValueError when it is not a number from 0 to MAX_GAUGE.
+
+    Checked before int(): int(1e400) raises OverflowError, and past MAX_GAUGE a
+    count is broken (sums of it overflowed the reconciler's pass).
+    """
+    if raw is None:
+        return 0
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not (math.isfinite(raw) and 0 <= raw <= MAX_GAUGE):
+        raise ValueError(f"inflight must be a count from 0 to {MAX_GAUGE:.0f}, not {raw!r}")
+    return int(raw)
+
+
+def _counter_from(raw: Any) -> float | None:
     """A reported in-flight counter; ValueError when it is not a finite non-negative number."""
     if raw is None:
         return None
     if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not (math.isfinite(raw) and 0 <= raw <= MAX_COUNTER):
-        raise ValueError(f"{rid}: inflight_seconds must be a number from 0 to {MAX_COUNTER:.3g}, not {raw!r}")
+        raise ValueError(f"inflight_seconds must be a number from 0 to {MAX_COUNTER:.3g}, not {raw!r}")
     return float(raw)
 
 
@@ -170,20 +183,20 @@ def _load_dict(load: LoadReading) -> dict[str, Any]:
     return {"running": load.running, "waiting": load.waiting, "kv_cache": load.kv_cache}
 
 
-def _load_from(rid: str, raw: Any) -> LoadReading | None:
+def _load_from(raw: Any) -> LoadReading | None:
     """A reported reading; ValueError when it is not finite non-negative gauges within MAX_GAUGE."""
     if raw is None:
         return None
     if not isinstance(raw, Mapping):
-        raise ValueError(f"{rid}: load must be an object with running, waiting, kv_cache")
+        raise ValueError("load must be an object with running, waiting, kv_cache")
 
     def gauge(key: str) -> float:
         value = raw.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{rid}: load.{key} must be a number")
+            raise ValueError(f"load.{key} must be a number")
         value = float(value)
         if not (math.isfinite(value) and 0 <= value <= (1.0 if key == "kv_cache" else MAX_GAUGE)):
-            raise ValueError(f"{rid}: load.{key} out of range: {value!r}")
+            raise ValueError(f"load.{key} out of range: {value!r}")
         return value
 
     # kv_cache may be absent or null: an engine without the gauge (llama.cpp).

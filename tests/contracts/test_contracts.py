@@ -123,6 +123,16 @@ def test_malformed_usage_reports_are_usage_errors(body):
         UsageReport.from_dict(body)
 
 
+@pytest.mark.parametrize("entry", [{"inflight": 1e400}, {"inflight": 10 ** 300}, {"inflight": -1}, {"inflight": "x"},
+                                   {"idle_seconds": float("inf")}, {"idle_seconds": 10 ** 400},
+                                   {"inflight_seconds": 1e308}, {"load": {"running": "a"}}, 7])
+def test_a_bad_usage_entry_is_named_by_its_replica(entry):
+    # A router's report carries thousands of entries: the 400 must say which one is wrong.
+    body = {"router": "a", "replicas": {"ok": {"inflight": 1}, "replica-7": entry}}
+    with pytest.raises(UsageError, match="for 'replica-7'"):
+        UsageReport.from_dict(body)
+
+
 def test_an_endpoint_error_names_the_endpoint_and_is_a_value_error():
     with pytest.raises(EndpointError, match="endpoint r1: url must look like") as caught:
         Endpoint(replica_id="r1", model="m", profile="p", engine="fake", url="127.0.0.1:8000")

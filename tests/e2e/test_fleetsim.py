@@ -5,7 +5,9 @@ of them asking for whole answers as routers did before delta answers -- and
 a controller killed with SIGKILL and started again adopts every replica:
 nothing started, nothing stopped, every router whole again on the new
 controller's versions. The simulator runs on its own event loop in a thread;
-the test reads it on that loop (`Sim.read`), never across threads.
+the test reads it on that loop (`Sim.read`), never across threads. Run twice:
+the routers on the simulator's loop, and in a process of their own as the
+bench runs them (the parent's views built from the child's lines).
 """
 from __future__ import annotations
 
@@ -28,9 +30,10 @@ CATALOG = ("apiVersion: llmgw/v1\nkind: Catalog\n" + ENGINE_YAML + "models:\n" +
 class Sim:
     """A SimFleet on its own loop in a thread; `read(fn)` runs fn(fleet) on that loop and returns its value."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, router_process: bool):
         # Heartbeats every 0.5 s, as the e2e agents do: well inside the fleet's 2 s node timeout.
-        self.fleet = SimFleet(url, NODES, routers=ROUTERS, heartbeat=0.5, gpus=4, ready_after=(0.05, 0.3))
+        self.fleet = SimFleet(url, NODES, routers=ROUTERS, heartbeat=0.5, gpus=4, ready_after=(0.05, 0.3),
+                              router_process=router_process)
         # One router as they were before delta answers: it asks without the parameter and is answered whole.
         self.fleet.routers[0].delta = False
         self.loop = asyncio.new_event_loop()
@@ -69,8 +72,9 @@ def fleet(tmp_path):
         fleet.close()
 
 
-def test_a_simulated_fleet_converges_and_a_restarted_controller_adopts_it_whole(fleet):
-    sim = Sim(fleet.control)
+@pytest.mark.parametrize("router_process", [False, True], ids=["routers-in-process", "router-process"])
+def test_a_simulated_fleet_converges_and_a_restarted_controller_adopts_it_whole(fleet, router_process):
+    sim = Sim(fleet.control, router_process)
     sim.thread.start()
     try:
         wait_until(lambda: sim.read(whole), "every replica ready on its node and on every router")
