@@ -1,4 +1,4 @@
-"""The shared asyncio idioms: sleep-unless-woken, and following one file through its directory."""
+"""The shared asyncio idioms: sleep-unless-woken, long-poll waiters, and following one file through its directory."""
 import asyncio
 import os
 
@@ -42,6 +42,33 @@ async def test_a_cancelled_sleep_unless_cancels_its_waiters():
         await task
     await asyncio.sleep(0)
     assert all(t.done() for t in others)
+
+
+async def test_waiters_resume_every_waiting_task_in_one_step_of_the_loop():
+    waiters = aio.Waiters()
+    tasks = [asyncio.create_task(waiters.wait(3600)) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert len(waiters) == 3 and not any(t.done() for t in tasks)
+    waiters.wake()
+    # One turn of the loop: each woken task runs before this one does again. An Event
+    # waited on through sleep_unless takes three (issue 19: a held long-poll's answer
+    # then went out turns later, each turn as long as the reports queued meanwhile).
+    await asyncio.sleep(0)
+    assert all(t.done() and t.result() is True for t in tasks)
+    assert len(waiters) == 0
+
+
+async def test_waiters_time_out_false_wait_anew_after_a_wake_and_clean_up_when_cancelled():
+    waiters = aio.Waiters()
+    assert await waiters.wait(0.01) is False
+    waiters.wake()                  # nobody waiting: nothing kept for the next wait
+    late = asyncio.create_task(waiters.wait(3600))
+    await asyncio.sleep(0)
+    assert not late.done()
+    late.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await late
+    assert len(waiters) == 0
 
 
 def test_run_returns_what_the_coroutine_returns():

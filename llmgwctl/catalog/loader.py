@@ -568,10 +568,65 @@ def _json_type(name: str) -> str:
     return _JSON_TYPES.get(name, name)
 
 
+@lru_cache(maxsize=1)
+def _model_validator():
+    """The schema of one `models` item, refs inlined as in `_validator`."""
+    import jsonschema
+
+    schema = json.loads(schema_path().read_text(encoding="utf-8"))
+    defs = schema.get("$defs", {})
+    return jsonschema.validators.validator_for(schema)(dict(_inline_refs(defs["model"], defs),
+                                                            **{"$schema": schema["$schema"]}))
+
+
+# Model items that passed the schema, by a digest of their JSON text: a change
+# to one model of a 1,000-model file re-read the whole file, and checking every
+# model against the schema again was half of a load (~110 of ~200 ms), on the
+# way from the write to the nodes (issue 19). A 10,000-model catalog (what the
+# Limits are sized for) five times over, ~5 MB; past it the memory starts again empty.
+PASSED_MODELS = 50_000
+_passed_models: set[bytes] = set()
+
+
+def _json_digest(item: Any) -> bytes | None:
+    """A digest of `item` as JSON text, or None when the text would not stand for it exactly.
+
+    YAML gives what JSON cannot say (an integer key, a date, NaN): such an item
+    is written differently or not at all, and its text read back differs, so
+    it is checked every time instead of being taken for an item that passed.
+    """
+    try:
+        text = json.dumps(item, sort_keys=True)
+        if json.loads(text) != item:
+            return None
+    except (TypeError, ValueError):
+        return None
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
 def _schema_errors(document: dict) -> list[tuple[tuple, str]]:
     out: list[tuple[tuple, str]] = []
-    for error in _validator().iter_errors(document):
-        out.extend(_explain(error))
+    models = document.get("models")
+    if not isinstance(models, list) or not models:
+        for error in _validator().iter_errors(document):
+            out.extend(_explain(error))
+    else:
+        # The document without its models' items, then each item: in the order the
+        # whole document's check gives (models come before `engines` in the schema).
+        shell = [x for e in _validator().iter_errors(dict(document, models=[])) for x in _explain(e)]
+        out.extend(x for x in shell if x[0][:1] != ("engines",))
+        for i, item in enumerate(models):
+            digest = _json_digest(item)
+            if digest is not None and digest in _passed_models:
+                continue
+            found = [(("models", i) + path, msg) for e in _model_validator().iter_errors(item)
+                     for path, msg in _explain(e)]
+            if not found and digest is not None:
+                if len(_passed_models) >= PASSED_MODELS:
+                    _passed_models.clear()
+                _passed_models.add(digest)
+            out.extend(found)
+        out.extend(x for x in shell if x[0][:1] == ("engines",))
     # Once each: jsonschema raises one `required` error per missing field,
     # and each is explained as every field that mapping lacks.
     return list(dict.fromkeys(out))

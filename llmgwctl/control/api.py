@@ -35,6 +35,7 @@ Errors are JSON `{"error": {"message", "type", "code"}}` like the router's.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import ipaddress
 import json
@@ -137,6 +138,14 @@ def _poll_timeout(request: web.Request) -> float:
         return LONG_POLL
 
 
+# Replica URLs checked once each, not in every report: a changed report
+# carries every replica of its node again, and a rollout at 5,000 nodes is
+# thousands of changed reports on the loop (issue 19). Only ready replicas
+# have a URL: 20,000 at that size, and a rollout's new ones beside them.
+URL_CHECKS = 65536
+
+
+@functools.lru_cache(maxsize=URL_CHECKS)
 def _host(value: str) -> str:
     host = value.strip().strip("[]").lower()
     try:
@@ -162,21 +171,35 @@ def replica_url_problem(body: Any, remote: str | None) -> str | None:
         if not isinstance(rep, Mapping) or rep.get("url") is None:
             continue
         field = f"replicas[{i}].url"
-        url = rep["url"]
-        try:
-            parts = urlsplit(url)
-            port = parts.port
-        except (ValueError, TypeError):
+        url, reported = rep["url"], rep.get("port")
+        hashable = isinstance(url, str) and (reported is None or type(reported) is int)
+        wrong = _url_wrong(url, reported, expected) if hashable else _url_wrong.__wrapped__(url, reported, expected)
+        if wrong == "shape":
             return f"{field}: {str(url)[:100]!r} is not an http://host:port URL"
-        # Nothing but scheme, host and port: user info, a path or a query could
-        # be read differently by the router's own URL handling than here.
-        if (parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc
-                or parts.path not in ("", "/") or parts.query or parts.fragment):
-            return f"{field}: {url[:100]!r} is not an http://host:port URL"
-        if _host(parts.hostname) != expected:
+        if wrong == "host":
             return f"{field}: {url[:100]!r} is not on {where}; a node's replicas must be served from the node"
-        if rep.get("port") is not None and port != rep.get("port"):
-            return f"{field}: {url[:100]!r} is not on the replica's reported port {rep.get('port')}"
+        if wrong == "port":
+            return f"{field}: {url[:100]!r} is not on the replica's reported port {reported}"
+    return None
+
+
+@functools.lru_cache(maxsize=URL_CHECKS)
+def _url_wrong(url: Any, reported: Any, expected: str) -> str | None:
+    """What is wrong with one replica URL: "shape", "host" (not `expected`), "port" (not `reported`); None: fine."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except (ValueError, TypeError):
+        return "shape"
+    # Nothing but scheme, host and port: user info, a path or a query could
+    # be read differently by the router's own URL handling than here.
+    if (parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc
+            or parts.path not in ("", "/") or parts.query or parts.fragment):
+        return "shape"
+    if _host(parts.hostname) != expected:
+        return "host"
+    if reported is not None and port != reported:
+        return "port"
     return None
 
 
@@ -350,20 +373,25 @@ class ControlAPI:
         which just reads the requests that came with it. A node whose list is
         not known yet is not answered early: its requests wait for the list.
         """
+        desired = self.c.desired
         asked = self.c.logs.asked(node)
-        if asked.is_set() and self.c.desired.get(node) is not None:
-            return self.c.desired.get(node)
-        poll = asyncio.ensure_future(self.c.desired.wait(node, after, timeout))
+        if asked.is_set() and desired.get(node) is not None:
+            return desired.get(node)
+        # The poll is this task itself, so a change resumes it in one step of the loop
+        # (aio.Waiters); a log request answers it through the store, with the list as it is.
+        held = True
+
+        def heard_asked(task: asyncio.Future) -> None:
+            if held and not task.cancelled():
+                desired.wake(node)
+
         heard = asyncio.ensure_future(asked.wait())
+        heard.add_done_callback(heard_asked)
         try:
-            await asyncio.wait({poll, heard}, return_when=asyncio.FIRST_COMPLETED)
+            return await desired.wait(node, after, timeout)
         finally:
+            held = False
             heard.cancel()
-            if not poll.done():
-                poll.cancel()
-        if poll.done() and not poll.cancelled():
-            return poll.result()
-        return self.c.desired.get(node)
 
     async def replica_logs(self, request: web.Request) -> web.StreamResponse:
         rid = request.match_info["replica"]

@@ -45,23 +45,30 @@ def problems(name: str, document: Any, limit: int = 5) -> list[str]:
         return _problems(validator(name), document, limit)
     # The document without those arrays' items, then each item (the array's own
     # keywords -- its type, a minimum length -- are still checked on the shell).
+    # The shell is remembered too: it is the node's name, ids, pools and engines, the
+    # same in every report of a node's life (a changed report changes its replicas).
     shell = {k: ([] if k in arrays else v) for k, v in document.items()}
-    out = _problems(validator(name), shell, limit)
+    out = _checked(name, "", shell, validator(name), limit, ())
     for key in arrays:
         for i, item in enumerate(document.get(key, ())):
             if len(out) >= limit:
                 return out
-            text = f"{name}/{key}:" + json.dumps(item, sort_keys=True, default=repr)
-            digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-            if digest in _passed:
-                continue
-            found = _problems(_item_validator(name, key), item, limit - len(out), prefix=(key, i))
-            if not found:
-                if len(_passed) >= PASSED_ITEMS:
-                    _passed.clear()
-                _passed.add(digest)
-            out.extend(found)
+            out.extend(_checked(name, key, item, _item_validator(name, key), limit - len(out), (key, i)))
     return out
+
+
+def _checked(name: str, key: str, part: Any, checker, limit: int, prefix: tuple) -> list[str]:
+    """`part`'s problems, or none at once when the very same text passed before (see PASSED_ITEMS)."""
+    text = f"{name}/{key}:" + json.dumps(part, sort_keys=True, default=repr)
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    if digest in _passed:
+        return []
+    found = _problems(checker, part, limit, prefix=prefix)
+    if not found:
+        if len(_passed) >= PASSED_ITEMS:
+            _passed.clear()
+        _passed.add(digest)
+    return found
 
 
 @lru_cache(maxsize=None)

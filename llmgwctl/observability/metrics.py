@@ -207,15 +207,23 @@ class EndpointSlots:
         keep = {ep.replica_id for ep in eps}
         by_id = {rid: slot for rid, slot in self._by_id.items() if rid in keep}
         taken = set(by_id.values())
+        # Where each model/profile's search for a free index goes on from: slots are only
+        # taken within one update, so the lowest free index never goes below the last one
+        # handed out. Searching from 0 for each newcomer was quadratic in a model's
+        # replicas: a rollout of 1,000 while the 1,000 it replaces still hold 0-999 was
+        # ~1.5 million probes, most of a publishing pass in serve (issue 19).
+        next_free: dict[tuple[str, str], int] = {}
         for ep in eps:
             if ep.replica_id in by_id:
                 continue
-            n = 0
+            group = (ep.model, ep.profile)
+            n = next_free.get(group, 0)
             while f"{ep.model}/{ep.profile}/{n}" in taken:
                 n += 1
             slot = f"{ep.model}/{ep.profile}/{n}"
             by_id[ep.replica_id] = slot
             taken.add(slot)
+            next_free[group] = n + 1
         for rid, slot in self._by_id.items():
             if rid not in keep:
                 self._gone[rid] = slot

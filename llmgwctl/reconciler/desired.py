@@ -13,12 +13,11 @@ report was read and its running replicas adopted would tell it to stop them.
 """
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
 from typing import Iterable
 
-from ..aio import sleep_unless
+from ..aio import Waiters
 from ..contracts import ReplicaSpec
 
 # Held long-polls answer after 30 s with no change: well inside the agent's 45 s
@@ -35,7 +34,9 @@ class DesiredStore:
         # the removed model's engine ran on, unwatched by anyone, for good.
         self._versions = itertools.count(first_version if first_version is not None else int(time.time() * 1000))
         self._lists: dict[str, tuple[int, tuple[ReplicaSpec, ...], str]] = {}
-        self._changed: dict[str, asyncio.Event] = {}
+        # The long-polls held per node, resumed by a change in one step of the loop
+        # (aio.Waiters): a rollout answers a thousand nodes at once (issue 19).
+        self._waiters: dict[str, Waiters] = {}
 
     def set(self, node: str, specs: Iterable[ReplicaSpec]) -> bool:
         """Make `specs` the node's desired list; True if that changed it."""
@@ -45,10 +46,14 @@ class DesiredStore:
         if current is not None and current[2] == fingerprint:
             return False
         self._lists[node] = (next(self._versions), specs, fingerprint)
-        event = self._changed.pop(node, None)
-        if event is not None:
-            event.set()
+        self.wake(node)
         return True
+
+    def wake(self, node: str) -> None:
+        """Answer the node's held long-polls now, with its list as it is (a change, or the control API's log requests)."""
+        waiters = self._waiters.pop(node, None)
+        if waiters is not None:
+            waiters.wake()
 
     def get(self, node: str) -> tuple[int, tuple[ReplicaSpec, ...]] | None:
         entry = self._lists.get(node)
@@ -56,15 +61,13 @@ class DesiredStore:
 
     async def wait(self, node: str, after: int | None, timeout: float = LONG_POLL) -> tuple[int, tuple[ReplicaSpec, ...]] | None:
         """The node's list once its version differs from `after`; None on timeout before it is known."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            entry = self.get(node)
-            if entry is not None and entry[0] != after:
-                return entry
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return entry
-            event = self._changed.setdefault(node, asyncio.Event())
-            if not await sleep_unless(remaining, event):
-                return self.get(node)
+        entry = self.get(node)
+        if (entry is not None and entry[0] != after) or timeout <= 0:
+            return entry
+        waiters = self._waiters.setdefault(node, Waiters())
+        try:
+            await waiters.wait(timeout)
+        finally:
+            if not waiters and self._waiters.get(node) is waiters:
+                del self._waiters[node]
+        return self.get(node)

@@ -135,3 +135,22 @@ models:
     assert load_text(text.replace("    routing: prefix\n", "")).version != catalog.version
     with pytest.raises(CatalogError, match=r"models\[0\]\.routing.*least-load"):
         load_text(text.replace("routing: prefix", "routing: prefix-cache"))
+
+
+def test_a_model_that_passed_the_schema_once_is_still_checked_where_it_changed_or_json_cannot_say_it():
+    # Models that passed are remembered by their JSON text (issue 19: a 1,000-model
+    # file is checked again on every edit of one model): the same model in a later
+    # load passes without a check, a changed one is checked, and one that JSON cannot
+    # say exactly -- a YAML `true` as a key reads as the text of the string "true" --
+    # is checked every time, never taken for the one that passed.
+    good = catalog_yaml("a", "b")
+    load_text(good)
+    broken = good.replace("  - name: b\n", "  - name: b\n    replicas: -1\n")
+    with pytest.raises(CatalogError) as exc:
+        load_text(broken)
+    assert [p.path[:3] for p in exc.value.problems] == [("models", 1, "replicas")]
+    env = "{engine: fake, gpus: 0, env: {%s: x}}"
+    load_text(good.replace("{engine: fake, gpus: 0}", env % '"true"'))
+    with pytest.raises(CatalogError) as exc:
+        load_text(good.replace("{engine: fake, gpus: 0}", env % "true"))
+    assert {p.path[:2] for p in exc.value.problems} == {("models", 0), ("models", 1)}
