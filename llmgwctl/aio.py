@@ -39,13 +39,52 @@ async def sleep_unless(seconds: float | None, *events: asyncio.Event) -> bool:
             raise ValueError("sleep_unless with no event and no time limit would never return")
         await asyncio.sleep(seconds)
         return False
-    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    loop = asyncio.get_running_loop()
+    woken: asyncio.Future[bool] = loop.create_future()
+    # A Flag resolves `woken` itself when set: the caller resumes one step of the
+    # loop later. A plain Event is waited on by a task of its own, which takes
+    # three (see Flag).
+    waiters = []
+    for event in events:
+        if isinstance(event, Flag):
+            event._futures.add(woken)
+        else:
+            waiter = asyncio.ensure_future(event.wait())
+            waiter.add_done_callback(lambda _: _resolve(woken, True))
+            waiters.append(waiter)
+    timer = loop.call_later(max(0.0, seconds), _resolve, woken, False) if seconds is not None else None
     try:
-        done, _ = await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        return await woken
     finally:
+        for event in events:
+            if isinstance(event, Flag):
+                event._futures.discard(woken)
         for waiter in waiters:
             waiter.cancel()
-    return bool(done)
+        if timer is not None:
+            timer.cancel()
+
+
+class Flag(asyncio.Event):
+    """An asyncio.Event that `sleep_unless` wakes from in one step of the loop.
+
+    Set on an Event, `sleep_unless` resumes its caller three steps later: the
+    event's waiter task, its done callback, then the caller. On a loop that
+    also takes a stream of reports, every step runs each callback that came
+    ready meanwhile (~200 ms at 5,000 nodes in a rollout), so the reconciler's
+    pass came ~0.6 s after the report that woke it (issue 19). A Flag resolves
+    the sleeping caller's own future when set: one step.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._futures: set[asyncio.Future[bool]] = set()
+
+    def set(self) -> None:
+        super().set()
+        futures, self._futures = self._futures, set()
+        for future in futures:
+            _resolve(future, True)
 
 
 class Waiters:

@@ -126,3 +126,34 @@ async def test_follow_file_in_a_missing_directory_is_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError):
         async for _ in aio.follow_file(tmp_path / "no" / "such", asyncio.Event()):
             pass
+
+
+async def test_sleep_unless_on_a_flag_resumes_in_one_step_of_the_loop():
+    flag, stop = aio.Flag(), asyncio.Event()
+    sleeper = asyncio.create_task(aio.sleep_unless(3600, flag, stop))
+    await asyncio.sleep(0)
+    assert not sleeper.done()
+    flag.set()
+    # One turn: the reconciler's pass starts right after the report that woke it, not
+    # three turns later (each as long as the reports queued meanwhile, issue 19).
+    await asyncio.sleep(0)
+    assert sleeper.done() and sleeper.result() is True
+    assert not flag._futures, "nothing left registered on the flag"
+
+
+async def test_sleep_unless_on_flags_and_events_times_out_ends_on_either_and_cleans_up():
+    flag, event = aio.Flag(), asyncio.Event()
+    assert await aio.sleep_unless(0.01, flag, event) is False
+    later = asyncio.create_task(aio.sleep_unless(3600, flag, event))
+    await asyncio.sleep(0)
+    event.set()
+    assert await asyncio.wait_for(later, 5) is True
+    event.clear()
+    cancelled = asyncio.create_task(aio.sleep_unless(3600, flag, event))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert not flag._futures
+    flag.set()
+    assert await aio.sleep_unless(3600, flag, event) is True, "one already set ends it at once"

@@ -12,6 +12,7 @@ import logging
 import time
 from typing import Any, Callable
 
+from ..aio import Flag
 from ..catalog import Catalog, Live
 from ..catalog.watcher import CatalogWatcher
 from ..contracts import CatalogStatus, ControlStatus
@@ -33,10 +34,12 @@ class Controller:
         self.watcher = CatalogWatcher(catalogs_dir, self.live, wall_clock=wall_clock)
         self.inventory = Inventory(clock=clock, **({"unreachable_after": node_timeout} if node_timeout else {}))
         self.desired = DesiredStore()
-        self.wake_event = asyncio.Event()
+        # Flags, not Events: the pass they wake starts one step of the loop after
+        # the set, not three (aio.Flag; issue 19, a rollout's reports).
+        self.wake_event = Flag()
         # Set with wake_event for a pass that should not wait out the spacing of
         # woken passes: a catalog swap, a request waiting for a model (reconciler.WOKEN_SHARE).
-        self.urgent_event = asyncio.Event()
+        self.urgent_event = Flag()
         # The watch stream standalone routers follow: one version for "catalog or
         # endpoints changed", so a router applies both in the right order.
         self.watch = Broadcast()
