@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import resource
 import signal
@@ -107,6 +108,26 @@ def pct(values: list[float], q: float) -> float:
 
 def ms(values: list[float]) -> str:
     return f"p50 {pct(values, 0.5) * 1000:7.0f} ms  p99 {pct(values, 0.99) * 1000:7.0f} ms  (n={len(values)})"
+
+
+class GcPauses:
+    """This process's garbage collections: the longest pause, and how many were full (gen 2)."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+        self.full = 0
+        self._started = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        self.longest = max(self.longest, time.perf_counter() - self._started)
+        self.full += info["generation"] == 2
+
+
+GC_PAUSES = GcPauses()
 
 
 class Bench:
@@ -202,6 +223,11 @@ class Bench:
                 took2 = await self.until("every router whole", lambda: self.routers_have(self.expected), a.timeout)
                 print(f"converge     {took:6.1f} s to every replica ready; every router whole {took2:.1f} s later "
                       f"(from the first agent's start; agents start on random phases over {a.heartbeat:g} s)")
+                # The simulator's own heap (5,000 agents' tasks, connections, replicas) is
+                # left out of its full collections from here: each took this loop, which
+                # stamps "ready" and sends the reports, for up to a second in a rollout.
+                # The bench's process, not serve's (serve tunes its own GC).
+                gc.freeze()
                 await self.steady(session)
                 await self.status()
                 rss = rss_mib(self.proc.pid)
@@ -221,6 +247,7 @@ class Bench:
                       f"{'' if rp else ' and routers'}); "
                       + (f"routers {routers_cpu / wall:.2f} (their process; {rp.lines} lines applied here "
                          f"in {rp.busy:.1f} s, longest {rp.longest * 1000:.0f} ms); " if rp else "")
+                      + f"longest GC pause here {GC_PAUSES.longest * 1000:.0f} ms of {GC_PAUSES.full} full; "
                       + f"errors: reports {self.fleet.report_errors}, polls {self.fleet.poll_errors}, "
                       f"watches {self.fleet.watch_failures()}")
                 self.proc.send_signal(signal.SIGKILL)

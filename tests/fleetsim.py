@@ -47,7 +47,7 @@ from typing import Callable, Iterable, Protocol
 
 import aiohttp
 
-from llmgwctl.aio import sleep_unless
+from llmgwctl.aio import Flag, sleep_unless
 from llmgwctl.backoff import Backoff
 from llmgwctl.contracts import AgentReport, EngineAvailability, Gpu, ReplicaSpec, ReplicaState, ReportedReplica
 
@@ -85,7 +85,9 @@ class SimAgent:
         self.starts = 0
         self.stops = 0
         self.reports = 0
-        self._changed = asyncio.Event()
+        # A Flag: the report goes out one step of this loop after the change, not three (each
+        # step as long as a thousand agents' answers in a rollout: the bench's lag, not serve's).
+        self._changed = Flag()
         self._body: bytes | None = None
         self._specs: dict[str, ReplicaSpec] = {}    # the last desired list's specs, by id
         self._next_port = 20000
