@@ -33,14 +33,13 @@ import json
 import logging
 import pstats
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from status import model_yaml  # noqa: E402
-from tests.fleetsim import ENGINE_YAML, SimFleet, SimReplica  # noqa: E402
+import status  # noqa: E402
+from tests.fleetsim import SimReplica  # noqa: E402
 
 from llmgwctl.contracts import ReplicaState  # noqa: E402
 from llmgwctl.control import schemas  # noqa: E402
@@ -49,33 +48,11 @@ from llmgwctl.control.controller import Controller  # noqa: E402
 from llmgwctl.control.serve import GC_THRESHOLDS  # noqa: E402
 from llmgwctl.router import Router, RouterConfig  # noqa: E402
 
-BIG = 1000
 
 
 def build(nodes: int) -> tuple[Controller, list]:
     """bench/status.py's fleet, with the in-process router as serve wires it (its endpoint sink and usage source)."""
-    directory = Path(tempfile.mkdtemp(prefix="llmgw-rollout-"))
-    big = min(BIG, 2 * nodes)
-    models = max(100, nodes // 5) if nodes >= 500 else max(1, nodes // 5)
-    per_model = max(1, (4 * nodes - big) // models)
-    head = "apiVersion: llmgw/v1\nkind: Catalog\n"
-    (directory / "engines.yaml").write_text(head + ENGINE_YAML)
-    (directory / "base.yaml").write_text(head + "models:\n" + model_yaml("big", big)
-                                         + "".join(model_yaml(f"m{i:04d}", per_model) for i in range(models)))
-    router = Router(waker=None, config=RouterConfig())
-    c = Controller(str(directory), router=router, settle=0)
-    router.set_catalog(c.load())
-    fleet = SimFleet("http://127.0.0.1:1", nodes)
-    for agent in fleet.agents:
-        c.inventory.report(agent.name, agent.report())
-    c.reconciler.reconcile_once()            # places every replica
-    for agent in fleet.agents:
-        _, specs = c.desired.get(agent.name) or (0, ())
-        for port, spec in enumerate(specs, 20001):
-            agent.replicas[spec.id] = SimReplica(spec, port, ReplicaState.READY)
-        c.inventory.report(agent.name, agent.report())
-    c.reconciler.reconcile_once()            # sees them ready
-    return c, fleet.agents
+    return status.build(nodes, router=Router(waker=None, config=RouterConfig()), prefix="llmgw-rollout-")
 
 
 def report(c, agent) -> None:
@@ -147,7 +124,7 @@ def main() -> None:
     def load():
         directory = Path(c.watcher.directory)
         text = (directory / "base.yaml").read_text()
-        was = model_yaml("big", len(old))
+        was = status.model_yaml("big", len(old))
         assert was in text
         (directory / "base.yaml").write_text(text.replace(was, was + "        args: [--changed]\n"))
         outcome = c.watcher.reload()

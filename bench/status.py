@@ -46,8 +46,9 @@ def model_yaml(name: str, replicas: int) -> str:
             f"      - name: p\n        engine: sim\n        gpus: 1\n")
 
 
-def build(nodes: int) -> tuple[Controller, list[SimAgent]]:
-    directory = Path(tempfile.mkdtemp(prefix="llmgw-status-"))
+def build(nodes: int, router=None, prefix: str = "llmgw-status-") -> tuple[Controller, list[SimAgent]]:
+    """The fleet every replica ready; with `router` (an in-process Router) wired as serve wires it."""
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
     big = min(BIG, 2 * nodes)
     models = max(100, nodes // 5) if nodes >= 500 else max(1, nodes // 5)
     per_model = max(1, (4 * nodes - big) // models)
@@ -55,8 +56,10 @@ def build(nodes: int) -> tuple[Controller, list[SimAgent]]:
     (directory / "engines.yaml").write_text(head + ENGINE_YAML)
     (directory / "base.yaml").write_text(head + "models:\n" + model_yaml("big", big)
                                          + "".join(model_yaml(f"m{i:04d}", per_model) for i in range(models)))
-    c = Controller(str(directory), settle=0)
-    c.load()
+    c = Controller(str(directory), router=router, settle=0)
+    catalog = c.load()
+    if router is not None:
+        router.set_catalog(catalog)
     fleet = SimFleet("http://127.0.0.1:1", nodes)
     for agent in fleet.agents:
         c.inventory.report(agent.name, agent.report())
