@@ -33,6 +33,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -306,6 +307,7 @@ def main() -> None:
             proc.wait()
         log.close()
     report(args, bounds, end, results, samples, events)
+    shutil.rmtree(tmp, ignore_errors=True)     # kept when the run failed: serve.log is there
     if args.dump:
         args.dump.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results,
                                          "samples": samples, "events": events}))

@@ -39,6 +39,7 @@ import asyncio
 import gc
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -140,6 +141,7 @@ class Bench:
         self.listen = free_port()
         self.url = f"http://127.0.0.1:{self.control}"
         self.proc: subprocess.Popen | None = None
+        self.passed = False
         self.fleet = SimFleet(self.url, args.nodes, routers=args.routers, heartbeat=args.heartbeat,
                               router_process=not args.routers_in_process)
         total = 4 * args.nodes
@@ -164,7 +166,9 @@ class Bench:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "llmgwctl", "serve", "--no-local-agent", "--catalogs", str(self.catalogs),
              "--listen", f"127.0.0.1:{self.listen}", "--control", f"127.0.0.1:{self.control}", *extra],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            # From the tree this bench is in: `python -m` puts the working directory
+            # ahead of PYTHONPATH, and a run started from another checkout measured that one.
+            cwd=Path(__file__).resolve().parent.parent, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     async def get(self, session: aiohttp.ClientSession, path: str) -> tuple[int, bytes]:
         async with session.get(self.url + path, timeout=aiohttp.ClientTimeout(total=60)) as resp:
@@ -237,6 +241,7 @@ class Bench:
                     await self.changes(base)
                 if a.restart:
                     await self.restart(session)
+                self.passed = True
             finally:
                 routers_cpu = self.routers_cpu()
                 sim_cpu, wall = self_cpu() - sim_cpu0, time.monotonic() - t0
@@ -252,6 +257,8 @@ class Bench:
                       f"watches {self.fleet.watch_failures()}")
                 self.proc.send_signal(signal.SIGKILL)
                 self.proc.wait()
+                if self.passed:     # a failed run keeps its directory: the error names serve's log there
+                    shutil.rmtree(self.dir, ignore_errors=True)
 
     def routers_cpu(self) -> float:
         """The router process's CPU seconds so far (0 with the routers on this loop)."""
