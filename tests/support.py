@@ -8,10 +8,11 @@ when a test moves it. A piece a synchronous test drives runs on a `LoopThread`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -65,6 +66,20 @@ async def until(predicate: Callable[[], Any], what: str, timeout: float = DEADLI
         if time.monotonic() > deadline:
             raise _failed(what, timeout, None)
         await asyncio.sleep(every)
+
+
+@contextlib.asynccontextmanager
+async def local_server(app: Any) -> AsyncIterator[str]:
+    """Serve an aiohttp `app` on 127.0.0.1 at a free port for the block; yields its base URL."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
 
 
 def need(ok: bool, reason: str, required_by: str, requires: str | None = None) -> None:

@@ -19,6 +19,7 @@ from llmgwctl.router.upstream import Pool
 from tests.e2e.fleet import wait_until
 
 from ..faults.load import SteadyLoad, summary
+from ..support import local_server
 
 
 class _HandleClosed:
@@ -49,25 +50,20 @@ async def _closed_behind_the_pools_back() -> tuple[int, int]:
 
     app = web.Application()
     app.router.add_post("/v1/completions", ok)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    pool = Pool()
-    try:
-        first = await pool.post(url, "/v1/completions", b"{}")
-        await first.read()
-        first.release()                                     # back in the pool, idle
-        (conn,) = pool._idle[url]
-        conn.transport = _HandleClosed(conn.transport)
-        again = await asyncio.wait_for(pool.post(url, "/v1/completions", b"{}"), 10)
-        body = await asyncio.wait_for(again.read(), 10)
-        again.release()
-        return again.status, len(body)
-    finally:
-        await pool.close()
-        await runner.cleanup()
+    async with local_server(app) as url:
+        pool = Pool()
+        try:
+            first = await pool.post(url, "/v1/completions", b"{}")
+            await first.read()
+            first.release()                                     # back in the pool, idle
+            (conn,) = pool._idle[url]
+            conn.transport = _HandleClosed(conn.transport)
+            again = await asyncio.wait_for(pool.post(url, "/v1/completions", b"{}"), 10)
+            body = await asyncio.wait_for(again.read(), 10)
+            again.release()
+            return again.status, len(body)
+        finally:
+            await pool.close()
 
 
 @pytest.mark.parametrize("loop", ["uvloop", "asyncio"])

@@ -10,6 +10,8 @@ from llmgwctl.contracts import Endpoint
 from llmgwctl.router.balancer import Balancer
 from llmgwctl.router.poller import LoadPoller
 
+from ..support import local_server
+
 PAGE = "vllm:num_requests_running{model_name=\"m\"} 3\nvllm:num_requests_waiting{model_name=\"m\"} 0\n"
 
 
@@ -29,14 +31,9 @@ def test_a_poll_subtracts_our_count_as_it_was_when_sent_not_when_answered():
 
         app = web.Application()
         app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]     # type: ignore[union-attr]
-        try:
+        async with local_server(app) as url:
             balancer.set_endpoints([Endpoint(replica_id="r", model="m", profile="p", engine="vllm",
-                                             url=f"http://127.0.0.1:{port}", metrics_path="/metrics")])
+                                             url=url, metrics_path="/metrics")])
             st = balancer.states()[0]
             state_of.append(st)
             for _ in range(3):
@@ -46,7 +43,5 @@ def test_a_poll_subtracts_our_count_as_it_was_when_sent_not_when_answered():
             assert st.load is not None and st.load.running == 3, "the page was read"
             assert st.inflight == 0
             assert st.others == 0, "the engine's 3 were ours: no other router's load on it"
-        finally:
-            await runner.cleanup()
 
     asyncio.run(asyncio.wait_for(run(), 30))
