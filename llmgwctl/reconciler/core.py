@@ -47,8 +47,21 @@ log = logging.getLogger("llmgw.reconciler")
 # to 15 s -- three agent heartbeats -- so a restart never starts duplicates of
 # replicas whose nodes simply have not reported yet. It ends early once every
 # node heard from has reported twice (the second report proves the first was
-# not a stale retry, and that the agent sees our desired list).
+# not a stale retry, and that the agent sees our desired list) -- but not
+# before a heartbeat and a half has passed since the first pass (EARLIEST_END).
 SETTLE = 15.0
+# The early end waits at least half the inventory's node timeout (three
+# heartbeats: so a heartbeat and a half), counted from the first pass, i.e.
+# from when the control API took reports. "Every node heard from" only covers the nodes that
+# have reported yet: an agent whose report failed while the controller was
+# down retries at most a heartbeat later (agent.controller.report_loop), so
+# before then one node's change-driven second report could end the window
+# while another was still backing off. That ended it with the late node's pool
+# unknown: its models were declared unplaceable and the router answered 503
+# (CI, the restart-while-edited fault test), or its replicas were placed a
+# second time elsewhere. The half heartbeat is for the report's own trip
+# through a controller taking a whole fleet's first reports at once.
+EARLIEST_END = 0.5
 # A replica being stopped gets up to 30 s for requests already in flight:
 # long enough for a typical chat completion to finish streaming, short enough
 # that a scale-down frees its GPUs promptly.
@@ -157,6 +170,7 @@ class Reconciler:
         self.settle, self.drain_grace, self.replace_after = settle, drain_grace, replace_after
         self.started = clock()
         self.settled = settle <= 0
+        self._first_pass: float | None = None      # when the first pass ran (see EARLIEST_END)
         self.replicas: dict[str, Replica] = {}
         # Ids of replicas given up on (their node was lost too long): if the node
         # comes back still running them, they are not adopted again but stopped.
@@ -262,9 +276,12 @@ class Reconciler:
                 self.event("node-lost", f"node {node.name} missed its reports; its replicas leave the router")
             self._merge_reports(catalog, now)
             self._handle_lost_nodes(now)
+            if self._first_pass is None:
+                self._first_pass = now
             if not self.settled:
                 nodes = list(self.inventory.nodes())
-                heard_twice = nodes and all(n.reports >= 2 for n in nodes)
+                heard_twice = (nodes and all(n.reports >= 2 for n in nodes)
+                               and now - self._first_pass >= EARLIEST_END * self.inventory.unreachable_after)
                 if now - self.started >= self.settle or heard_twice:
                     self.settled = True
                     self.event("settled", f"settling window over: adopted {sum(r.adopted for r in self.replicas.values())} replicas")

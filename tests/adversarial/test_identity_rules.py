@@ -152,7 +152,7 @@ def test_the_refusal_shows_on_the_node_in_status_while_the_second_agent_keeps_tr
 
 
 def test_a_replica_reported_by_a_second_node_is_not_adopted_twice():
-    w = World(catalog(model("a")))
+    w = World(catalog(model("a")), settle=0)     # placed at once: this is about the claim, not the settling window
     converge(w, ("n1",))
     (rid,) = w.rec.replicas
     copied = dict(w.running["n1"][rid], url="http://127.0.0.1:29999")

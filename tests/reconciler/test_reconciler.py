@@ -59,10 +59,13 @@ class World:
                               clock=self.clock, wall_clock=self.clock, settle=settle, drain_grace=30, replace_after=60)
         self.running = {}   # node -> {id: report dict}
         self.alive = set()  # nodes whose agents send heartbeats on every step
+        self.pools = {}     # node -> the pools it last reported
 
 
-    def report(self, node, gpus=2, pools=("gpu",)):
+    def report(self, node, gpus=2, pools=None):
         self.alive.add(node)
+        pools = self.pools.setdefault(node, ("gpu",)) if pools is None else pools
+        self.pools[node] = pools
         self.inventory.report(node, {
             "node": node, "pools": list(pools), "engines": {"fake": {"available": True, "reason": ""}},
             "gpus": [{"index": i, "uuid": f"{node}-{i}", "name": "A100"} for i in range(gpus)],
@@ -115,14 +118,44 @@ def converge(world, nodes=("n1",), rounds=4):
 
 
 def test_settling_window_starts_nothing_and_ends_when_every_node_reported_twice():
-    w = World(catalog(model("a")))
+    w = World(catalog(model("a")), settle=30)
+    w.quiet_pass(0)
     w.report("n1")
     w.quiet_pass()
     assert not w.rec.settled and w.rec.replicas == {} and w.desired.get("n1") is None
     w.report("n1")
-    w.quiet_pass()
+    w.quiet_pass(6.4)       # a heartbeat and a half (7.5 s of a 15 s node timeout) after the first pass: not yet
+    assert not w.rec.settled
+    w.quiet_pass(0.1)
     assert w.rec.settled and w.states() == [("a", "n1", "pending")]
     assert len(w.desired.get("n1")[1]) == 1
+
+
+def test_a_node_still_backing_off_after_a_restart_is_waited_for():
+    """CI: after a controller restart n2 reported twice at once (its second report was driven by
+    the new desired list) while n1, the only node of pool `gpu`, was still in its retry backoff.
+    Ending the window there declared n1's model unplaceable and would place n1's replicas again
+    elsewhere; the window must last until a node backing off has had its retry land."""
+    w = World(catalog(model("big", pool="gpu"), model("small", pool="cpu")), settle=0)
+    w.report("n1")
+    w.report("n2", pools=("cpu",))
+    converge(w, nodes=("n1", "n2"))
+    assert len(w.rec.replicas) == 2
+    fresh = World(w.live.current, settle=15)
+    fresh.running, fresh.pools = w.running, w.pools
+    fresh.quiet_pass(0)
+    for _ in range(2):
+        fresh.report("n2", pools=("cpu",))
+        fresh.quiet_pass(0.5)
+    assert not fresh.rec.settled, "n1 may still be backing off: its retry comes within a heartbeat"
+    fresh.report("n1")
+    fresh.quiet_pass(3)
+    fresh.report("n1")
+    fresh.report("n2", pools=("cpu",))
+    fresh.quiet_pass(5)
+    assert fresh.rec.settled
+    assert {r.spec.id for r in fresh.rec.replicas.values()} == set(w.rec.replicas), "both adopted, nothing new"
+    assert all(r.adopted for r in fresh.rec.replicas.values()) and fresh.rec.unplaceable == {}
 
 
 def test_settling_window_ends_on_time_without_reports():
@@ -159,10 +192,11 @@ def test_restart_adopts_what_agents_run_and_starts_no_duplicate():
     # A new controller: no records, a settling window, the same agents.
     fresh = World(w.live.current, settle=30)
     fresh.running = w.running
+    fresh.quiet_pass(0)
     fresh.report("n1")
     fresh.quiet_pass()
     fresh.report("n1")
-    fresh.quiet_pass()
+    fresh.quiet_pass(7)
     assert fresh.rec.settled
     assert {r.spec.id: r.spec.spec_hash for r in fresh.rec.replicas.values()} == before
     assert all(r.adopted for r in fresh.rec.replicas.values())
