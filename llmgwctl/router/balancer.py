@@ -120,28 +120,50 @@ class Balancer:
         """
         old = self._states
         states: dict[str, EndpointState] = {}
+        # Models whose endpoints changed: only their tiers are built again.
+        # A 1,000-replica rollout over 20,000 endpoints rebuilt every model's
+        # on each of its passes' pushes, most of a 40-55 ms push (issue 19).
+        touched: set[str] = set()
+        gained: set[str] = set()
         for ep in endpoints:
-            if ep.replica_id in states:
-                raise ValueError(f"replica id {ep.replica_id!r} appears twice in the endpoint list")
-            prev = old.get(ep.replica_id)
-            if prev is not None and prev.endpoint == ep:
-                states[ep.replica_id] = prev
+            rid = ep.replica_id
+            if rid in states:
+                raise ValueError(f"replica id {rid!r} appears twice in the endpoint list")
+            prev = old.get(rid)
+            # `is` first: the reconciler hands the same Endpoint object while nothing about
+            # a replica changed, and a dataclass == of every field, 20,000 times, was a third of it.
+            if prev is not None and (prev.endpoint is ep or prev.endpoint == ep):
+                st = prev
             else:
                 # Changed fields (a new url after a restart): fresh counters, but the
                 # last use still counts for the idle timeout.
-                states[ep.replica_id] = EndpointState(ep, prev.last_used if prev else None, self._clock())
-        by_model: dict[str, dict[int, list[EndpointState]]] = {}
-        for st in states.values():
-            by_model.setdefault(st.endpoint.model, {}).setdefault(st.endpoint.priority, []).append(st)
-        gained = {st.endpoint.model for rid, st in states.items() if rid not in old}
-        for rid, st in old.items():
-            if rid not in states and st.inflight > 0:
-                self._withdrawn[rid] = st
+                st = EndpointState(ep, prev.last_used if prev else None, self._clock())
+                touched.add(ep.model)
+                if prev is None:
+                    gained.add(ep.model)
+                else:
+                    touched.add(prev.endpoint.model)
+            states[rid] = st
+        if len(states) != len(old) or touched:
+            for rid, st in old.items():
+                if rid not in states:
+                    touched.add(st.endpoint.model)
+                    if st.inflight > 0:
+                        self._withdrawn[rid] = st
         self._states = states
-        self._tiers = {model: tuple(tuple(tiers[p]) for p in sorted(tiers, reverse=True))
-                       for model, tiers in by_model.items()}
-        self._profiles = {model: frozenset(st.endpoint.profile for tier in tiers.values() for st in tier)
-                          for model, tiers in by_model.items()}
+        if touched:
+            by_model: dict[str, dict[int, list[EndpointState]]] = {model: {} for model in touched}
+            for st in states.values():
+                tiers = by_model.get(st.endpoint.model)
+                if tiers is not None:
+                    tiers.setdefault(st.endpoint.priority, []).append(st)
+            for model, tiers in by_model.items():
+                if tiers:
+                    self._tiers[model] = tuple(tuple(tiers[p]) for p in sorted(tiers, reverse=True))
+                    self._profiles[model] = frozenset(st.endpoint.profile for tier in tiers.values() for st in tier)
+                else:
+                    self._tiers.pop(model, None)
+                    self._profiles.pop(model, None)
         self.generation += 1
         return gained
 

@@ -194,7 +194,7 @@ class Router:
         self._bad_urls = refused
         self._told_endpoints = True
         gained = self.balancer.set_endpoints(usable)
-        self.metrics.set_endpoints(st.endpoint for st in self.balancer.states())
+        self.metrics.set_endpoints([st.endpoint for st in self.balancer.states()])
         self.cold.endpoints_changed(gained)
         if self.poller is not None:
             self.poller.resync()

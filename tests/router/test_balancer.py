@@ -283,6 +283,24 @@ def test_set_endpoints_keeps_state_of_unchanged_ids_and_reports_new_models():
     assert b.has_profile("m", "p") and not b.has_profile("m", "q") and b.ready_count("m") == 1
 
 
+def test_a_push_rebuilds_the_tiers_of_the_models_it_changed_and_keeps_the_others():
+    """set_endpoints builds again only the models whose endpoints came, went or changed (issue 19)."""
+    a1, a2, b1 = ep("a1", model="a"), ep("a2", model="a", priority=1), ep("b1", model="b")
+    b, _ = make(a1, a2, b1)
+    kept = state(b, "b1")
+    moved = Endpoint(replica_id="a2", model="a", profile="p", engine="fake", url="http://127.0.0.1:9", priority=1)
+    b2 = ep("b2", model="b", profile="q")
+    assert b.set_endpoints([a1, moved, b1, b2]) == {"b"}, "a changed url is no gain; a new id is"
+    assert state(b, "b1") is kept, "an endpoint handed again keeps its state"
+    assert b.pick("a").endpoint.url == "http://127.0.0.1:9", "the higher tier holds the moved endpoint"
+    assert b.ready_count("b") == 2 and b.has_profile("b", "q")
+    b.set_endpoints([b1, b2, ep("c1", model="c")])
+    assert b.pick("a") is None and b.ready_count("a") == 0 and not b.has_profile("a", "p"), "every endpoint of a left"
+    assert b.pick("c").replica_id == "c1" and b.ready_count("b") == 2
+    b.set_endpoints([ep("c1", model="c")])
+    assert b.pick("b") is None and {st.replica_id for st in b.states()} == {"c1"}
+
+
 def test_duplicate_replica_ids_are_refused():
     b, _ = make()
     with pytest.raises(ValueError, match="appears twice"):
