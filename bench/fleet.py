@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import gc
 import os
 import resource
@@ -253,7 +254,9 @@ class Bench:
                       + (f"routers {routers_cpu / wall:.2f} (their process; {rp.lines} lines applied here "
                          f"in {rp.busy:.1f} s, longest {rp.longest * 1000:.0f} ms); " if rp else "")
                       + f"longest GC pause here {GC_PAUSES.longest * 1000:.0f} ms of {GC_PAUSES.full} full; "
-                      + f"errors: reports {self.fleet.report_errors}, polls {self.fleet.poll_errors}, "
+                      + f"errors: reports {self.fleet.report_errors} "
+                      f"({', '.join(f'{n} {why}' for why, n in self.fleet.report_failures.most_common()) or 'none'}), "
+                      f"polls {self.fleet.poll_errors}, "
                       f"watches {self.fleet.watch_failures()}")
                 self.proc.send_signal(signal.SIGKILL)
                 self.proc.wait()
@@ -417,6 +420,8 @@ class Bench:
         self.start_serve()
         await self.until("serve up again", lambda: self.healthy(session), 60)
         up = time.monotonic() - t0
+        # Reports that failed while serve was down are expected; the ones after it is up are what it refused or was late for.
+        failed_up = collections.Counter(fleet.report_failures)
 
         async def settled():
             try:
@@ -432,7 +437,8 @@ class Bench:
         await asyncio.sleep(self.args.heartbeat)     # anything it would start or stop, it has by now
         print(f"restart      {running} replicas: up {up:.1f} s, settled {took:.1f} s, every router whole "
               f"{whole:.1f} s after the kill; caused {fleet.starts() - starts0} starts, "
-              f"{fleet.stops() - stops0} stops")
+              f"{fleet.stops() - stops0} stops; reports failed once up: "
+              f"{dict(fleet.report_failures - failed_up) or 'none'}")
 
 
 def main() -> None:

@@ -157,10 +157,10 @@ class SimAgent:
                     await resp.read()
                     ok = resp.status < 300
                     if not ok:
-                        f.report_errors += 1
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                        f.report_failed(f"HTTP {resp.status}")
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 ok = False
-                f.report_errors += 1
+                f.report_failed(type(exc).__name__)
             if not ok:
                 await sleep_unless(retry.failure(), stop)
                 continue
@@ -442,6 +442,9 @@ class SimFleet:
         if self.router_process:
             self.router_process.on_endpoints = lambda r, t: self.on_endpoints(r, t)
         self.report_errors = self.poll_errors = self.watch_errors = 0   # watch_errors: routers on this loop
+        # Failed reports by what failed them (an HTTP status, or the exception's type: a
+        # refused connect while serve is down, a timeout while it is busy).
+        self.report_failures: collections.Counter[str] = collections.Counter()
         # Kept by the agents as they start and stop replicas: running replicas per model
         # (any state), and which agent runs each id (cheap questions for a measurement).
         self.models: collections.Counter[str] = collections.Counter()
@@ -458,6 +461,10 @@ class SimFleet:
             routers = ([self.router_process.run(stop)] if self.router_process
                        else [r.run(stop) for r in self.routers if isinstance(r, SimRouter)])
             await asyncio.gather(*(a.run(stop) for a in self.agents), *routers)
+
+    def report_failed(self, why: str) -> None:
+        self.report_errors += 1
+        self.report_failures[why] += 1
 
     def watch_failures(self) -> int:
         """Failed watch answers (and delta fallbacks) of every router, on this loop or in their process."""

@@ -71,6 +71,14 @@ SHUTDOWN_GRACE = SHUTDOWN_DRAIN + SHUTDOWN_ENGINES + SHUTDOWN_LOOPS
 # descriptors serve raises its limit to. Larger fleets behind one address:
 # raise it (--control-connections-per-client) or set 0.
 CONTROL_CONNECTIONS_PER_CLIENT = 4096
+# Connections the kernel queues for the control API before serve accepts
+# them. After a controller restart every agent of the fleet reconnects within
+# one retry interval, thousands at once at fleet size; aiohttp's default (128)
+# makes the kernel drop the rest of a burst's SYNs, and each dropped agent
+# waits out a SYN retransmit (1 s, then 3 s, 7 s) or its report's timeout,
+# late for the settling window. The kernel caps it at net.core.somaxconn
+# (4096 on current kernels).
+CONTROL_BACKLOG = 4096
 
 
 class ServeError(ControlError):
@@ -156,7 +164,7 @@ class Server:
         # behind one address (see CONTROL_CONNECTIONS_PER_CLIENT).
         self.connections = ConnectionGuard(self.cfg.control_connections_per_client)
         self.connections.install(runner.server)
-        site = web.TCPSite(runner, *self.cfg.control)
+        site = web.TCPSite(runner, *self.cfg.control, backlog=CONTROL_BACKLOG)
         try:
             await site.start()
         except OSError as exc:
