@@ -78,6 +78,8 @@ SMOOTH_AVERAGED = 2.0
 # The growth is fitted over the last 8 s: eight passes' averages, enough to
 # see a ramp through their noise, short next to the ramp itself.
 TREND = 8.0
+# What `_recent` keeps: the longest of the three.
+_KEPT = max(SMOOTH, SMOOTH_AVERAGED, TREND)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +150,15 @@ class Autoscaler:
 
     def _smoothed(self, now: float, sig: Signal) -> float:
         smooth = SMOOTH if sig.span is None else SMOOTH_AVERAGED
-        recent = [(v, w) for t, v, w, _ in self._recent if t > now - smooth]
+        # From the newest back to the window's start, not over all TREND keeps: the passes are
+        # in time order (one clock, appended as they come), and every model's mean is taken
+        # every pass (issue 19: 1,001 models). Summed oldest first as before: the same floats.
+        recent = []
+        for t, v, w, _ in reversed(self._recent):
+            if t <= now - smooth:
+                break
+            recent.append((v, w))
+        recent.reverse()
         weight = sum(w for _, w in recent)
         return sum(v * w for v, w in recent) / weight if weight > 0 else sig.load   # type: ignore[return-value]
 
@@ -207,7 +217,7 @@ class Autoscaler:
             self._recent.append((now, sig.load, 1.0, now))
         else:
             self._recent.append((now, sig.load, sig.span, now - sig.span / 2))
-        while self._recent[0][0] <= now - max(SMOOTH, SMOOTH_AVERAGED, TREND):
+        while self._recent[0][0] <= now - _KEPT:
             self._recent.popleft()
         load = self._smoothed(now, sig)
         target = policy.target
@@ -221,9 +231,8 @@ class Autoscaler:
         per = load / max(current, 1)
         # Inside the band the count holds -- unless min or max moved under it.
         banded = current > 0 and abs(per / target - 1) <= policy.tolerance + _EPSILON and low <= current <= high
-        what = (f"{policy.metric} {load:.3g} on {sig.ready} ready replica{'s' if sig.ready != 1 else ''}"
-                f" (target {target:g} each)")
         if needed > current and not banded:
+            what = _measured(policy, load, sig)
             growth = self._trend(now) if cold_start > 0 else 0.0
             if growth > 0:
                 horizon = cold_start + (SMOOTH if sig.span is None else SMOOTH_AVERAGED) / 2
@@ -246,6 +255,13 @@ class Autoscaler:
             if recommended >= current:
                 return Decision(current, needed, load=load)
             wanted = max(recommended, current - policy.max_step, low)
-            return Decision(wanted, needed, load=load, reason=f"{what}; at most {recommended} needed throughout the last "
-                            f"{format_duration(window)}")
+            return Decision(wanted, needed, load=load, reason=f"{_measured(policy, load, sig)}; at most {recommended} "
+                            f"needed throughout the last {format_duration(window)}")
         return Decision(current, needed, load=load)
+
+
+def _measured(policy: ScalingPolicy, load: float, sig: Signal) -> str:
+    """What a reason starts with: the load it was taken on. Formatted only for a reason (a pass holds
+    most models' counts, and formatting one for each of issue 19's 1,001 models was a pass's millisecond)."""
+    return (f"{policy.metric} {load:.3g} on {sig.ready} ready replica{'s' if sig.ready != 1 else ''}"
+            f" (target {policy.target:g} each)")

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, runtime_checkable
 
-from ..catalog import Catalog, Live, Model, Profile, ScalingPolicy
+from ..catalog import Autoscale, Catalog, Live, Model, Profile, ScalingPolicy
 from ..contracts import (ConcurrencySource, Endpoint, Event, FleetStatus, LoadReading, LoadSource, ModelState,
                          ModelStatus, ReplicaSpec, ReplicaState, ReportedReplica,
                          UsageSnapshot, UsageSource)
@@ -132,6 +132,10 @@ class Replica:
     def url(self) -> str | None:
         return self.reported.url if self.reported else None
 
+# What a model's scale leaves out (on their way out) and counts as on their way in.
+_GONE = (ReplicaState.DRAINING, ReplicaState.STOPPING)
+_COMING = (ReplicaState.PENDING, ReplicaState.STARTING)
+
 
 @dataclass
 class _ModelScale:
@@ -141,11 +145,56 @@ class _ModelScale:
     # --- autoscaling (issue 17): the policy's state and its last measurement, for status ---
     autoscaler: Autoscaler = field(default_factory=Autoscaler)
     policy: ScalingPolicy | None = None    # the catalog policy the history was gathered under
+    policy_of: Autoscale | None = None     # the catalog block `policy` was resolved from (see _wanted)
     load: float | None = None
     needed: int | None = None
     # Seconds from placement to ready of its recent replicas (a running mean): how far ahead a step
     # up is sized (autoscale.Autoscaler.decide); 0 until one of its replicas was placed and became ready.
     cold_start: float = 0.0
+
+
+class _Tally:
+    """One model's records as one pass of `_wanted` sees them (see `Reconciler._tally`)."""
+
+    __slots__ = ("ready", "starting", "last_used", "grown", "span")
+
+    def __init__(self, last_used: float | None, span: float | None):
+        self.ready: list[str] = []      # ids of its ready replicas, in record order
+        self.starting = 0               # placed or starting: capacity on its way
+        self.last_used = last_used      # its scale's, moved on by its replicas' use this pass
+        self.grown = 0.0                # request-seconds in flight on its replicas since the last pass
+        self.span = span                # seconds since the last pass's counters; None: no two readings
+
+    def concurrency(self) -> tuple[float, float] | None:
+        return (self.grown, self.span) if self.span is not None else None
+
+
+# A model with no record (never written to: signal() only reads a tally's lists).
+_NO_RECORDS = _Tally(None, None)
+
+
+class _InFlight(Mapping[str, int]):
+    """The usage snapshot's in-flight count per replica id, read in place (absent: 0 in flight).
+
+    What `autoscale.signal` reads for a model's ready ids. One view for the
+    whole pass instead of a dict per model of every id it keeps: issue 19's
+    fleet built 1,001 of them over 20,000 replicas a pass, and with the
+    routers' counters `signal` reads none of them.
+    """
+
+    __slots__ = ("_usage",)
+
+    def __init__(self, usage: UsageSnapshot):
+        self._usage = usage
+
+    def __getitem__(self, rid: str) -> int:
+        return self._usage.get(rid, UNUSED)[1]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._usage)
+
+    def __len__(self) -> int:
+        return len(self._usage)
 
 
 class Reconciler:
@@ -478,39 +527,44 @@ class Reconciler:
             # publishes the list; until then it keeps running what it runs.
 
     def _wanted(self, catalog: Catalog, now: float, usage: UsageSnapshot) -> dict[str, int]:
-        by_model: dict[str, list[Replica]] = collections.defaultdict(list)
-        for rec in self.replicas.values():
-            by_model[rec.spec.model].append(rec)
+        # Every pass, for every model: issue 19's fleet (5,000 nodes, 20,000 replicas, 1,001
+        # models) spent ~50 ms of a ~115 ms steady pass here when the records were grouped,
+        # then each model's filtered, summed and listed in a comprehension apiece, and its
+        # policy, scale state and concurrency ids built anew. Now one walk of the records in
+        # their own order sums every model's (`_tally`); the decisions are the same.
+        tallies = self._tally(now, usage)
+        inflight_by = _InFlight(usage)    # read in place: `signal` looks up only the ready ids
+        scales = self._scale
         wanted = {}
         for model in catalog.models:
-            scale = self._scale.setdefault(model.name, _ModelScale(wanted=model.replicas.min))
-            recs = [r for r in by_model.get(model.name, ()) if r.state not in (ReplicaState.DRAINING, ReplicaState.STOPPING)]
-            inflight = 0
-            for rec in recs:
-                last, n = usage.get(rec.spec.id, UNUSED)
-                inflight += n
-                if last is not None:
-                    scale.last_used = max(scale.last_used or last, last)
-                if n:
-                    scale.last_used = now
-            used = max((t for t in (scale.last_used, scale.woken) if t is not None), default=None)
+            scale = scales.get(model.name)
+            if scale is None:
+                scale = scales[model.name] = _ModelScale(wanted=model.replicas.min)
+            tally = tallies.get(model.name)
+            if tally is None:
+                tally = _NO_RECORDS     # nothing ready: `signal` reads neither load nor concurrency
+            else:
+                scale.last_used = tally.last_used
+            used = scale.last_used
+            if scale.woken is not None and (used is None or scale.woken > used):
+                used = scale.woken
             idle = model.idle_timeout is not None and (used is None or now - used >= model.idle_timeout)
             target = max(scale.wanted, model.replicas.min)
             why = "idle"
             # --- autoscaling (issue 17): the policy in llmgwctl.reconciler.autoscale ---
-            policy = model.autoscale.policy()
-            if scale.policy != policy:
-                scale.autoscaler.reset()     # a history gathered under another target means nothing now
-                scale.policy = policy
+            # The catalog's block is frozen: the one the policy was resolved from resolves to it again.
+            policy = scale.policy
+            if policy is None or scale.policy_of is not model.autoscale:
+                policy = model.autoscale.policy()
+                if scale.policy != policy:
+                    scale.autoscaler.reset()     # a history gathered under another target means nothing now
+                    scale.policy = policy
+                scale.policy_of = model.autoscale
             if idle:
                 target = model.replicas.min
                 scale.autoscaler.reset()
             else:
-                ready = [r.spec.id for r in recs if r.state == ReplicaState.READY]
-                starting = sum(r.state in (ReplicaState.PENDING, ReplicaState.STARTING) for r in recs)
-                inflight_by = {r.spec.id: usage.get(r.spec.id, UNUSED)[1] for r in recs}
-                sig = signal(policy.metric, ready, starting, inflight_by, self._loads,
-                             self._concurrency([r.spec.id for r in by_model.get(model.name, ())], now))
+                sig = signal(policy.metric, tally.ready, tally.starting, inflight_by, self._loads, tally.concurrency())
                 # A scale-to-zero model in use keeps one replica: only its idle timeout takes it to zero.
                 low = max(model.replicas.min, 1 if used is not None else 0)
                 decision = scale.autoscaler.decide(policy, now, min(target, model.replicas.max), sig,
@@ -532,29 +586,77 @@ class Reconciler:
                                + (f" ({why})" if why != "idle" else ""))
             scale.wanted = target
             wanted[model.name] = target
-        for name in [n for n in self._scale if catalog.resolve(n) is None]:
-            del self._scale[name]
+        if len(scales) > len(wanted):       # every model of the catalog has one: only then is one stale
+            for name in [n for n in scales if catalog.resolve(n) is None]:
+                del scales[name]
         return wanted
 
-    def _concurrency(self, ids: Iterable[str], now: float) -> tuple[float, float] | None:
-        """(request-seconds in flight on these replicas since the last pass, seconds since it); None without counters.
+    def _tally(self, now: float, usage: UsageSnapshot) -> dict[str, _Tally]:
+        """Every model's records summed in one walk of them: by model name, for `_wanted`.
 
-        Every replica of the model counts, draining ones too: their requests
-        are load it still serves. A replica new since the last pass starts
-        from its first reading, and a counter that went back (its router
-        restarted, or listed it anew) adds nothing this pass.
+        In the records' own order, not model by model: at 20,000 records the
+        lookups in the usage and counter snapshots stay near in memory, and
+        the walk took half the time of a model-by-model one (issue 19).
+        Draining and stopping replicas count only towards the concurrency:
+        their requests are load the model still serves, but they are no
+        capacity and their use does not keep the model awake.
+        """
+        # The members once, as locals: reading `ReplicaState.READY` costs ~75 ns on Python 3.11,
+        # three times over 20,000 records a pass.
+        ready_state, gone, coming = ReplicaState.READY, _GONE, _COMING
+        scales = self._scale
+        tallies: dict[str, _Tally] = {}
+        counters = self._counters(now)
+        span = counters[2] if counters is not None else None
+        # The counters all as they were (no request in flight anywhere since the last pass):
+        # nothing grew, and one comparison of the two snapshots says so without two lookups a record.
+        busy_now = busy_before = None
+        if counters is not None and counters[0] != counters[1]:
+            busy_now, busy_before = counters[0].get, counters[1].get
+        usage_get = usage.get
+        for rec in self.replicas.values():
+            spec = rec.spec
+            tally = tallies.get(spec.model)
+            if tally is None:
+                scale = scales.get(spec.model)
+                tally = tallies[spec.model] = _Tally(scale.last_used if scale is not None else None, span)
+            rid = spec.id
+            if busy_now is not None and busy_before is not None:
+                # A replica new since the last pass starts from its first reading, and a counter
+                # that went back (its router restarted, or listed it anew) adds nothing this pass.
+                busy = busy_now(rid)
+                if busy is not None:
+                    before = busy_before(rid, busy)
+                    if busy > before:
+                        tally.grown += busy - before
+            state = rec.state
+            if state == ready_state:        # most are: asked first
+                tally.ready.append(rid)
+            elif state in coming:
+                tally.starting += 1
+            elif state in gone:
+                continue
+            use = usage_get(rid)
+            if use is not None:
+                last, n = use
+                if last is not None and (not tally.last_used or last > tally.last_used):
+                    tally.last_used = last      # max(last_used or last, last), as ever, without the call
+                if n:
+                    tally.last_used = now
+        return tallies
+
+    def _counters(self, now: float) -> tuple[Mapping[str, float], Mapping[str, float], float] | None:
+        """(this pass's in-flight counters, the last pass's, seconds between them); None without two readings.
+
+        Differenced per replica in `_tally`: request-seconds in flight since
+        the last pass over those seconds is the time-averaged concurrency.
         """
         if self._busy is None or self._busy_before is None:
             return None
         (_, counters), (then, before) = self._busy, self._busy_before
         if now <= then:
             return None
-        grown = 0.0
-        for rid in ids:
-            busy = counters.get(rid)
-            if busy is not None:
-                grown += max(0.0, busy - before.get(rid, busy))
-        return grown, now - then
+        return counters, before, now - then
 
     def _plan(self, catalog: Catalog, now: float, usage: UsageSnapshot) -> None:
         wanted = self._wanted(catalog, now, usage)

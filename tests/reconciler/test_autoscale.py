@@ -560,3 +560,42 @@ def test_the_router_offers_only_fresh_readings():
     assert b.load_snapshot() == {"r1": LoadReading(1, 2, 0.5)}
     clock.advance(4)
     assert b.load_snapshot() == {}, "a reading older than stale_after is unknown, not idle"
+
+
+def test_a_changed_policy_takes_effect_on_the_next_pass():
+    # The reconciler keeps each model's resolved policy while the catalog's block is the same
+    # object (issue 19): a swapped-in block must replace it, or the old target would go on.
+    w = World(scaled(), settle=0)
+    w.report("n1")
+    converge(w)
+    level_only(w)
+    under(w, 3)                             # 3 in flight, target 4: one replica is enough
+    assert count(w) == 1
+    w.live.swap(scaled(target=2))           # the same load now needs 2
+    under(w, 3)
+    assert count(w) == 2 and w.rec._scale["a"].policy.target == 2
+    (event,) = [e for e in w.rec.events if e.kind == "scale-up"]
+    assert "target 2 each" in event.message
+
+
+def test_counters_that_did_not_move_are_no_load_not_no_reading():
+    # Unchanged counters are skipped as a whole (issue 19); that is a time-average of 0, and the
+    # router's one sample (7 in flight) must not stand in for it as if there were no counters.
+    class Counters:
+        busy: dict = {}
+
+        def inflight_seconds(self):
+            return dict(self.busy)
+
+    w = World(scaled(), settle=0)
+    w.rec.concurrency = counters = Counters()
+    w.report("n1")
+    converge(w)
+    level_only(w)
+    (rid,) = [r.spec.id for r in w.rec.replicas.values()]
+    counters.busy = {rid: 100.0}
+    under(w, 7, passes=5)
+    assert count(w) == 1 and w.rec._scale["a"].load == 0.0
+    counters.busy = {rid: 107.0}            # and once they move, the growth is the load
+    under(w, 7, passes=1)
+    assert w.rec._scale["a"].load == 3.5    # the mean of this pass's 7 and the last one's 0
