@@ -10,13 +10,15 @@ keep, and which wanted replicas fit nowhere: with a reason an operator can act
 on and `Unplaceable.permanent` saying whether waiting can help.
 
 It must not know about processes, HTTP or time: no I/O, no clock, no state
-kept between calls. The same inputs always give the same plan, which is what
-lets the reconciler call it on every pass and tests call it at fleet scale.
+of its own between calls. The same inputs always give the same plan, which is
+what lets the reconciler call it on every pass and tests call it at fleet
+scale. A caller may hand each call the same `Memo`, which only makes a call
+whose input is mostly the last one's cheaper, never its plan different.
 """
 from .model import Assignment, NodeView, Plan, Running, Stop, Unplaceable
-from .place import MODEL_LEFT, REPLACED, REPLACED_NO_ROOM, SCALED_DOWN, place
+from .place import MODEL_LEFT, REPLACED, REPLACED_NO_ROOM, SCALED_DOWN, Memo, place
 
 __all__ = [
-    "Assignment", "NodeView", "Plan", "Running", "Stop", "Unplaceable", "place",
+    "Assignment", "Memo", "NodeView", "Plan", "Running", "Stop", "Unplaceable", "place",
     "MODEL_LEFT", "REPLACED", "REPLACED_NO_ROOM", "SCALED_DOWN",
 ]

@@ -1,10 +1,13 @@
 """Free GPUs and free GPU memory per node during one placement pass, indexed so picking a node does not scan the fleet.
 
-One `Fleet` lives for one call of `place()`. It starts from the inventory,
-marks every existing replica's GPUs (or its share of a GPU's memory) as taken,
-and then only ever takes more: nothing is freed inside a pass (a replica being
-stopped keeps its GPUs until it is gone, and the next pass sees the room).
-That monotonicity is what keeps the indexes cheap and exact.
+One `Fleet` lives for one call of `place()`. It starts from the inventory
+and what every existing replica holds there (its GPUs, or its share of a GPU's
+memory), one `Held` per node, and then only ever takes more: nothing is freed
+inside a pass (a replica being stopped keeps its GPUs until it is gone, and the
+next pass sees the room). That monotonicity is what keeps the indexes cheap
+and exact. A `Held` is never changed once built (the fleet copies a node's
+maps before its first take there), so place() can reuse one for the next
+pass while that node's GPUs and replicas are the same (`place.Memo`).
 
 A GPU is in one of three conditions:
 
@@ -65,7 +68,7 @@ import bisect
 import heapq
 from typing import Mapping, Sequence
 
-from .model import NodeView
+from .model import NodeView, Running, serving
 
 # The most replicas one node runs, whatever their GPUs. Each replica is an
 # engine process on a port of its own, and an agent's default port range
@@ -100,26 +103,62 @@ class _Group:
         heapq.heappush(heap, name)
 
 
+class Held:
+    """What the existing replicas on one node hold, built from exactly `gpus` and `replicas` and never changed after.
+
+    Every replica keeps its GPUs whatever its state: its declared MiB per GPU
+    (a memory profile), or the GPUs whole. A replica that is not serving may
+    not have allocated yet, so its MiB are also `pending`: the reported free
+    figure does not show them taken (see the module docstring).
+    """
+
+    __slots__ = ("gpus", "replicas", "free", "needs", "pending", "whole")
+
+    def __init__(self, gpus: tuple[int, ...], replicas: Sequence[Running]):
+        self.gpus, self.replicas = gpus, replicas
+        self.needs: dict[int, int] = {}
+        self.pending: dict[int, int] = {}
+        self.whole: set[int] = set()
+        taken: set[int] = set()
+        for r in replicas:
+            taken.update(r.gpu_indices)
+            if not r.memory_mib:
+                self.whole.update(r.gpu_indices)
+                continue
+            for index in r.gpu_indices:
+                self.needs[index] = self.needs.get(index, 0) + r.memory_mib
+                if not serving(r):
+                    self.pending[index] = self.pending.get(index, 0) + r.memory_mib
+        self.free: list[int] = sorted(set(gpus) - taken)
+
+
 class Fleet:
-    def __init__(self, nodes: Sequence[NodeView]):
+    def __init__(self, nodes: Sequence[NodeView], held: Mapping[str, Held] | None = None):
+        """`held`: for every node, what the existing replicas hold there, built from its GPUs (None: nothing held)."""
         self.nodes: dict[str, NodeView] = {}
         for node in nodes:
             if node.name in self.nodes:
                 raise ValueError(f"node {node.name!r} appears twice in the inventory given to placement")
             self.nodes[node.name] = node
-        self.free: dict[str, list[int]] = {n.name: sorted(set(n.gpus)) for n in nodes}
+        if held is None:
+            held = {n.name: Held(n.gpus, ()) for n in nodes}
+        own = {name: held[name] for name in self.nodes}
+        self.free: dict[str, list[int]] = {name: h.free for name, h in own.items()}
         # Replicas each node may still take (MAX_REPLICAS_PER_NODE less what runs
         # there); like free GPUs, it only falls during a pass.
-        self.slots: dict[str, int] = {n.name: MAX_REPLICAS_PER_NODE for n in nodes}
-        # What our replicas hold, filled by occupy() and take(): GPU index -> declared MiB
-        # (memory profiles), and the indices held whole. Only nodes that have some.
-        self.needs: dict[str, dict[int, int]] = {}
-        self.pending: dict[str, dict[int, int]] = {}     # the part of `needs` not yet seen allocated
-        self.whole: dict[str, set[int]] = {}
-        # The same for existing replicas only (occupy), so preemption can tell
-        # this pass's starts, which nothing frees, from replicas that may leave.
-        self.base_needs: dict[str, dict[int, int]] = {}
-        self.base_whole: dict[str, set[int]] = {}
+        self.slots: dict[str, int] = {name: MAX_REPLICAS_PER_NODE - len(h.replicas) for name, h in own.items()}
+        # What existing replicas hold, so preemption can tell this pass's
+        # starts, which nothing frees, from replicas that may leave: GPU index ->
+        # declared MiB (memory profiles), and the indices held whole. Only nodes
+        # that have some. Shared with the `Held`s: read, never changed.
+        self.base_needs: dict[str, dict[int, int]] = {name: h.needs for name, h in own.items() if h.needs}
+        self.base_whole: dict[str, set[int]] = {name: h.whole for name, h in own.items() if h.whole}
+        # The same once this pass's starts are added by take(), which copies a
+        # node's map before changing it.
+        self.needs: dict[str, dict[int, int]] = dict(self.base_needs)
+        self.pending: dict[str, dict[int, int]] = {   # the part of `needs` not yet seen allocated
+            name: h.pending for name, h in own.items() if h.pending}
+        self.whole: dict[str, set[int]] = dict(self.base_whole)
         self._budgets: dict[str, dict[int, int]] = {}     # computed per node on first use
         self._by_pool: dict[str, list[str]] | None = None
         self._groups: dict[tuple[str | None, str], _Group] = {}
@@ -174,31 +213,6 @@ class Fleet:
         return values[gpus - 1] if len(values) >= gpus else 0
 
     # -- changing ---------------------------------------------------------
-
-    def occupy(self, name: str, indices: Sequence[int], memory_mib: int = 0, allocated: bool = False) -> None:
-        """Mark GPUs of an existing replica taken (its `memory_mib` per GPU, or the whole GPUs).
-
-        `allocated`: its memory is already in the reported free figure (it is
-        ready). Only before the first pick (groups read counts once).
-        """
-        free = self.free.get(name)
-        if free is None:
-            return
-        self.slots[name] -= 1
-        if memory_mib:
-            maps = [self.needs.setdefault(name, {}), self.base_needs.setdefault(name, {})]
-            if not allocated:
-                maps.append(self.pending.setdefault(name, {}))
-            for needs in maps:
-                for index in indices:
-                    needs[index] = needs.get(index, 0) + memory_mib
-        else:
-            self.whole.setdefault(name, set()).update(indices)
-            self.base_whole.setdefault(name, set()).update(indices)
-        for index in indices:
-            pos = bisect.bisect_left(free, index)
-            if pos < len(free) and free[pos] == index:
-                del free[pos]
 
     def pick(self, pool: str | None, engine: str, gpus: int, spread: Mapping[str, int],
              memory_mib: int = 0) -> str | None:
@@ -317,7 +331,9 @@ class Fleet:
             budget = self.budgets(name)
             fitting = sorted((b, i) for i, b in budget.items() if b >= memory_mib)
             chosen = sorted(i for _, i in fitting[:gpus])
-            needs, pending = self.needs.setdefault(name, {}), self.pending.setdefault(name, {})
+            # Copies: the maps may be a `Held`'s, which the next pass reuses.
+            needs = self.needs[name] = dict(self.needs.get(name, {}))
+            pending = self.pending[name] = dict(self.pending.get(name, {}))
             for i in chosen:
                 budget[i] -= memory_mib
                 needs[i] = needs.get(i, 0) + memory_mib
@@ -331,7 +347,7 @@ class Fleet:
                 if free[i + gpus - 1] - free[i] == gpus - 1:
                     chosen = free[i:i + gpus]
                     break
-            self.whole.setdefault(name, set()).update(chosen)
+            self.whole[name] = self.whole.get(name, set()) | set(chosen)   # a copy, as above
             if name in self._budgets:
                 for i in chosen:
                     self._budgets[name][i] = 0

@@ -84,3 +84,9 @@ class Plan:
     stop: tuple[Stop, ...] = ()
     keep: tuple[str, ...] = ()            # replica ids left as they are
     unplaceable: tuple[Unplaceable, ...] = field(default=())
+
+
+def serving(replica: Running) -> bool:
+    """Whether the replica serves now. A report may say ready and failed at once (it crashed after
+    passing its health check); it is not serving, so it counts as not ready."""
+    return replica.ready and not replica.failed

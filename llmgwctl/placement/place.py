@@ -61,8 +61,8 @@ from collections import defaultdict
 from typing import Container, Mapping, Sequence
 
 from ..catalog import Catalog, Model, Profile
-from .fleet import Fleet
-from .model import Assignment, NodeView, Plan, Running, Stop, Unplaceable
+from .fleet import Fleet, Held
+from .model import Assignment, NodeView, Plan, Running, Stop, Unplaceable, serving
 from .reasons import Explainer
 
 SCALED_DOWN = "scaled down"
@@ -71,23 +71,113 @@ REPLACED = "replaced: profile changed"
 REPLACED_NO_ROOM = "replaced: profile changed (no room to start the new one first)"
 
 
+class Memo:
+    """What one call of place() built that a later call reuses where its inputs are the same: never an answer.
+
+    A rollout at fleet size calls place() on every pass with nearly the same
+    input (a few dozen of 20,000 replicas changed state); rebuilding every
+    node's free GPUs and every model's tally from all of them was most of
+    the call (50-60 ms of a 215 ms pass, issue 19). Two kinds of piece are
+    kept, each with exactly the input it was built from, and reused only
+    when that input compares equal (the same objects, in the reconciler):
+
+    - per node, a `fleet.Held`: from the node's GPU indices and the replicas
+      on it, in input order;
+    - per model, a `_Tally` (rules 2-5 for that model alone): from the Model
+      object itself, its wanted count, the replicas naming it in input order,
+      and the names of the nodes (a replica on an unknown node counts as lost).
+
+    Everything else -- the picks, preemption, the reasons -- is done afresh,
+    so a plan never depends on what a memo holds, only its cost does. Pieces
+    are immutable once built; each call replaces the memo's contents with the
+    pieces of its own input, so it holds one input's worth and no more. Not
+    for sharing between threads: calls with one memo must not overlap.
+    """
+
+    __slots__ = ("held", "tallies", "names")
+
+    def __init__(self) -> None:
+        self.held: dict[str, Held] = {}
+        self.tallies: dict[str, _Tally] = {}
+        self.names: tuple[str, ...] = ()
+
+
+class _Tally:
+    """One model's replicas sorted into what they mean for a pass, and what follows from them alone (rules 2-5).
+
+    Built from `model`, `want` and `replicas` (every replica naming the model,
+    in input order) and the fleet's node names, and never changed after:
+    place() reuses it while those are the same (see `Memo`).
+    """
+
+    __slots__ = ("model", "want", "replicas", "ranked", "rank", "current", "stale", "lost", "orphans", "stops",
+                 "spread", "missing", "worst")
+
+    def __init__(self, model: Model, want: int, replicas: Sequence[Running], fleet: Fleet):
+        self.model, self.want, self.replicas = model, want, replicas
+        self.ranked = model.ranked()                             # sorted once per model, not per replica
+        self.rank = rank = {p.name: i for i, p in enumerate(self.ranked)}   # 0 = best
+        current: list[Running] = []
+        stale: list[Running] = []
+        self.orphans: tuple[Running, ...] = ()                   # their profile left the model (rule 2)
+        self.lost = 0
+        for replica in replicas:
+            if replica.leaving:
+                continue
+            if replica.profile not in rank:
+                self.orphans += (replica,)
+            elif replica.lost or replica.node not in fleet:
+                # Left in keep: its node is not reporting, so there is nobody to
+                # stop it; if the node comes back, it counts again and any surplus
+                # is scaled down then.
+                self.lost += 1
+            elif replica.current:
+                current.append(replica)
+            else:
+                stale.append(replica)
+        stops: list[Stop] = []
+        if len(current) > want:
+            surplus = _surplus(current, rank, want)
+            stops.extend(Stop(r.replica_id, SCALED_DOWN) for r in surplus)
+            gone = {r.replica_id for r in surplus}
+            current = [r for r in current if r.replica_id not in gone]
+        every_serving = all(map(serving, current))
+        if stale and sum(map(serving, current)) >= want:
+            stops.extend(Stop(r.replica_id, REPLACED) for r in stale)
+            stale = []
+        self.current, self.stale, self.stops = tuple(current), tuple(stale), tuple(stops)
+        self.spread: dict[str, int] = {}                         # node -> current replicas there
+        for r in current:
+            self.spread[r.node] = self.spread.get(r.node, 0) + 1
+        self.missing = max(0, want - len(current))
+        # The replica rule 8 would move: the model has nothing stale, all of it
+        # serves, and its worst replica runs a profile of lower priority than
+        # its best (whether it is also short is known only after filling).
+        # None: rule 8 has nothing to do for it this pass.
+        self.worst: Running | None = None
+        if current and not stale and every_serving:
+            worst = max(current, key=lambda r: (rank[r.profile], _id_key(r.replica_id)))
+            if self.ranked[0].priority != self.ranked[rank[worst.profile]].priority:
+                self.worst = worst
+
+
 class _Share:
-    """One model's replicas, sorted into what they mean for this pass."""
+    """One model in this pass: its tally, and what the pass does for it (the only part that changes)."""
 
     __slots__ = ("model", "ranked", "rank", "current", "stale", "lost", "spread", "placed", "missing", "next_profile",
-                 "want", "note")
+                 "want", "note", "worst")
 
-    def __init__(self, model: Model):
-        self.model = model
-        self.ranked = model.ranked()                             # sorted once per pass, not per replica
-        self.rank = {p.name: i for i, p in enumerate(self.ranked)}   # 0 = best
-        self.current: list[Running] = []
-        self.stale: list[Running] = []
-        self.lost = 0
-        self.spread: dict[str, int] = defaultdict(int)          # node -> current replicas there
+    def __init__(self, tally: _Tally):
+        self.model, self.ranked, self.rank = tally.model, tally.ranked, tally.rank
+        self.current, self.stale, self.lost = tally.current, tally.stale, tally.lost
+        self.want, self.worst = tally.want, tally.worst
+        # Node -> the model's replicas there, which picks for it add to: a copy
+        # where this pass may pick for it (short, or rule 8 may move it), as
+        # the tally may serve the next pass; elsewhere the tally's own, only read.
+        self.spread: dict[str, int] = \
+            defaultdict(int, tally.spread) if tally.missing or tally.worst is not None else tally.spread
         self.placed = 0
-        self.missing = 0
-        self.want = 0
+        self.missing = tally.missing
         # Profiles that found no room stay full for the rest of the pass (nothing
         # is freed), so later replicas of this model start at the first that may fit.
         self.next_profile = 0
@@ -95,56 +185,58 @@ class _Share:
 
 
 def place(catalog: Catalog, nodes: Sequence[NodeView], running: Sequence[Running],
-          wanted: Mapping[str, int], movable: Container[str] | None = None) -> Plan:
+          wanted: Mapping[str, int], movable: Container[str] | None = None, memo: Memo | None = None) -> Plan:
     """The starts and stops that bring every catalog model to its wanted replica count.
 
     `wanted` maps a model name to how many current replicas it should have; a
     model not in it wants `replicas.min`. `movable` names the models that may
-    be moved back to their best profile this pass (None: all). ValueError for
-    input that cannot be right (a wanted model not in the catalog, a negative
-    count, a replica id or node name given twice) rather than a plan built on it.
+    be moved back to their best profile this pass (None: all). `memo`, kept
+    by the caller from one call to the next, makes a call whose input is
+    mostly the last one's cheap; the plan is the same without it. ValueError
+    for input that cannot be right (a wanted model not in the catalog, a
+    negative count, a replica id or node name given twice) rather than a plan
+    built on it.
     """
-    shares = {m.name: _Share(m) for m in catalog.models}
-    _check(wanted, shares)
-    fleet = Fleet(nodes)
-    stops: list[Stop] = []
-    seen: set[str] = set()
+    if memo is None:
+        memo = Memo()                   # one path: a fresh memo is what no memo means
+    models = {m.name: m for m in catalog.models}
+    _check(wanted, models)
+    ids = [r.replica_id for r in running]
+    by_node: dict[str, list[Running]] = defaultdict(list)
+    by_model: dict[str, list[Running]] = defaultdict(list)
     for replica in running:
-        if replica.replica_id in seen:
-            raise ValueError(f"replica {replica.replica_id!r} appears twice in the replicas given to placement")
-        seen.add(replica.replica_id)
-        fleet.occupy(replica.node, replica.gpu_indices, replica.memory_mib, allocated=_serving(replica))
-        if replica.leaving:
-            continue
-        share = shares.get(replica.model)
-        if share is None:
-            stops.append(Stop(replica.replica_id, MODEL_LEFT))
-        elif replica.profile not in share.rank:
-            stops.append(Stop(replica.replica_id, f"profile {replica.profile} left model {replica.model}"))
-        elif replica.lost or replica.node not in fleet:
-            # Left in keep: its node is not reporting, so there is nobody to
-            # stop it; if the node comes back, it counts again and any surplus
-            # is scaled down then.
-            share.lost += 1
-        elif replica.current:
-            share.current.append(replica)
-        else:
-            share.stale.append(replica)
+        by_node[replica.node].append(replica)
+        by_model[replica.model].append(replica)
+    fleet = Fleet(nodes, _held(nodes, by_node, memo))
+    if len(set(ids)) != len(ids):
+        seen: set[str] = set()
+        for rid in ids:
+            if rid in seen:
+                raise ValueError(f"replica {rid!r} appears twice in the replicas given to placement")
+            seen.add(rid)
 
-    for share in shares.values():
-        want = share.want = wanted.get(share.model.name, share.model.replicas.min)
-        current = share.current
-        if len(current) > want:
-            surplus = _surplus(current, share.rank, want)
-            stops.extend(Stop(r.replica_id, SCALED_DOWN) for r in surplus)
-            gone = {r.replica_id for r in surplus}
-            current = share.current = [r for r in current if r.replica_id not in gone]
-        if share.stale and sum(map(_serving, current)) >= want:
-            stops.extend(Stop(r.replica_id, REPLACED) for r in share.stale)
-            share.stale = []
-        for r in current:
-            share.spread[r.node] += 1
-        share.missing = max(0, want - len(current))
+    names = tuple(fleet.nodes)
+    tallies = memo.tallies if names == memo.names else {}
+    memo.tallies, memo.names = {}, names
+    shares: dict[str, _Share] = {}
+    for name, model in models.items():
+        want = wanted.get(name, model.replicas.min)
+        replicas = by_model.get(name, ())      # this call's own list, the tally's from here on
+        tally = tallies.get(name)
+        if tally is None or tally.model is not model or tally.want != want or tally.replicas != replicas:
+            tally = _Tally(model, want, replicas, fleet)
+        memo.tallies[name] = tally
+        shares[name] = _Share(tally)
+
+    # Orphans (rule 2) are stopped in input order, before anything else.
+    orphaned = {r.replica_id: MODEL_LEFT for name, group in by_model.items() if name not in models
+                for r in group if not r.leaving}
+    for tally in memo.tallies.values():
+        for r in tally.orphans:
+            orphaned[r.replica_id] = f"profile {r.profile} left model {r.model}"
+    stops = [Stop(rid, orphaned[rid]) for rid in ids if rid in orphaned] if orphaned else []
+    for tally in memo.tallies.values():
+        stops.extend(tally.stops)
 
     # Highest priority first; sorted() is stable, so equal priorities keep the catalog order.
     tiers = sorted(shares.values(), key=lambda s: -s.model.priority)
@@ -154,8 +246,10 @@ def place(catalog: Catalog, nodes: Sequence[NodeView], running: Sequence[Running
     preemption = None
     lowest = min(priorities.values(), default=0)
     for share in tiers:
+        if not share.missing or share.model.priority <= lowest:
+            continue
         short = _short_of_min(share)
-        if not short or share.model.priority <= lowest:
+        if not short:
             continue
         if preemption is None:
             preemption = _Preemption(fleet, running, shares, stops)
@@ -180,12 +274,27 @@ def place(catalog: Catalog, nodes: Sequence[NodeView], running: Sequence[Running
         unplaceable.extend([Unplaceable(share.model.name, reason, permanent)] * share.missing)
 
     stopped = {s.replica_id for s in stops}
-    return Plan(start=tuple(starts), stop=tuple(stops),
-                keep=tuple(r.replica_id for r in running if r.replica_id not in stopped),
-                unplaceable=tuple(unplaceable))
+    keep = tuple(rid for rid in ids if rid not in stopped) if stopped else tuple(ids)
+    return Plan(start=tuple(starts), stop=tuple(stops), keep=keep, unplaceable=tuple(unplaceable))
 
 
-def _check(wanted: Mapping[str, int], shares: Mapping[str, _Share]) -> None:
+def _held(nodes: Sequence[NodeView], by_node: Mapping[str, Sequence[Running]], memo: Memo) -> dict[str, Held]:
+    """What the existing replicas hold on each node: the memo's `Held` where its input is the same.
+
+    The lists of `by_node` are this call's own and become the `Held`s' (never changed after).
+    A node running nothing has one too: its free GPUs sorted once, not on every pass.
+    """
+    kept, memo.held = memo.held, {}
+    for node in nodes:
+        replicas = by_node.get(node.name, ())
+        held = kept.get(node.name)
+        if held is None or held.gpus != node.gpus or held.replicas != replicas:
+            held = Held(node.gpus, replicas)
+        memo.held[node.name] = held
+    return memo.held
+
+
+def _check(wanted: Mapping[str, int], shares: Container[str]) -> None:
     unknown = sorted(name for name in wanted if name not in shares)
     if unknown:
         raise ValueError(f"wanted names models the catalog does not have: {', '.join(unknown)}")
@@ -194,18 +303,18 @@ def _check(wanted: Mapping[str, int], shares: Mapping[str, _Share]) -> None:
         raise ValueError(f"wanted replica counts must be 0 or more: {', '.join(negative)}")
 
 
-def _surplus(current: list[Running], rank: Mapping[str, int], want: int) -> list[Running]:
+def _surplus(current: Sequence[Running], rank: Mapping[str, int], want: int) -> list[Running]:
     """The replicas to stop when there are more than `want`, in stop order (rule 4)."""
     order = _stop_order(current, rank)
-    serving = sum(map(_serving, current))
+    up = sum(map(serving, current))
     out = []
     for r in order[:len(current) - want]:
-        if _serving(r) and serving - 1 < want and any(
-                not _serving(o) and rank[o.profile] < rank[r.profile] for o in current):
+        if serving(r) and up - 1 < want and any(
+                not serving(o) and rank[o.profile] < rank[r.profile] for o in current):
             # A better-ranked replica is still starting: this one serves until
             # it is ready, so a move to a better profile never drops capacity.
             break
-        serving -= _serving(r)
+        up -= serving(r)
         out.append(r)
     return out
 
@@ -293,7 +402,7 @@ class _NodeRoom:
         # allocated yet (as in `fleet`), so what is used is someone else's --
         # counting it as freeable would preempt for room that does not come.
         self.foreign = {}
-        serving_whole = {i for r in existing if not r.memory_mib and _serving(r) for i in r.gpu_indices}
+        serving_whole = {i for r in existing if not r.memory_mib and serving(r) for i in r.gpu_indices}
         pending = fleet.pending.get(name, {})
         for i in self.gpus:
             total, free = self.memory.get(i, (0, 0))
@@ -370,7 +479,7 @@ class _Preemption:
         order = [r for r in running if r.node in fleet and not r.lost]
         order.sort(key=lambda r: _id_key(r.replica_id), reverse=True)   # once per replica, then stable sorts
         order.sort(key=lambda r: (r.replica_id not in self.leaving, self.priority[r.replica_id],
-                                  r.replica_id not in above_min, _serving(r)))
+                                  r.replica_id not in above_min, serving(r)))
         self.order = order
         self.by_node: dict[str, list[Running]] = defaultdict(list)
         for r in order:
@@ -477,9 +586,9 @@ def _back_to_best(tiers: Sequence[_Share], fleet: Fleet, movable: Container[str]
     for share in tiers:
         if movable is not None and share.model.name not in movable:
             continue
-        if share.missing or share.stale or not share.current or not all(map(_serving, share.current)):
+        worst = share.worst             # None: nothing to move (see _Tally)
+        if share.missing or worst is None:
             continue
-        worst = max(share.current, key=lambda r: (share.rank[r.profile], _id_key(r.replica_id)))
         worst_rank = share.rank[worst.profile]
         for profile in share.ranked[:worst_rank]:
             if profile.priority == share.ranked[worst_rank].priority:
@@ -513,7 +622,7 @@ def _make_room(share: _Share, fleet: Fleet, going: Container[str]) -> Stop | Non
     first is replaced. Rare (it needs two short models competing for the same
     GPUs), and the priority and catalog order decide who gets room first.
     """
-    if not share.stale or share.placed or not all(map(_serving, share.current)):
+    if not share.stale or share.placed or not all(map(serving, share.current)):
         return None
     ranked = share.ranked
     for replica in _stop_order(share.stale, share.rank):
@@ -525,16 +634,10 @@ def _make_room(share: _Share, fleet: Fleet, going: Container[str]) -> Stop | Non
     return None
 
 
-def _stop_order(replicas: list[Running], rank: Mapping[str, int]) -> list[Running]:
+def _stop_order(replicas: Sequence[Running], rank: Mapping[str, int]) -> list[Running]:
     """Which replicas go first: lowest-priority profile, then not ready, then newest id."""
     newest_first = sorted(replicas, key=lambda r: _id_key(r.replica_id), reverse=True)
-    return sorted(newest_first, key=lambda r: (-rank[r.profile], _serving(r)))
-
-
-def _serving(replica: Running) -> bool:
-    # A report may say ready and failed at once (it crashed after passing its
-    # health check); it is not serving, so it counts as not ready.
-    return replica.ready and not replica.failed
+    return sorted(newest_first, key=lambda r: (-rank[r.profile], serving(r)))
 
 
 _DIGITS = re.compile(r"(\d+)")

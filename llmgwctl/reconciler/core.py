@@ -35,7 +35,7 @@ from ..contracts import (ConcurrencySource, Endpoint, Event, FleetStatus, LoadRe
                          UsageSnapshot, UsageSource)
 from ..contracts.usage import UNUSED
 from ..inventory import Inventory, Node
-from ..placement import NodeView, Running, Unplaceable, place
+from ..placement import Memo, NodeView, Running, Unplaceable, place
 from .autoscale import Autoscaler, signal
 from .desired import DesiredStore
 from .modelstates import model_states
@@ -256,6 +256,9 @@ class Reconciler:
         self._custom: tuple[str | None, frozenset[str]] = (None, frozenset())
         # The last call of place(): (catalog, views, running, wanted, movable, plan) -- see _plan.
         self._last_plan: tuple[Catalog, list[NodeView], list[Running], dict[str, int], set[str], Any] | None = None
+        # What place() may reuse from one call to the next where the input is the same (per node, per model):
+        # a pass where few replicas changed costs what changed, not the fleet.
+        self._placement_memo = Memo()
         # Per node: the reported replicas mapping last merged and its records then (see _merge_reports).
         self._merged: dict[str, tuple[Mapping[str, ReportedReplica], list[tuple[Replica, ReplicaState]]]] = {}
         self.passes = 0
@@ -676,7 +679,7 @@ class Reconciler:
                 and all(a is b for a, b in zip(last[1], views))):
             plan = last[5]
         else:
-            plan = place(catalog, views, running, wanted, movable=movable)
+            plan = place(catalog, views, running, wanted, movable=movable, memo=self._placement_memo)
             self._last_plan = (catalog, views, running, dict(wanted), set(movable), plan)
         moved_by = {old: new for new, old in self._moving.items()}
         for stop in plan.stop:
