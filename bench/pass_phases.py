@@ -1,0 +1,100 @@
+"""Where one reconcile pass's time goes at fleet size, phase by phase, in process.
+
+    python bench/pass_phases.py [--nodes 5000] [--changed 50] [--passes 3]
+
+bench/rollout.py's fleet (bench/status.py's catalog, `--nodes` nodes of 8
+GPUs, every replica ready, the in-process router as serve wires it) fed
+through the API's report path minus HTTP. Then `--passes` passes with
+nothing changed, and `--passes` passes each after `--changed` random nodes'
+replicas flipped between starting and ready (the slice of a rollout one
+woken pass sees in serve). Each line: the whole pass, then the ms of each
+phase in it, largest first (phases nest: `_plan` holds `_wanted`, `place`
+and `_placement_input`; `_publish` holds `_ready_endpoints` and the
+router's `set_endpoints`). Wall time of this process; run it on a quiet
+machine and compare runs of two trees made back to back.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import gc
+import logging
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import rollout  # noqa: E402
+
+import llmgwctl.reconciler.core as core  # noqa: E402
+from llmgwctl.contracts import ReplicaState  # noqa: E402
+from llmgwctl.control.serve import GC_THRESHOLDS  # noqa: E402
+
+PHASES = ("_merge_reports", "_handle_lost_nodes", "_plan", "_drain", "_publish", "_wanted", "_placement_input",
+          "_ready_endpoints", "_derive_model_states", "_by_node")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, default=5000)
+    p.add_argument("--changed", type=int, default=50)
+    p.add_argument("--passes", type=int, default=3)
+    p.add_argument("--no-freeze", action="store_true", help="leave the built fleet in the collected heap, as serve's is")
+    a = p.parse_args()
+    logging.disable(logging.INFO)
+    spent: collections.defaultdict[str, float] = collections.defaultdict(float)
+
+    def timed(name: str, owner, attr: str) -> None:
+        fn = getattr(owner, attr)
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - t
+        setattr(owner, attr, wrapper)
+
+    for name in PHASES:
+        timed(name, core.Reconciler, name)
+    timed("place", core, "place")
+    c, agents = rollout.build(a.nodes)
+    r = c.reconciler
+    for name in ("usage_snapshot", "inflight_seconds", "load_snapshot"):
+        timed(name, r.usage, name)
+    for sink in r._sinks:
+        timed("set_endpoints", sink, "set_endpoints")
+    for agent in agents:
+        rollout.report(c, agent)
+    r.reconcile_once()
+    r.reconcile_once()
+    if not a.no_freeze:
+        gc.freeze()     # the built fleet out of the collector's way: the passes' own cost, not the heap's
+    gc.set_threshold(*GC_THRESHOLDS)
+
+    def one(label: str) -> None:
+        spent.clear()
+        t = time.perf_counter()
+        r.reconcile_once()
+        total = time.perf_counter() - t
+        print(f"{label:18s} {total * 1e3:6.1f} ms  "
+              + "  ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(spent.items(), key=lambda kv: -kv[1])))
+
+    print(f"fleet: {a.nodes} nodes, {len(r.replicas)} replicas, {len(c.live.current)} models")
+    for _ in range(a.passes):
+        one("steady")
+    rng = random.Random(1)
+    for _ in range(a.passes):
+        for agent in rng.sample(agents, a.changed):
+            for rep in agent.replicas.values():
+                rep.state = ReplicaState.STARTING if rep.state == ReplicaState.READY else ReplicaState.READY
+            rollout.report(c, agent)
+        one(f"{a.changed} nodes changed")
+
+
+if __name__ == "__main__":
+    main()
