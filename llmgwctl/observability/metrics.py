@@ -240,6 +240,35 @@ class EndpointSlots:
         self._by_id = by_id
         return keep
 
+    def change(self, added: Iterable[Any], removed: Iterable[str]) -> None:
+        """The list changed by these: slots for the newcomers of `added`, the removed ids' slots freed.
+
+        What `update` does with the whole list, at the cost of the change. A
+        removed id's slot is free for a newcomer of the same change, as there.
+        """
+        for rid in removed:
+            slot = self._by_id.pop(rid, None)
+            if slot is not None:
+                self._gone[rid] = slot
+        # In id order: the order of the controller's list, so the slots are those `update` gives.
+        newcomers = sorted((ep for ep in added if ep.replica_id not in self._by_id), key=lambda ep: ep.replica_id)
+        if newcomers:
+            taken = set(self._by_id.values())
+            next_free: dict[tuple[str, str], int] = {}
+            for ep in newcomers:
+                if ep.replica_id in self._by_id:
+                    continue
+                group = (ep.model, ep.profile)
+                n = next_free.get(group, 0)
+                while f"{ep.model}/{ep.profile}/{n}" in taken:
+                    n += 1
+                slot = f"{ep.model}/{ep.profile}/{n}"
+                self._by_id[ep.replica_id] = slot
+                taken.add(slot)
+                next_free[group] = n + 1
+        while len(self._gone) > self._GONE_KEPT:
+            del self._gone[next(iter(self._gone))]
+
     def current(self, replica_id: str) -> bool:
         return replica_id in self._by_id
 
@@ -498,6 +527,14 @@ class RouterMetrics:
         """
         keep = self.slots.update(endpoints)
         for key in [k for k in self._endpoints if k[1] not in keep]:
+            del self._endpoints[key]
+
+    def change_endpoints(self, added: Iterable[Any], removed: Iterable[str]) -> None:
+        """`set_endpoints` for a list changed by these (the router's change_endpoints)."""
+        removed = list(removed)
+        self.slots.change(added, removed)
+        gone = set(removed)
+        for key in [k for k in self._endpoints if k[1] in gone]:
             del self._endpoints[key]
 
     def render(self) -> bytes:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Callable, Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 from ..contracts import Endpoint, LoadReading, Usage
 
@@ -106,6 +106,7 @@ class Balancer:
         # Endpoints taken out of the list while requests were still running on them.
         self._withdrawn: dict[str, EndpointState] = {}
         self._tiers: dict[str, Tiers] = {}
+        self._members: dict[str, dict[str, EndpointState]] = {}     # model -> its endpoints' states by id
         self._profiles: dict[str, frozenset[str]] = {}
         self.generation = 0     # bumped on every change, so callers can cache derived views
 
@@ -152,20 +153,73 @@ class Balancer:
                         self._withdrawn[rid] = st
         self._states = states
         if touched:
-            by_model: dict[str, dict[int, list[EndpointState]]] = {model: {} for model in touched}
-            for st in states.values():
-                tiers = by_model.get(st.endpoint.model)
-                if tiers is not None:
-                    tiers.setdefault(st.endpoint.priority, []).append(st)
-            for model, tiers in by_model.items():
-                if tiers:
-                    self._tiers[model] = tuple(tuple(tiers[p]) for p in sorted(tiers, reverse=True))
-                    self._profiles[model] = frozenset(st.endpoint.profile for tier in tiers.values() for st in tier)
-                else:
-                    self._tiers.pop(model, None)
-                    self._profiles.pop(model, None)
+            members: dict[str, dict[str, EndpointState]] = {}
+            for rid, st in states.items():
+                members.setdefault(st.endpoint.model, {})[rid] = st
+            self._members = members
+            self._retier(touched)
         self.generation += 1
         return gained
+
+    def change_endpoints(self, changed: Mapping[str, Endpoint | None]) -> tuple[set[str], list[Endpoint], list[str]]:
+        """Change the list by `changed` (replica id -> its new Endpoint, or None: it left).
+
+        The same as `set_endpoints` with the list so changed, at the cost of
+        the changes: a publish that turns a few replicas ready among 20,000 no
+        longer walks them all (issue 19). Returns the models that gained an
+        endpoint, the endpoints added or replaced, and the ids removed.
+        """
+        touched: set[str] = set()
+        gained: set[str] = set()
+        added: list[Endpoint] = []
+        removed: list[str] = []
+        now = self._clock()
+        for rid, ep in changed.items():
+            prev = self._states.get(rid)
+            if ep is None:
+                if prev is None:
+                    continue
+                del self._states[rid]
+                del self._members[prev.endpoint.model][rid]
+                touched.add(prev.endpoint.model)
+                removed.append(rid)
+                if prev.inflight > 0:
+                    self._withdrawn[rid] = prev
+                continue
+            if prev is not None and (prev.endpoint is ep or prev.endpoint == ep):
+                continue
+            st = EndpointState(ep, prev.last_used if prev else None, now)
+            if prev is None:
+                gained.add(ep.model)
+            elif prev.endpoint.model != ep.model:
+                del self._members[prev.endpoint.model][rid]
+                touched.add(prev.endpoint.model)
+            self._states[rid] = st
+            self._members.setdefault(ep.model, {})[rid] = st
+            touched.add(ep.model)
+            added.append(ep)
+        if touched:
+            self._retier(touched)
+            self.generation += 1
+        return gained, added, removed
+
+    def _retier(self, models: Iterable[str]) -> None:
+        """Build the tiers (and the profiles) of `models` again from their endpoints."""
+        for model in models:
+            tiers: dict[int, list[EndpointState]] = {}
+            for st in self._members.get(model, {}).values():
+                tiers.setdefault(st.endpoint.priority, []).append(st)
+            if tiers:
+                self._tiers[model] = tuple(tuple(tiers[p]) for p in sorted(tiers, reverse=True))
+                self._profiles[model] = frozenset(st.endpoint.profile for tier in tiers.values() for st in tier)
+            else:
+                self._tiers.pop(model, None)
+                self._profiles.pop(model, None)
+                self._members.pop(model, None)
+
+    def count(self) -> int:
+        """Endpoints listed now."""
+        return len(self._states)
 
     # -- read by the controller and the poller ---------------------------------
 
