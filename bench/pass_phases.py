@@ -34,7 +34,7 @@ from llmgwctl.contracts import ReplicaState  # noqa: E402
 from llmgwctl.control.serve import GC_THRESHOLDS  # noqa: E402
 
 PHASES = ("_merge_reports", "_handle_lost_nodes", "_plan", "_drain", "_publish", "_wanted", "_placement_input",
-          "_ready_endpoints", "_derive_model_states", "_by_node")
+          "_ready_endpoints", "_derive_model_states")
 
 
 def main() -> None:

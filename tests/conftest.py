@@ -6,6 +6,12 @@ import inspect
 
 import pytest
 
+from llmgwctl.reconciler import core as _reconciler
+
+# Every reconciler a test runs in this process checks its kept endpoint list
+# against a walk of all its records on each publish (reconciler.core.CHECK_INCREMENTAL).
+_reconciler.CHECK_INCREMENTAL = True
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem):

@@ -20,12 +20,14 @@ the router (or aiohttp).
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import logging
 import time
 import traceback
 import uuid
 from dataclasses import dataclass, field
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, runtime_checkable
 
@@ -95,12 +97,38 @@ class EndpointSink(Protocol):
 
 
 @runtime_checkable
+class EndpointChangeSink(Protocol):
+    """An EndpointSink that can also be told what changed, so a push costs what changed, not the list.
+
+    `changed` maps each replica id whose endpoint came, changed or left since the
+    list the sink was last given (by either call) to its Endpoint, or None if it
+    left; `endpoints` is the whole new list, for a sink that would rather take it.
+    """
+
+    def set_endpoints(self, endpoints: Iterable[Endpoint]) -> None: ...
+
+    def change_endpoints(self, endpoints: tuple[Endpoint, ...], changed: Mapping[str, Endpoint | None]) -> None: ...
+
+
+@runtime_checkable
 class ModelStateSink(Protocol):
     """Where model states go: the router, beside the endpoints. A model that cannot be placed
     is answered at once with the reason, one that is starting is waited for (`modelstates`).
     Pushed once per change like the endpoints; a sink without it simply waits as before."""
 
     def set_model_states(self, states: Iterable[ModelState]) -> None: ...
+
+
+# The record fields a pass's per-record work reads, beside its spec and node
+# (which never change): what its Endpoint and its node's desired list are made
+# of, and what a node's merge compares. A write to one marks the record and its
+# node for the next pass (Records, Reconciler._changed), so a pass looks at
+# what changed and not at 20,000 records (issue 19).
+_PUBLISHED = frozenset({"state", "reported"})
+# Set by the test suite: every pass also works out the endpoint list and the
+# desired lists the whole way, and which nodes a merge may skip, and raises if
+# what was kept differs.
+CHECK_INCREMENTAL = False
 
 
 @dataclass
@@ -123,14 +151,82 @@ class Replica:
     # Placement's view of it, kept with what it was built from: (state, current) -> Running.
     # Its spec and node never change, so those two are all that can make it differ.
     placed_as: tuple[ReplicaState, bool, Running] | None = field(default=None, init=False, repr=False, compare=False)
+    # Told this record's id and node when a field in _PUBLISHED is written; set by
+    # the Records it is in, None outside one.
+    _watch: Callable[[str, str], None] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Hashed once: the spec never changes for a record, and every pass compares it.
         self.spec_hash = self.spec.spec_hash
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name in _PUBLISHED:
+            watch = self.__dict__.get("_watch")
+            if watch is not None:
+                watch(self.spec.id, self.node)
+
     @property
     def url(self) -> str | None:
         return self.reported.url if self.reported else None
+
+_replica_id = attrgetter("replica_id")
+
+
+class Records(dict[str, Replica]):
+    """The records by replica id, and by node (`on_node`, in record order).
+
+    Tells `changed` the id and node of every record put in, taken out, or
+    written to in a field of _PUBLISHED while in, so a pass can look at what
+    changed instead of every record.
+    """
+
+    def __init__(self, changed: Callable[[str, str], None]):
+        super().__init__()
+        self._changed = changed
+        self.on_node: dict[str, dict[str, Replica]] = {}
+
+    def __setitem__(self, rid: str, rec: Replica) -> None:
+        old = self.get(rid)
+        if old is not None and old is not rec:
+            old._watch = None
+            if old.node != rec.node:
+                self._unindex(rid, old.node)
+                self._changed(rid, old.node)
+        super().__setitem__(rid, rec)
+        self.on_node.setdefault(rec.node, {})[rid] = rec     # an id kept keeps its place, as in the dict
+        rec._watch = self._changed
+        self._changed(rid, rec.node)
+
+    def __delitem__(self, rid: str) -> None:
+        rec = self[rid]
+        super().__delitem__(rid)
+        self._unindex(rid, rec.node)
+        rec._watch = None
+        self._changed(rid, rec.node)
+
+    def _unindex(self, rid: str, node: str) -> None:
+        mine = self.on_node[node]
+        del mine[rid]
+        if not mine:
+            del self.on_node[node]
+
+    def pop(self, rid: str, *default: Any) -> Any:
+        if rid in self:
+            rec = self[rid]
+            del self[rid]
+            return rec
+        return super().pop(rid, *default)
+
+    def clear(self) -> None:
+        for rid in list(self):
+            del self[rid]
+
+    def of(self, node: str) -> list[tuple[str, Replica]]:
+        """`node`'s records as (id, record), in record order: a copy, safe to change the records while walking it."""
+        mine = self.on_node.get(node)
+        return list(mine.items()) if mine else []
+
 
 # What a model's scale leaves out (on their way out) and counts as on their way in.
 _GONE = (ReplicaState.DRAINING, ReplicaState.STOPPING)
@@ -220,7 +316,14 @@ class Reconciler:
         self.started = clock()
         self.settled = settle <= 0
         self._first_pass: float | None = None      # when the first pass ran (see EARLIEST_END)
-        self.replicas: dict[str, Replica] = {}
+        # What changed since it was last looked at (Records, Replica._watch; issue 19):
+        # records, for the endpoints; nodes, for their desired lists; nodes, for their merge.
+        self._dirty: set[str] = set()
+        self._dirty_nodes: set[str] = set()
+        self._unmerged: set[str] = set()
+        self.replicas = Records(self._changed)
+        # Each node's desired list as its records make it (see _publish), non-empty ones only.
+        self._node_specs: dict[str, tuple[ReplicaSpec, ...]] = {}
         # Ids of replicas given up on (their node was lost too long): if the node
         # comes back still running them, they are not adopted again but stopped.
         self._forgotten: set[str] = set()
@@ -247,7 +350,12 @@ class Reconciler:
         self._handed: dict[str, tuple[int, tuple[ReplicaSpec, ...]]] = {}
         self._endpoint_cache: dict[str, tuple[str, tuple[int, float], Endpoint]] = {}
         self._ranks_of: tuple[str | None, Mapping[tuple[str, str], tuple[int, float]]] = (None, {})
-        self._endpoints_seen: list[Endpoint] | None = None
+        # The ready endpoints as last published: by id, and the same sorted by id (what
+        # `endpoints` is a copy of); and what a record's Endpoint depends on beyond the
+        # record: the catalog's ranks and the reachable nodes (a change redoes every record).
+        self._ready: dict[str, Endpoint] = {}
+        self._ordered: list[Endpoint] = []
+        self._ready_basis: tuple[Mapping, frozenset[str]] | None = None
         self._on_change = on_change
         self._cordoned: set[str] = set()
         self._expected: tuple[str | None, Mapping[tuple[str, str], str]] = (None, {})
@@ -371,14 +479,11 @@ class Reconciler:
             log.error("reconcile pass failed; the next pass starts from the state this one left:\n%s",
                       "".join(traceback.format_exception(exc)).rstrip(), extra={"event": "reconcile-failed"})
 
-    def _by_node(self) -> dict[str, list[tuple[str, Replica]]]:
-        # One walk over the records per pass, not one per node: a pass must stay
-        # proportional to replicas + nodes, not their product (1000 nodes and
-        # 100,000 replicas would be 10^8 steps on the event loop).
-        out: dict[str, list[tuple[str, Replica]]] = collections.defaultdict(list)
-        for rid, rec in self.replicas.items():
-            out[rec.node].append((rid, rec))
-        return out
+    def _changed(self, rid: str, node: str) -> None:
+        """Records: the record `rid` on `node` came, went, or changed a field in _PUBLISHED."""
+        self._dirty.add(rid)
+        self._dirty_nodes.add(node)
+        self._unmerged.add(node)
 
     def _merge_reports(self, catalog: Catalog, now: float) -> None:
         # --- issue 19: only nodes whose report or records changed -----------------
@@ -389,17 +494,22 @@ class Reconciler:
         # its record here (nothing to adopt, no claim by another node, which
         # depend on more than this node) would come out of a merge as it went
         # in. Those are skipped: most of a fleet on most passes.
-        by_node = self._by_node()
-        merged = self._merged
+        # Which records changed is kept as it happens (Records, `_unmerged`): a node
+        # none of whose records came, went or changed state since its last merge
+        # needs no list of them built to find that out (issue 19).
+        merged, unmerged = self._merged, self._unmerged
         for node in self.inventory.nodes():
             if not node.reachable:
                 continue
-            mine = by_node.get(node.name, ())
             kept = merged.get(node.name)
-            if kept is not None and kept[0] is node.replicas and kept[1] == [(rec, rec.state) for _, rec in mine]:
+            if kept is not None and kept[0] is node.replicas and node.name not in unmerged:
+                if CHECK_INCREMENTAL:
+                    mine = self.replicas.of(node.name)
+                    assert kept[1] == [(rec, rec.state) for _, rec in mine], f"{node.name}'s records changed unseen"
                 if self.desired.get(node.name) is None and self.settled:
                     self.desired.set(node.name, ())
                 continue
+            mine = self.replicas.of(node.name)
             owned = True
             for rep in node.replicas.values():
                 rec = self.replicas.get(rep.id)
@@ -428,7 +538,7 @@ class Reconciler:
                             self._timed_cold_start(rec, now)
             # A replica the agent no longer lists: once it had listed it, or once
             # we told it to stop, absence means the engine is gone.
-            for rid, rec in by_node.get(node.name, ()):
+            for rid, rec in mine:
                 if rid in node.replicas or self.replicas.get(rid) is not rec:
                     continue
                 if rec.state == ReplicaState.STOPPING or (rec.seen and rec.state != ReplicaState.PENDING):
@@ -443,6 +553,8 @@ class Reconciler:
                                                      if self.replicas.get(rid) is rec])
             else:
                 merged.pop(node.name, None)
+            # Its own writes in this merge are what it merged, not news for the next one.
+            unmerged.discard(node.name)
             if self.desired.get(node.name) is None and self.settled:
                 self.desired.set(node.name, ())
         if len(merged) > len(self.inventory):
@@ -508,9 +620,8 @@ class Reconciler:
         # Through the per-node index, not every record for every lost node: a
         # rack of 1,000 nodes lost at once over 20,000 records was 2*10^7
         # steps in one pass (issue 19).
-        by_node = self._by_node()
         for node in lost:
-            for rid, rec in by_node.get(node.name, ()):
+            for rid, rec in self.replicas.of(node.name):
                 if self.replicas.get(rid) is not rec:
                     continue
                 if rec.state != ReplicaState.LOST:
@@ -902,24 +1013,40 @@ class Reconciler:
                     sink.set_model_states(states)
             self._on_change()
         if endpoints is not None:
-            self.endpoints = endpoints
+            self.endpoints, changed = endpoints
             self.endpoints_version += 1
             for sink in self._sinks:
-                sink.set_endpoints(self.endpoints)
+                if isinstance(sink, EndpointChangeSink):
+                    sink.change_endpoints(self.endpoints, changed)
+                else:
+                    sink.set_endpoints(self.endpoints)
             self._on_change()
-        per_node: dict[str, list[ReplicaSpec]] = collections.defaultdict(list)
-        for rec in self.replicas.values():
-            if rec.state != ReplicaState.STOPPING:
-                per_node[rec.node].append(rec.spec)
+        # Each node's list from its records, again only for nodes whose records changed.
+        per_node = self._node_specs
+        for name in self._dirty_nodes:
+            mine = self.replicas.on_node.get(name)
+            specs = tuple(rec.spec for rec in mine.values() if rec.state != ReplicaState.STOPPING) if mine else ()
+            if specs:
+                per_node[name] = specs
+            else:
+                per_node.pop(name, None)
+        self._dirty_nodes.clear()
+        if CHECK_INCREMENTAL:
+            walked: dict[str, list[ReplicaSpec]] = collections.defaultdict(list)
+            for rec in self.replicas.values():
+                if rec.state != ReplicaState.STOPPING:
+                    walked[rec.node].append(rec.spec)
+            assert {n: tuple(v) for n, v in walked.items()} == per_node, "kept desired lists differ from the records'"
         handed = self._handed
         for node in self.inventory.nodes():
             # Until settled, only nodes whose replicas were adopted get a list:
             # an agent takes its first answer as the whole truth.
             if node.reachable and (self.settled or node.name in per_node):
-                specs = tuple(per_node.get(node.name, ()))
+                specs = per_node.get(node.name, ())
                 held = self.desired.get(node.name)
                 last = handed.get(node.name)
-                if held is not None and last is not None and last[0] == held[0] and last[1] == specs:
+                if held is not None and last is not None and last[0] == held[0] and (
+                        last[1] is specs or last[1] == specs):
                     continue        # the same spec objects as the list the store holds: unchanged
                 # A list the agents long-poll; not the routers' watch, which
                 # carries no desired lists (bumping it woke every router for a
@@ -927,45 +1054,90 @@ class Reconciler:
                 self.desired.set(node.name, specs)
                 handed[node.name] = (self.desired.get(node.name)[0], specs)  # type: ignore[index]
 
-    def _ready_endpoints(self, catalog: Catalog) -> tuple[Endpoint, ...] | None:
-        """The ready endpoints sorted by replica id when they differ from the ones published; else None.
+    def _ready_endpoints(self, catalog: Catalog) -> tuple[tuple[Endpoint, ...], dict[str, Endpoint | None]] | None:
+        """The ready endpoints sorted by replica id, and what changed since the last publish (id ->
+        its Endpoint, or None if it left); None when nothing did.
+
+        Only records changed since the last publish are looked at (`_dirty`,
+        kept by Records): a rollout's pass changes a few dozen of 20,000, and
+        walking them all, then sorting and comparing the whole list, was ~15 ms
+        a pass in process and about three times that in serve (issue 19). All of
+        them are looked at when what an Endpoint takes from outside its record
+        changed: the catalog's ranks, or which nodes are reachable.
 
         One Endpoint per replica is built once and kept with its URL and its
         profile's priority and weight (the rest comes from the spec, which
-        never changes), and rebuilt when one of those three differs: an
-        unchanged pass -- and a catalog swap that leaves a profile's priority
-        and weight alone -- compares the same objects again.
+        never changes), and rebuilt when one of those three differs: a catalog
+        swap that leaves a profile's priority and weight alone changes nothing.
         """
-        cache = self._endpoint_cache
         ranks = self._ranks(catalog)
         # Once per node, not per record: the nodes whose replicas may serve.
-        reachable = {node.name for node in self.inventory.nodes() if node.reachable}
-        current: list[Endpoint] = []
-        for rec in self.replicas.values():
-            if rec.state is not ReplicaState.READY or rec.node not in reachable:
-                continue
-            url = rec.url
-            if not url:
-                continue
-            spec = rec.spec
-            rank = ranks.get((spec.model, spec.profile), (0, 1.0))
-            hit = cache.get(spec.id)
-            if hit is None or hit[0] != url or hit[1] != rank:
-                hit = cache[spec.id] = (url, rank, Endpoint(
-                    replica_id=spec.id, model=spec.model, profile=spec.profile, engine=spec.engine,
-                    url=url, priority=rank[0], weight=rank[1], metrics_path=spec.metrics))
-            current.append(hit[2])
-        if len(cache) > 2 * len(self.replicas) + 64:
-            # Records come and go; entries of gone ones are dropped now and then, not every pass.
-            for rid in [r for r in cache if r not in self.replicas]:
-                del cache[rid]
-        first = self._endpoints_seen is None      # the first pass publishes a list, if an empty one
-        if not first and current == self._endpoints_seen:
-            return None             # the same objects in the same (record) order: nothing changed
-        self._endpoints_seen = current
-        ordered = tuple(sorted(current, key=lambda e: e.replica_id))
-        # Equal by value after a catalog swap rebuilt them all: nothing to push.
-        return None if ordered == self.endpoints and not first else ordered
+        reachable = frozenset(node.name for node in self.inventory.nodes() if node.reachable)
+        dirty = self._dirty
+        first = self._ready_basis is None       # the first pass publishes a list, if an empty one
+        if first or self._ready_basis[0] is not ranks or self._ready_basis[1] != reachable:  # type: ignore[index]
+            dirty.update(self.replicas)
+            dirty.update(self._ready)
+            self._ready_basis = (ranks, reachable)
+        changed: dict[str, Endpoint | None] = {}
+        ready, ordered, cache = self._ready, self._ordered, self._endpoint_cache
+        for rid in dirty:
+            rec = self.replicas.get(rid)
+            ep = self._endpoint_of(rec, ranks, reachable) if rec is not None else None
+            if rec is None:
+                cache.pop(rid, None)
+            old = ready.get(rid)
+            if ep is None:
+                if old is not None:
+                    del ready[rid]
+                    del ordered[self._position(old)]
+                    changed[rid] = None
+            elif old is None:
+                ready[rid] = ep
+                bisect.insort(ordered, ep, key=_replica_id)
+                changed[rid] = ep
+            elif old is not ep and old != ep:
+                ready[rid] = ep
+                ordered[self._position(old)] = ep
+                changed[rid] = ep
+        dirty.clear()
+        if CHECK_INCREMENTAL:
+            self._check_ready(ranks, reachable)
+        if not changed and not first:
+            return None
+        return tuple(ordered), changed
+
+    def _endpoint_of(self, rec: Replica, ranks: Mapping[tuple[str, str], tuple[int, float]],
+                     reachable: frozenset[str]) -> Endpoint | None:
+        """The record's Endpoint if it may take traffic (ready, on a reachable node, with a URL); else None."""
+        if rec.state is not ReplicaState.READY or rec.node not in reachable:
+            return None
+        url = rec.url
+        if not url:
+            return None
+        spec = rec.spec
+        rank = ranks.get((spec.model, spec.profile), (0, 1.0))
+        hit = self._endpoint_cache.get(spec.id)
+        if hit is None or hit[0] != url or hit[1] != rank:
+            hit = self._endpoint_cache[spec.id] = (url, rank, Endpoint(
+                replica_id=spec.id, model=spec.model, profile=spec.profile, engine=spec.engine,
+                url=url, priority=rank[0], weight=rank[1], metrics_path=spec.metrics))
+        return hit[2]
+
+    def _position(self, ep: Endpoint) -> int:
+        at = bisect.bisect_left(self._ordered, ep.replica_id, key=_replica_id)
+        assert self._ordered[at] is ep, f"the sorted endpoints lost {ep.replica_id}"
+        return at
+
+    def _check_ready(self, ranks: Mapping[tuple[str, str], tuple[int, float]], reachable: frozenset[str]) -> None:
+        """CHECK_INCREMENTAL: the kept list must be the one a walk of every record gives."""
+        whole = sorted((ep for rec in self.replicas.values() if (ep := self._endpoint_of(rec, ranks, reachable))),
+                       key=_replica_id)
+        if whole != self._ordered:
+            kept = {e.replica_id for e in self._ordered}
+            walked = {e.replica_id for e in whole}
+            raise AssertionError(f"kept endpoints differ from every record's: only kept {sorted(kept - walked)[:5]}, "
+                                 f"only walked {sorted(walked - kept)[:5]}")
 
     def preview(self, catalog: Catalog) -> dict:
         """What swapping in `catalog` would do to replicas, without doing it (for `catalog apply`)."""
