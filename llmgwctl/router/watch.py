@@ -90,7 +90,7 @@ import logging
 import random
 import time
 import uuid
-from typing import Any, Awaitable, Callable, Iterable, Protocol
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol, runtime_checkable
 
 import aiohttp
 
@@ -125,6 +125,13 @@ class RouterSink(Protocol):
     def set_model_states(self, states: Iterable[ModelState]) -> None: ...
 
     def set_endpoints(self, endpoints: Iterable[Endpoint]) -> None: ...
+
+
+@runtime_checkable
+class ChangeSink(Protocol):
+    """A RouterSink that can be told what a delta changed, at the cost of the change (the Router is one)."""
+
+    def change_endpoints(self, endpoints: tuple[Endpoint, ...], changed: Mapping[str, Endpoint | None]) -> None: ...
 
 
 class WatchError(RouterError):
@@ -180,8 +187,9 @@ class ControllerWatch:
         self.last_contact = self._clock()
         try:
             version = int(doc["version"])
+            changed: dict[str, Endpoint | None] | None = None
             if "delta" in doc:
-                endpoints = self._apply_delta(doc["delta"])
+                endpoints, changed = self._apply_delta(doc["delta"])
                 catalog_doc = doc.get("catalog")        # only when it changed since the version we hold
             else:
                 endpoints = {e.replica_id: e for e in (Endpoint.from_dict(d) for d in doc["endpoints"])}
@@ -203,26 +211,35 @@ class ControllerWatch:
             else:
                 self._sink.set_catalog(catalog)
         self._sink.set_model_states(states)
-        self._sink.set_endpoints(sorted(endpoints.values(), key=lambda e: e.replica_id))
+        ordered = tuple(sorted(endpoints.values(), key=lambda e: e.replica_id))
+        if changed is not None and isinstance(self._sink, ChangeSink):
+            # A delta to a router that takes changes: what it costs is the change, not
+            # the 20,000 endpoints a fleet lists (issue 19).
+            self._sink.change_endpoints(ordered, changed)
+        else:
+            self._sink.set_endpoints(ordered)
         self._endpoints = endpoints
         self.version = version
         self.deltas += "delta" in doc
         return True
 
-    def _apply_delta(self, delta: Any) -> dict[str, Endpoint]:
-        """The list we hold with a delta answer applied (a new dict: ours stays as it was until all is applied)."""
+    def _apply_delta(self, delta: Any) -> tuple[dict[str, Endpoint], dict[str, Endpoint | None]]:
+        """The list we hold with a delta answer applied (a new dict: ours stays as it was until all
+        is applied), and what it changed (id -> its new Endpoint, or None: it left)."""
         if int(delta["since"]) != self.version:
             # Not from the version we hold: a controller bug or a mixed-up proxy.
             # Ask for a whole list next time rather than apply it to the wrong state.
             since, self.version = delta["since"], 0
             raise ValueError(f"a delta since version {since}, but this router holds another; asking for the whole list")
         endpoints = dict(self._endpoints)
+        changed: dict[str, Endpoint | None] = {}
         for rid in delta["removed"]:
-            endpoints.pop(str(rid), None)
+            if endpoints.pop(str(rid), None) is not None:
+                changed[str(rid)] = None
         for d in delta["endpoints"]:
             e = Endpoint.from_dict(d)
-            endpoints[e.replica_id] = e
-        return endpoints
+            endpoints[e.replica_id] = changed[e.replica_id] = e
+        return endpoints, changed
 
     @property
     def failures(self) -> int:

@@ -189,7 +189,10 @@ def test_a_cold_timeout_after_the_comments_is_an_error_event_the_sdk_raises(rout
         with pytest.raises(openai.APIError, match="no replica was ready within"):
             for _ in stream:
                 pass
-    logged = [rec for rec in caplog.records if rec.name == "llmgw.access"]
+        # The router's thread writes the access line once its handler returns, which can be
+        # after the client has read the error event (CI saw it not there yet).
+        logged = wait_until(lambda: [rec for rec in caplog.records if rec.name == "llmgw.access"],
+                            "the stream's access line")
     assert [rec.status for rec in logged] == [503]
     # Not a stream: the wait ends in the plain 503 it always was.
     r = requests.post(rt.url + "/v1/chat/completions", json=CHAT, timeout=30)
