@@ -132,6 +132,25 @@ class GcPauses:
 GC_PAUSES = GcPauses()
 
 
+class LoopLag:
+    """How late this process's loop runs a 10 ms timer: the simulator's own delay in what it
+    stamps (a replica turning ready) and sends (its report), which a phase's figures include."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+
+    async def run(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            due = loop.time() + 0.01
+            await asyncio.sleep(0.01)
+            self.lags.append(loop.time() - due)
+
+    def take(self) -> str:
+        lags, self.lags = self.lags, []
+        return f"p99 {pct(lags, 0.99) * 1000:.0f} ms, max {max(lags, default=0) * 1000:.0f} ms" if lags else "-"
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace):
         self.args = args
@@ -143,6 +162,7 @@ class Bench:
         self.url = f"http://127.0.0.1:{self.control}"
         self.proc: subprocess.Popen | None = None
         self.passed = False
+        self.lag = LoopLag()
         self.fleet = SimFleet(self.url, args.nodes, routers=args.routers, heartbeat=args.heartbeat,
                               router_process=not args.routers_in_process)
         total = 4 * args.nodes
@@ -223,6 +243,7 @@ class Bench:
             rss_before = rss_mib(self.proc.pid)
             sim_cpu0, t0 = self_cpu(), time.monotonic()
             sim = asyncio.create_task(self.fleet.run(stop))
+            lag = asyncio.create_task(self.lag.run(stop))
             try:
                 took = await self.until("every replica ready", lambda: self.ready_count() == self.expected, a.timeout)
                 took2 = await self.until("every router whole", lambda: self.routers_have(self.expected), a.timeout)
@@ -247,7 +268,7 @@ class Bench:
                 routers_cpu = self.routers_cpu()
                 sim_cpu, wall = self_cpu() - sim_cpu0, time.monotonic() - t0
                 stop.set()
-                await asyncio.wait({sim}, timeout=15)
+                await asyncio.wait({sim, lag}, timeout=15)
                 rp = self.fleet.router_process
                 print(f"simulator    {sim_cpu / wall:.2f} of a core over the run (this process: agents"
                       f"{'' if rp else ' and routers'}); "
@@ -355,6 +376,9 @@ class Bench:
                 ready_at[rep.spec.id] = t
 
         fleet.on_desired, fleet.on_endpoints, fleet.on_ready = on_desired, on_endpoints, ready
+        async with aiohttp.ClientSession() as session:
+            passes0 = await self.metrics(session)
+        self.lag.take()
         t0 = time.monotonic()
         write_it()
         try:
@@ -369,6 +393,12 @@ class Bench:
         print(f"{'':12s} routers: {ms([t - t0 for t in router_at.values()])} from the write")
         if lags:
             print(f"{'':12s} ready -> router: {ms(lags)} (replica ready on its node -> each router holds it)")
+        simulated = self.lag.take()
+        async with aiohttp.ClientSession() as session:
+            passes1 = await self.metrics(session)
+        n, total = passes1[0] - passes0[0], passes1[1] - passes0[1]
+        print(f"{'':12s} serve: {n:.0f} passes of {total / max(n, 1) * 1000:.0f} ms mean in it; "
+              f"the simulator's loop late by {simulated}")
 
     async def changes(self, base: list[str]) -> None:
         fleet = self.fleet
