@@ -3,14 +3,19 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 
 import pytest
 
 from llmgwctl.reconciler import core as _reconciler
 
-# Every reconciler a test runs in this process checks its kept endpoint list
-# against a walk of all its records on each publish (reconciler.core.CHECK_INCREMENTAL).
+# Every reconciler a test runs checks what its passes kept (the endpoint list,
+# the desired lists, the merges skipped) against a walk of all its records
+# (reconciler.core.CHECK_INCREMENTAL): in this process, and in every serve a
+# test starts, which inherits the variable.
+os.environ["LLMGW_CHECK_INCREMENTAL"] = "1"
 _reconciler.CHECK_INCREMENTAL = True
+_reconciler.EXIT_ON_MISMATCH = False         # here a mismatch raises into the test
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -213,31 +213,11 @@ class EndpointSlots:
         if keep == self._by_id.keys():
             return keep
         newcomers = keep - self._by_id.keys()
-        by_id = {rid: slot for rid, slot in self._by_id.items() if rid in keep}
-        taken = set(by_id.values())
-        # Where each model/profile's search for a free index goes on from: slots are only
-        # taken within one update, so the lowest free index never goes below the last one
-        # handed out. Searching from 0 for each newcomer was quadratic in a model's
-        # replicas: a rollout of 1,000 while the 1,000 it replaces still hold 0-999 was
-        # ~1.5 million probes, most of a publishing pass in serve (issue 19).
-        next_free: dict[tuple[str, str], int] = {}
-        for ep in eps:
-            if ep.replica_id not in newcomers or ep.replica_id in by_id:
-                continue
-            group = (ep.model, ep.profile)
-            n = next_free.get(group, 0)
-            while f"{ep.model}/{ep.profile}/{n}" in taken:
-                n += 1
-            slot = f"{ep.model}/{ep.profile}/{n}"
-            by_id[ep.replica_id] = slot
-            taken.add(slot)
-            next_free[group] = n + 1
         for rid, slot in self._by_id.items():
             if rid not in keep:
                 self._gone[rid] = slot
-        while len(self._gone) > self._GONE_KEPT:
-            del self._gone[next(iter(self._gone))]
-        self._by_id = by_id
+        self._by_id = {rid: slot for rid, slot in self._by_id.items() if rid in keep}
+        self._assign([ep for ep in eps if ep.replica_id in newcomers])
         return keep
 
     def change(self, added: Iterable[Any], removed: Iterable[str]) -> None:
@@ -251,13 +231,21 @@ class EndpointSlots:
             if slot is not None:
                 self._gone[rid] = slot
         # In id order: the order of the controller's list, so the slots are those `update` gives.
-        newcomers = sorted((ep for ep in added if ep.replica_id not in self._by_id), key=lambda ep: ep.replica_id)
+        self._assign(sorted((ep for ep in added if ep.replica_id not in self._by_id), key=lambda ep: ep.replica_id))
+
+    def _assign(self, newcomers: list[Any]) -> None:
+        """Give each of `newcomers` (in this order) the lowest free index of its model and profile."""
         if newcomers:
             taken = set(self._by_id.values())
+            # Where each model/profile's search for a free index goes on from: slots are only
+            # taken within one call, so the lowest free index never goes below the last one
+            # handed out. Searching from 0 for each newcomer was quadratic in a model's
+            # replicas: a rollout of 1,000 while the 1,000 it replaces still hold 0-999 was
+            # ~1.5 million probes, most of a publishing pass in serve (issue 19).
             next_free: dict[tuple[str, str], int] = {}
             for ep in newcomers:
                 if ep.replica_id in self._by_id:
-                    continue
+                    continue        # listed twice
                 group = (ep.model, ep.profile)
                 n = next_free.get(group, 0)
                 while f"{ep.model}/{ep.profile}/{n}" in taken:

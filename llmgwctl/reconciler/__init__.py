@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 from ..aio import sleep_unless
 from ..contracts import ReplicaState
-from .core import DRAIN_GRACE, REPLACE_AFTER, SETTLE, EndpointSink, ModelStateSink, Reconciler, Replica
+from . import core
+from .core import DRAIN_GRACE, REPLACE_AFTER, SETTLE, EndpointSink, IncrementalMismatch, ModelStateSink, Reconciler, Replica
 from .desired import LONG_POLL, DesiredStore
 
 log = logging.getLogger("llmgw.reconciler")
@@ -69,6 +71,14 @@ async def run(reconciler: Reconciler, wake: asyncio.Event, stop: asyncio.Event, 
         started = loop.time()
         try:
             reconciler.reconcile_once()
+        except IncrementalMismatch as exc:
+            if not core.EXIT_ON_MISMATCH:
+                reconciler.pass_failed(exc)
+            else:
+                # Only in a serve the test suite started (core.CHECK_INCREMENTAL): end the process, so the
+                # test that got here fails at once and says why, rather than a pass logged as failed.
+                log.critical("reconcile pass: %s", exc)
+                os._exit(70)
         except Exception as exc:  # noqa: BLE001 -- a bug in one pass must not stop the control plane
             reconciler.pass_failed(exc)
         took = loop.time() - started

@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import collections
 import logging
+import os
 import time
 import traceback
 import uuid
@@ -126,9 +127,17 @@ class ModelStateSink(Protocol):
 # what changed and not at 20,000 records (issue 19).
 _PUBLISHED = frozenset({"state", "reported"})
 # Set by the test suite: every pass also works out the endpoint list and the
-# desired lists the whole way, and which nodes a merge may skip, and raises if
-# what was kept differs.
-CHECK_INCREMENTAL = False
+# desired lists the whole way, and which nodes a merge may skip, and raises
+# IncrementalMismatch if what was kept differs. The suite sets it in its own
+# process and, through LLMGW_CHECK_INCREMENTAL=1, in every serve it starts,
+# where a mismatch ends the process (see reconciler.run): a test then fails
+# loudly instead of a pass being logged as failed.
+CHECK_INCREMENTAL = os.environ.get("LLMGW_CHECK_INCREMENTAL") == "1"
+EXIT_ON_MISMATCH = CHECK_INCREMENTAL        # the test suite's own process sets it False: it raises there
+
+
+class IncrementalMismatch(AssertionError):
+    """What a pass kept differs from what a walk of every record gives (CHECK_INCREMENTAL): a bug."""
 
 
 @dataclass
@@ -503,9 +512,8 @@ class Reconciler:
                 continue
             kept = merged.get(node.name)
             if kept is not None and kept[0] is node.replicas and node.name not in unmerged:
-                if CHECK_INCREMENTAL:
-                    mine = self.replicas.of(node.name)
-                    assert kept[1] == [(rec, rec.state) for _, rec in mine], f"{node.name}'s records changed unseen"
+                if CHECK_INCREMENTAL and kept[1] != [(rec, rec.state) for _, rec in self.replicas.of(node.name)]:
+                    raise IncrementalMismatch(f"{node.name}'s records changed unseen; its merge was skipped")
                 if self.desired.get(node.name) is None and self.settled:
                     self.desired.set(node.name, ())
                 continue
@@ -1041,7 +1049,8 @@ class Reconciler:
             for rec in self.replicas.values():
                 if rec.state != ReplicaState.STOPPING:
                     walked[rec.node].append(rec.spec)
-            assert {n: tuple(v) for n, v in walked.items()} == per_node, "kept desired lists differ from the records'"
+            if {n: tuple(v) for n, v in walked.items()} != per_node:
+                raise IncrementalMismatch("the kept desired lists differ from the records'")
         handed = self._handed
         for node in self.inventory.nodes():
             # Until settled, only nodes whose replicas were adopted get a list:
@@ -1141,7 +1150,7 @@ class Reconciler:
         if whole != self._ordered:
             kept = {e.replica_id for e in self._ordered}
             walked = {e.replica_id for e in whole}
-            raise AssertionError(f"kept endpoints differ from every record's: only kept {sorted(kept - walked)[:5]}, "
+            raise IncrementalMismatch(f"kept endpoints differ from every record's: only kept {sorted(kept - walked)[:5]}, "
                                  f"only walked {sorted(walked - kept)[:5]}")
 
     def preview(self, catalog: Catalog) -> dict:
