@@ -107,8 +107,11 @@ async def _undecodable_body(request: web.Request, handler):
     # plain JSON), so an encoded body is refused before any handler reads it
     # rather than parsed as bytes it is not. A body whose framing is broken
     # (bad chunks, short of its Content-Length) fails inside request.json();
-    # it is the client's error, which aiohttp would answer 500. One place for
-    # every handler that reads a body.
+    # it is the client's error, which aiohttp would answer 500. So is a body
+    # nested deeper than the JSON parser recurses ([[[[... 100,000 deep):
+    # json.loads raises RecursionError, which is no ValueError, and every
+    # handler's 400 for a body that is not JSON missed it (a 500 "bug"). One
+    # place for every handler that reads a body.
     encoding = request.headers.get("Content-Encoding")
     if encoding is not None and encoding.strip().lower() not in ("", "identity"):
         return _error(415, "the control API takes request bodies uncompressed (no Content-Encoding)")
@@ -116,6 +119,8 @@ async def _undecodable_body(request: web.Request, handler):
         return await handler(request)
     except web.RequestPayloadError:
         return _error(400, "the request body is not framed as its headers say (chunked encoding or Content-Length)")
+    except RecursionError:
+        return _error(400, "the request body nests too deeply to be read as JSON")
 
 
 def _after(request: web.Request) -> int | None:

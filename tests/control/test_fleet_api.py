@@ -55,6 +55,10 @@ async def test_a_repeated_report_is_a_heartbeat_and_anything_else_is_checked_who
             assert c.wake_event.is_set() and node.pools == frozenset({"y"})
             status, text = await post(session, plane.url, "n1", b'{"node": "n1", "replicas": "no"')
             assert status == 400, text
+            # Nested past what the JSON parser recurses: the client's error, not a server bug.
+            deep = b'{"node": "n1", "gpus": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+            status, text = await post(session, plane.url, "n1", deep)
+            assert status == 400 and "nests too deeply" in text, text
             # The same bytes again from a node past its timeout bring it back: a full report, an event.
             c.wake_event.clear()
             plane.clock.advance(c.inventory.unreachable_after + 1)
