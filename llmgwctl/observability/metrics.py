@@ -201,40 +201,15 @@ class EndpointSlots:
         self._by_id: dict[str, str] = {}
         self._gone: dict[str, str] = {}
 
-    def update(self, endpoints: Iterable[Any]) -> set[str]:
-        """Assign slots for `endpoints` (objects with replica_id, model, profile): the whole new list.
-
-        Returns the replica ids in it. Only newcomers are walked in Python: a
-        push of 20,000 endpoints that brings a few dozen new ones is set
-        arithmetic (issue 19: it was ~15 ms of each push in a rollout).
-        """
-        eps = endpoints if isinstance(endpoints, (list, tuple)) else list(endpoints)
-        keep = {ep.replica_id for ep in eps}
-        if keep == self._by_id.keys():
-            return keep
-        newcomers = keep - self._by_id.keys()
-        for rid, slot in self._by_id.items():
-            if rid not in keep:
-                self._gone[rid] = slot
-        self._by_id = {rid: slot for rid, slot in self._by_id.items() if rid in keep}
-        self._assign([ep for ep in eps if ep.replica_id in newcomers])
-        return keep
-
     def change(self, added: Iterable[Any], removed: Iterable[str]) -> None:
-        """The list changed by these: slots for the newcomers of `added`, the removed ids' slots freed.
-
-        What `update` does with the whole list, at the cost of the change. A
-        removed id's slot is free for a newcomer of the same change, as there.
-        """
+        """The list changed by these (objects with replica_id, model, profile; ids): slots for the
+        newcomers of `added`, in its order, the removed ids' slots freed -- free for a newcomer of
+        the same change."""
         for rid in removed:
             slot = self._by_id.pop(rid, None)
             if slot is not None:
                 self._gone[rid] = slot
-        # In id order: the order of the controller's list, so the slots are those `update` gives.
-        self._assign(sorted((ep for ep in added if ep.replica_id not in self._by_id), key=lambda ep: ep.replica_id))
-
-    def _assign(self, newcomers: list[Any]) -> None:
-        """Give each of `newcomers` (in this order) the lowest free index of its model and profile."""
+        newcomers = [ep for ep in added if ep.replica_id not in self._by_id]
         if newcomers:
             taken = set(self._by_id.values())
             # Where each model/profile's search for a free index goes on from: slots are only
@@ -244,8 +219,6 @@ class EndpointSlots:
             # ~1.5 million probes, most of a publishing pass in serve (issue 19).
             next_free: dict[tuple[str, str], int] = {}
             for ep in newcomers:
-                if ep.replica_id in self._by_id:
-                    continue        # listed twice
                 group = (ep.model, ep.profile)
                 n = next_free.get(group, 0)
                 while f"{ep.model}/{ep.profile}/{n}" in taken:
@@ -506,19 +479,13 @@ class RouterMetrics:
             child = self._unrouted[key] = self.requests.labels(model, "", str(code))
         child.inc()
 
-    def set_endpoints(self, endpoints: Iterable[Any]) -> None:
-        """The endpoint list changed: give newcomers their slots, forget the pre-bound children of those gone.
+    def change_endpoints(self, added: Iterable[Any], removed: Iterable[str]) -> None:
+        """The endpoint list changed by these: newcomers get their slots, the pre-bound children of those gone are forgotten.
 
         The series stay: the slot an endpoint left is the one its replacement
         takes, and its counters go on from where they were (bounded by the
         profile's peak replica count; see the module docstring).
         """
-        keep = self.slots.update(endpoints)
-        for key in [k for k in self._endpoints if k[1] not in keep]:
-            del self._endpoints[key]
-
-    def change_endpoints(self, added: Iterable[Any], removed: Iterable[str]) -> None:
-        """`set_endpoints` for a list changed by these (the router's change_endpoints)."""
         removed = list(removed)
         self.slots.change(added, removed)
         gone = set(removed)

@@ -849,14 +849,13 @@ class Reconciler:
     def _derive_model_states(self, catalog: Catalog) -> None:
         """After the plan is applied: which models are starting, which cannot be placed (pushed in `_publish`)."""
         live: dict[str, set[ReplicaState]] = collections.defaultdict(set)
-        leaving = (ReplicaState.DRAINING, ReplicaState.STOPPING)
         # Node by node: one inventory lookup per node, not one per record (12 -> 6 ms at 20,000).
         for name, mine in self.replicas.on_node.items():
             node = self.inventory.get(name)
             if node is None or not node.reachable:
                 continue
             for rec in mine.values():
-                if rec.state not in leaving:
+                if rec.state not in _GONE:
                     live[rec.spec.model].add(rec.state)
         self.model_states = model_states(catalog, live, self.unplaceable_detail, self.inventory.nodes())
 
@@ -1095,7 +1094,7 @@ class Reconciler:
             self._ready_basis = (ranks, reachable)
         changed: dict[str, Endpoint | None] = {}
         ready, ordered, cache = self._ready, self._ordered, self._endpoint_cache
-        for rid in dirty:
+        for rid in sorted(dirty):       # in id order, the list's: a sink sees changes as a new list would give them
             rec = self.replicas.get(rid)
             ep = self._endpoint_of(rec, ranks, reachable) if rec is not None else None
             if rec is None:

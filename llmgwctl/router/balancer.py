@@ -118,56 +118,39 @@ class Balancer:
         An endpoint kept under the same replica id with the same fields keeps
         its counters and readings. A request already running on a removed
         endpoint holds its own reference to the state, so finishing it is safe.
+        Applied as the changes from the list held (`change_endpoints`): only the
+        models whose endpoints came, went or changed get their tiers rebuilt.
         """
-        old = self._states
-        states: dict[str, EndpointState] = {}
-        # Models whose endpoints changed: only their tiers are built again.
-        # A 1,000-replica rollout over 20,000 endpoints rebuilt every model's
-        # on each of its passes' pushes, most of a 40-55 ms push (issue 19).
-        touched: set[str] = set()
-        gained: set[str] = set()
+        gained, _, _ = self.change_endpoints(self.changes_to(endpoints))
+        return gained
+
+    def changes_to(self, endpoints: Iterable[Endpoint]) -> dict[str, Endpoint | None]:
+        """What turns the list held into `endpoints`, as `change_endpoints` takes it; ValueError if an id is listed twice."""
+        held = self._states
+        listed: set[str] = set()
+        changed: dict[str, Endpoint | None] = {}
         for ep in endpoints:
             rid = ep.replica_id
-            if rid in states:
+            if rid in listed:
                 raise ValueError(f"replica id {rid!r} appears twice in the endpoint list")
-            prev = old.get(rid)
+            listed.add(rid)
+            prev = held.get(rid)
             # `is` first: the reconciler hands the same Endpoint object while nothing about
             # a replica changed, and a dataclass == of every field, 20,000 times, was a third of it.
-            if prev is not None and (prev.endpoint is ep or prev.endpoint == ep):
-                st = prev
-            else:
-                # Changed fields (a new url after a restart): fresh counters, but the
-                # last use still counts for the idle timeout.
-                st = EndpointState(ep, prev.last_used if prev else None, self._clock())
-                touched.add(ep.model)
-                if prev is None:
-                    gained.add(ep.model)
-                else:
-                    touched.add(prev.endpoint.model)
-            states[rid] = st
-        if len(states) != len(old) or touched:
-            for rid, st in old.items():
-                if rid not in states:
-                    touched.add(st.endpoint.model)
-                    if st.inflight > 0:
-                        self._withdrawn[rid] = st
-        self._states = states
-        if touched:
-            members: dict[str, dict[str, EndpointState]] = {}
-            for rid, st in states.items():
-                members.setdefault(st.endpoint.model, {})[rid] = st
-            self._members = members
-            self._retier(touched)
-        self.generation += 1
-        return gained
+            if prev is None or not (prev.endpoint is ep or prev.endpoint == ep):
+                changed[rid] = ep
+        if len(listed) != len(held) or changed:
+            changed.update((rid, None) for rid in held if rid not in listed)
+        return changed
 
     def change_endpoints(self, changed: Mapping[str, Endpoint | None]) -> tuple[set[str], list[Endpoint], list[str]]:
         """Change the list by `changed` (replica id -> its new Endpoint, or None: it left).
 
-        The same as `set_endpoints` with the list so changed, at the cost of
-        the changes: a publish that turns a few replicas ready among 20,000 no
-        longer walks them all (issue 19). Returns the models that gained an
-        endpoint, the endpoints added or replaced, and the ids removed.
+        At the cost of the changes: a publish that turns a few replicas ready
+        among 20,000 no longer walks them all (issue 19). Changed fields (a new
+        url after a restart) mean fresh counters, but the last use still counts
+        for the idle timeout. Returns the models that gained an endpoint, the
+        endpoints added or replaced, and the ids removed.
         """
         touched: set[str] = set()
         gained: set[str] = set()

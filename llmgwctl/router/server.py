@@ -184,8 +184,8 @@ class Router:
         usable = [ep for ep in endpoints if self._usable(ep, refused, self._bad_urls.get(ep.replica_id))]
         self._bad_urls = refused
         self._told_endpoints = True
-        gained = self.balancer.set_endpoints(usable)
-        self.metrics.set_endpoints([st.endpoint for st in self.balancer.states()])
+        gained, added, removed = self.balancer.change_endpoints(self.balancer.changes_to(usable))
+        self.metrics.change_endpoints(added, removed)
         self.cold.endpoints_changed(gained)
         if self.poller is not None:
             self.poller.resync()
