@@ -450,8 +450,10 @@ class Agent:
         key = (spec.engine, spec.command)
         if key not in self._availability:
             self._availability[key] = EngineAvailability(*await asyncio.to_thread(driver.available))
-            # A catalog-defined engine first seen in a spec joins the report, so
-            # placement learns whether this node can run it.
+            # An engine the lookup runs that the report does not name yet joins
+            # it, so placement learns whether this node can run it. (An agent
+            # run by run.py names every catalog engine it allows from its start;
+            # a lookup that refuses one never gets here.)
             if spec.engine not in self.engines:
                 self.engines[spec.engine] = self._availability[key]
         return self._availability[key]
