@@ -17,6 +17,11 @@ Safety rules that shape it:
   agent adopts what it finds and waits to be told.
 - A controller that goes away changes nothing here: the last desired holds.
 - Nothing is signalled unless it is provably ours (procs.group_is_ours).
+- What runs is the node's choice: `driver_for` refuses a catalog engine its
+  operator did not allow (EngineNotAllowed), and that refusal stands whatever
+  the desired list says -- the replica is failed with the reason, and an
+  adopted engine the node no longer allows is stopped even before a desired
+  list arrives.
 """
 from __future__ import annotations
 
@@ -37,7 +42,7 @@ import aiohttp
 
 from .. import __version__
 from ..contracts import AgentReport, EngineAvailability, Gpu, ReplicaSpec, ReplicaState, ReportedReplica
-from ..engines.errors import EngineError, LaunchError
+from ..engines.errors import EngineError, EngineNotAllowed, LaunchError
 from ..engines.spec import Driver
 from . import procs, state
 from .state import Record
@@ -203,6 +208,11 @@ class Agent:
                 pgid=rec.pgid, health_path=rec.health_path, started_at=now, restarts=rec.restarts)
             adopted.append(rec.spec.id)
             log.info("replica %s: adopted pid %d on port %d", rec.spec.id, rec.pid, rec.port)
+            refusal = self._refusal(rec.spec)
+            if refusal:
+                # Started before this node's allowance changed: what the operator
+                # no longer allows stops now, not when a controller says so.
+                self._stop(self.replicas[rec.spec.id], refusal)
         if adopted:
             self._changed()
         # Claim the state directory for this instance at once, so a crash before
@@ -366,6 +376,8 @@ class Agent:
         r.next_start, r.reason = None, ""
         try:
             driver = self.driver_for(spec)
+        except EngineNotAllowed as exc:   # the node operator's verdict: nothing a retry (or the controller) changes
+            return self._fail(r, f"refused: {exc}", retry=False)
         except EngineError as exc:   # an unknown engine: nothing a retry changes
             return self._fail(r, f"no driver for engine {spec.engine!r}: {exc}", retry=False)
         except Exception as exc:     # noqa: BLE001 - a bug in our lookup, not in the spec: see _driver_bug
@@ -407,6 +419,16 @@ class Agent:
                  spawned.pid, port, list(indices) or "none")
         self._changed()
 
+    def _refusal(self, spec: ReplicaSpec) -> str:
+        """Why this node refuses to run `spec`'s engine at all, or "" (a lookup that fails otherwise is _start's to report)."""
+        try:
+            self.driver_for(spec)
+        except EngineNotAllowed as exc:
+            return f"refused: {exc}"
+        except Exception:   # noqa: BLE001 - not a refusal; _start reports it when it tries
+            pass
+        return ""
+
     def _fail(self, r: Replica, reason: str, *, retry: bool, exc_info: BaseException | None = None) -> None:
         r.state, r.reason = FAILED, reason
         r.next_start = self.clock() + r.backoff.failure() if retry else None
@@ -428,8 +450,10 @@ class Agent:
         key = (spec.engine, spec.command)
         if key not in self._availability:
             self._availability[key] = EngineAvailability(*await asyncio.to_thread(driver.available))
-            # A catalog-defined engine first seen in a spec joins the report, so
-            # placement learns whether this node can run it.
+            # An engine the lookup runs that the report does not name yet joins
+            # it, so placement learns whether this node can run it. (An agent
+            # run by run.py names every catalog engine it allows from its start;
+            # a lookup that refuses one never gets here.)
             if spec.engine not in self.engines:
                 self.engines[spec.engine] = self._availability[key]
         return self._availability[key]

@@ -7,6 +7,7 @@ logic: that is in core (replicas), controller (protocol) and desired (files).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import aiohttp
 
 from .. import aio
 from ..contracts import ReplicaSpec
+from ..engines.custom import NOTHING_ALLOWED, AllowedEngines
 from ..engines.spec import Driver
 from .controller import HEARTBEAT, ControllerClient, desired_loop, file_loop, report_loop
 from . import state
@@ -46,11 +48,16 @@ class AgentConfig:
     start_timeout: float = START_TIMEOUT
     tick: float = TICK
     heartbeat: float = HEARTBEAT
+    # No catalog-defined engine unless the node's operator allows it: the
+    # catalog's writers decide the model list, not what executes on this machine.
+    allow_engines: AllowedEngines = NOTHING_ALLOWED
 
 
-def _default_drivers() -> tuple[Callable[[ReplicaSpec], Driver], Callable[[], Mapping[str, tuple[bool, str]]]]:
+def _default_drivers(allowed: AllowedEngines) -> tuple[Callable[[ReplicaSpec], Driver],
+                                                      Callable[[], Mapping[str, tuple[bool, str]]]]:
     from .. import engines
-    return engines.driver_for, engines.available_engines
+    return (functools.partial(engines.driver_for, allowed=allowed),
+            functools.partial(engines.available_engines, allowed=allowed))
 
 
 async def run_agent(cfg: AgentConfig, stop: asyncio.Event | None = None) -> None:
@@ -66,7 +73,7 @@ async def run_agent(cfg: AgentConfig, stop: asyncio.Event | None = None) -> None
 
 
 async def _run(cfg: AgentConfig, stop: asyncio.Event) -> None:
-    driver_for, available_engines = _default_drivers()
+    driver_for, available_engines = _default_drivers(cfg.allow_engines)
     gpus = await asyncio.to_thread(discover, cfg.gpus, cfg.node)
     engines = await asyncio.to_thread(available_engines)
     changed = asyncio.Event()
@@ -76,6 +83,9 @@ async def _run(cfg: AgentConfig, stop: asyncio.Event) -> None:
                       start_timeout=cfg.start_timeout, grace=cfg.grace, on_change=changed.set)
         log.info("agent %s: %d GPU(s), engines available: %s", cfg.node, len(gpus),
                  ", ".join(n for n, (ok, _) in sorted(engines.items()) if ok) or "none")
+        if cfg.allow_engines:
+            log.info("agent %s: catalog engines allowed here: %s", cfg.node,
+                     ", ".join(f"{n}={p}" for n, p in cfg.allow_engines.pins.items()))
         await agent.adopt()
         tasks = []
         logs: LogSender | None = None

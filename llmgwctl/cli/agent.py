@@ -21,6 +21,22 @@ def _gpus(ctx: click.Context, param: click.Parameter, value: str) -> str:
     return value
 
 
+def _allow_engines(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]):
+    from ..engines.custom import AllowedEngines
+    try:
+        return AllowedEngines.parse(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+# Nothing by default: whoever writes the catalog decides which models run, the
+# node's operator decides which programs run on the node (llmgwctl-agent(1)).
+allow_engine_option = click.option(
+    "--allow-engine", "allow_engines", multiple=True, metavar="NAME=PROGRAM", callback=_allow_engines,
+    help="Run the catalog-defined engine NAME here, executing only PROGRAM (an absolute path or a name on PATH); "
+         "repeatable. Without it no catalog-defined engine runs on this node.")
+
+
 # Defaults and why: the node name is the host name because it is what an
 # operator sees in `ssh` and the GPU dashboards, and it survives restarts; the
 # port range 20000-20999 sits below Linux's ephemeral range (32768+), so
@@ -51,10 +67,11 @@ def _gpus(ctx: click.Context, param: click.Parameter, value: str) -> str:
               help="Seconds an engine may take to pass its health check before it is restarted.")
 @click.option("--heartbeat", type=click.FloatRange(min=0.1), default=HEARTBEAT, show_default=True,
               help="Seconds between reports to the controller when nothing changes.")
+@allow_engine_option
 @log_level_options
 @log_format_option
 def command(controller, node, gpus, pools, state_dir, advertise_host, ports, desired_file, token_file, grace,
-            start_timeout, heartbeat, log_level, verbose, log_format) -> None:
+            start_timeout, heartbeat, allow_engines, log_level, verbose, log_format) -> None:
     """Run the node agent: start, watch and stop this machine's engines."""
     from ..agent import AgentConfig, StateLockedError, main
 
@@ -68,6 +85,6 @@ def command(controller, node, gpus, pools, state_dir, advertise_host, ports, des
     try:
         main(AgentConfig(node=node, state_dir=state_dir, ports=ports, gpus=gpus, pools=tuple(pools),
                          host=advertise_host, controller=controller, desired_file=desired_file, token=token,
-                         grace=grace, start_timeout=start_timeout, heartbeat=heartbeat))
+                         grace=grace, start_timeout=start_timeout, heartbeat=heartbeat, allow_engines=allow_engines))
     except StateLockedError as exc:
         raise click.ClickException(str(exc)) from None

@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 
 from .. import aio
+from .agent import allow_engine_option
 from .common import PORT_RANGE, host_port, log_format_option, log_level_options, raise_fd_limit, router_options, setup_logging
 
 
@@ -43,12 +44,13 @@ from .common import PORT_RANGE, host_port, log_format_option, log_level_options,
 @click.option("--control-connections-per-client", type=click.IntRange(min=0), default=None, metavar="N",
               help="Open control API connections one client address may hold (each agent holds two); 0: no limit "
                    "[default: 4096].")
+@allow_engine_option
 @router_options
 @log_format_option
 @log_level_options
 def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node, ports, settle, drain_grace,
             node_timeout, replace_after, token_file, agent_token_file, api_keys, control_connections_per_client,
-            log_format, log_level, verbose, router_config):
+            allow_engines, log_format, log_level, verbose, router_config):
     """Serve the catalogs in DIR: place replicas, route OpenAI requests, follow every edit."""
     from ..catalog import CatalogError
     from ..control.auth import TokenError, check_bind, read_token_file
@@ -56,6 +58,9 @@ def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node
     from ..control.serve import ServeConfig, serve
     from ..router.auth import KeyFileError
 
+    if allow_engines and not local_agent:
+        raise click.UsageError("--allow-engine is for the local agent; with --no-local-agent give it to each "
+                               "node's llmgwctl agent")
     if agent_token_file and not token_file:
         raise click.UsageError("--agent-token-file needs --token-file: without an admin token every other route would be open")
     try:
@@ -68,7 +73,7 @@ def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node
     cfg = ServeConfig(catalogs=catalogs, listen=listen, control=control, local_agent=local_agent, gpus=gpus,
                       pools=tuple(pools), ports=str(ports), settle=settle, drain_grace=drain_grace,
                       node_timeout=node_timeout, replace_after=replace_after, token=token, agent_token=agent_token,
-                      api_keys=api_keys, router=router_config)
+                      api_keys=api_keys, router=router_config, allow_engines=allow_engines)
     if state_dir is not None:
         cfg.state_dir = state_dir
     if control_connections_per_client is not None:

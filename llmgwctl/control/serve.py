@@ -37,6 +37,7 @@ from aiohttp import web
 
 from ..observability.metrics import ControlMetrics
 from ..httpserver import ConnectionGuard, bound_port, json_errors, server_options
+from ..engines.custom import NOTHING_ALLOWED, AllowedEngines
 from .api import ControlAPI
 from .auth import ControlAuth, check_bind, node_token
 from .controller import Controller
@@ -107,6 +108,7 @@ class ServeConfig:
     api_keys: str | None = None             # the router's API key file; None: the router is open
     router: "RouterConfig | None" = None    # the data plane's knobs (access log included); None: the defaults
     control_connections_per_client: int = CONTROL_CONNECTIONS_PER_CLIENT    # 0: no limit
+    allow_engines: AllowedEngines = NOTHING_ALLOWED   # the local agent's catalog engines (see AgentConfig)
 
 
 class Server:
@@ -199,7 +201,8 @@ class Server:
         token = node_token(self.cfg.agent_token, self.cfg.node) if self.cfg.agent_token else self.cfg.token
         cfg = AgentConfig(node=self.cfg.node, state_dir=Path(self.cfg.state_dir), ports=PortRange.parse(self.cfg.ports),
                           gpus=self.cfg.gpus, pools=tuple(self.cfg.pools),
-                          controller=f"http://{host}:{self.control_port}", token=token)
+                          controller=f"http://{host}:{self.control_port}", token=token,
+                          allow_engines=self.cfg.allow_engines)
         try:
             await run_agent(cfg, self._agent_stop)
         except StateLockedError as exc:

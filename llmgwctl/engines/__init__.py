@@ -13,9 +13,12 @@ the router owns polling. Nothing here knows about placement, the reconciler
 or the router; the fake engine's server (`fake_server.py`) is imported only by
 `llmgwctl engine fake`.
 
-    driver_for("vllm") / driver_for(replica_spec)  -> Driver
-    parse_load("sglang", page_text)                -> LoadReading | None
-    available_engines()                            -> {name: (ok, reason)}
+    driver_for("vllm") / driver_for(replica_spec, allowed)  -> Driver
+    parse_load("sglang", page_text)                         -> LoadReading | None
+    available_engines(allowed=...)                          -> {name: (ok, reason)}
+
+A replica of a catalog-defined engine gets a driver only from the node's
+`AllowedEngines` (custom.py): with none given, no catalog engine runs.
 """
 from __future__ import annotations
 
@@ -23,8 +26,8 @@ from types import MappingProxyType
 from typing import Iterable, Mapping
 
 from ..catalog import EngineSpec
-from .custom import TemplateDriver, parse_any
-from .errors import EngineError, LaunchError, UnknownEngine
+from .custom import NOTHING_ALLOWED, AllowedEngines, TemplateDriver, allow_hint, parse_any
+from .errors import EngineError, EngineNotAllowed, LaunchError, UnknownEngine
 from .fake import FakeDriver
 from .llamacpp import LlamacppDriver
 from .sglang import SglangDriver
@@ -37,12 +40,18 @@ BUILTIN_DRIVERS: Mapping[str, Driver] = MappingProxyType({
 })
 
 __all__ = [
-    "BUILTIN_DRIVERS", "Driver", "EngineError", "Launch", "LaunchError", "TemplateDriver", "UnknownEngine", "available_engines", "driver_for", "parse_load",
+    "AllowedEngines", "BUILTIN_DRIVERS", "Driver", "EngineError", "EngineNotAllowed", "Launch", "LaunchError",
+    "NOTHING_ALLOWED", "TemplateDriver", "UnknownEngine", "allow_hint", "available_engines", "driver_for", "parse_load",
 ]
 
 
-def driver_for(spec_or_engine: ReplicaSpec | str) -> Driver:
-    """The driver for a replica (a catalog engine's template travels in its spec) or a built-in name."""
+def driver_for(spec_or_engine: ReplicaSpec | str, allowed: AllowedEngines = NOTHING_ALLOWED) -> Driver:
+    """The driver for a replica (a catalog engine's template travels in its spec) or a built-in name.
+
+    A catalog engine's replica runs only as `allowed` permits (EngineNotAllowed
+    otherwise), whatever its spec says: the spec comes from the controller,
+    the allowance from the node's operator.
+    """
     if isinstance(spec_or_engine, str):
         try:
             return BUILTIN_DRIVERS[spec_or_engine]
@@ -55,7 +64,7 @@ def driver_for(spec_or_engine: ReplicaSpec | str) -> Driver:
     if not spec.command:
         raise UnknownEngine(f"replica {spec.id}: engine {spec.engine!r} is not built in and its spec carries no "
                             "command template")
-    return TemplateDriver.for_spec(spec)
+    return allowed.driver(spec)
 
 
 def parse_load(engine: str, text: str) -> LoadReading | None:
@@ -70,9 +79,15 @@ def parse_load(engine: str, text: str) -> LoadReading | None:
     return driver.parse_metrics(text)
 
 
-def available_engines(catalog_engines: Iterable[EngineSpec] = ()) -> dict[str, tuple[bool, str]]:
-    """Which engines this node can run, each with its reason: the built-ins, plus any catalog-defined ones given."""
+def available_engines(catalog_engines: Iterable[EngineSpec] = (), *,
+                      allowed: AllowedEngines = NOTHING_ALLOWED) -> dict[str, tuple[bool, str]]:
+    """Which engines this node can run, each with its reason: the built-ins, the allowed ones, and any catalog ones given.
+
+    A catalog engine's entry says only whether its program is on this node;
+    whether the node runs it is `allowed`'s to say.
+    """
     found = {name: driver.available() for name, driver in BUILTIN_DRIVERS.items()}
+    found.update(allowed.available())
     for engine in catalog_engines:
         if engine.name not in BUILTIN_DRIVERS:
             found[engine.name] = TemplateDriver(engine.name, engine.command, engine.health,

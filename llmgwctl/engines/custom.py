@@ -12,18 +12,32 @@ We cannot know what a catalog-defined engine prints on /metrics, so its page
 is read with each built-in adapter in turn: an engine that speaks vLLM's,
 SGLang's or llama.cpp's families (many forks do) gets load-aware routing;
 any other yields None and is routed by request counts alone.
+
+Who may run one is the node's operator, not the catalog's writer: the
+catalog repository describes the fleet, but write access to it must not be
+a shell on every GPU machine. `AllowedEngines` is what an operator allowed
+on one node (`llmgwctl agent --allow-engine NAME=PROGRAM`), and nothing else
+runs there. An allowance pins the *program*, not only the name: the command
+of an allowed name is the catalog's to change (a new flag, another port), but
+what it executes stays the file the operator named, resolved on this node
+and executed by its absolute path (a profile's `env: {PATH: ...}` cannot
+point the lookup elsewhere). Pinning a shell or an interpreter (`sh`,
+`python3`) allows whatever the catalog writes after `-c`; that is the
+operator's informed choice, said in llmgwctl-agent(1).
 """
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
-from typing import Sequence
+from types import MappingProxyType
+from typing import Iterable, Mapping, Sequence
 
-from ..catalog.model import shell_strings
+from ..catalog.model import BUILTIN_ENGINES, shell_strings
 
 from .base import replica_env
-from .errors import LaunchError
+from .errors import EngineNotAllowed, LaunchError
 from .llamacpp import parse_llamacpp
 from .sglang import parse_sglang
 from ..contracts import LoadReading, ReplicaSpec
@@ -71,6 +85,116 @@ class TemplateDriver:
 
     def parse_metrics(self, text: str) -> LoadReading | None:
         return parse_any(text)
+
+
+# The catalog schema's engineName: an allowance for a name no catalog can
+# define would be a typo that silently allows nothing.
+ENGINE_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
+
+
+def allow_hint(name: str, program: str = "PROGRAM") -> str:
+    """The option that allows catalog engine `name` on a node: the fix every refusal names."""
+    return f"llmgwctl agent --allow-engine {name}={program}"
+
+
+class AllowedEngines:
+    """The catalog-defined engines one node runs, each pinned to the one program it may execute.
+
+    Empty by default: a node runs the built-in engines and no catalog-defined
+    one until its operator allows it by name and program.
+    """
+
+    __slots__ = ("_pins",)
+
+    def __init__(self, pins: Mapping[str, str] | None = None):
+        self._pins: Mapping[str, str] = MappingProxyType(dict(sorted((pins or {}).items())))
+
+    @classmethod
+    def parse(cls, values: Iterable[str]) -> "AllowedEngines":
+        """From `NAME=PROGRAM` strings (a PROGRAM is an absolute path or a name on PATH); ValueError names the bad one."""
+        pins: dict[str, str] = {}
+        for value in values:
+            name, sep, program = value.partition("=")
+            if not sep or not program:
+                raise ValueError(
+                    f"{value!r}: give NAME=PROGRAM, the catalog engine and the one program it may run here "
+                    f"(such as {name or 'mylmdeploy'}=/usr/bin/lmdeploy); a name alone would let whoever edits "
+                    "the catalog change what that name executes")
+            if not ENGINE_NAME.fullmatch(name):
+                raise ValueError(f"{value!r}: {name!r} is not an engine name a catalog can define "
+                                 "(lower-case letters, digits, - and _, starting with a letter)")
+            if name in BUILTIN_ENGINES:
+                raise ValueError(f"{value!r}: {name} is built in and always allowed; --allow-engine is for "
+                                 "engines a catalog defines")
+            if "\0" in program or (os.sep in program and not os.path.isabs(program)):
+                raise ValueError(f"{value!r}: PROGRAM must be an absolute path or a program name looked up on PATH")
+            if pins.get(name, program) != program:
+                raise ValueError(f"{value!r}: engine {name} is already allowed as {pins[name]}; one program per engine")
+            pins[name] = program
+        return cls(pins)
+
+    @property
+    def pins(self) -> Mapping[str, str]:
+        return self._pins
+
+    def __bool__(self) -> bool:
+        return bool(self._pins)
+
+    def __repr__(self) -> str:
+        return f"AllowedEngines({dict(self._pins)!r})"
+
+    def driver(self, spec: ReplicaSpec) -> TemplateDriver:
+        """The driver for a catalog engine's replica, running the pinned program; EngineNotAllowed if it may not run here."""
+        program = self._pins.get(spec.engine)
+        if program is None:
+            raise EngineNotAllowed(
+                f"catalog engine {spec.engine!r} is not allowed on this node: a node runs the built-in engines "
+                f"and only the catalog engines its operator allows ({allow_hint(spec.engine, _program_of(spec))})")
+        asked = spec.command[0] if spec.command else ""
+        resolved = _resolve(program)
+        if resolved is None:
+            if asked != program:
+                raise EngineNotAllowed(_other_program(spec.engine, asked, program))
+            # Allowed, but not installed: the driver's available() says so with the fix.
+            return TemplateDriver.for_spec(spec)
+        if asked not in (program, resolved):
+            found = _resolve(asked)
+            if found is None or os.path.realpath(found) != os.path.realpath(resolved):
+                raise EngineNotAllowed(_other_program(spec.engine, asked, f"{program} ({resolved})"))
+        return TemplateDriver(spec.engine, (resolved, *spec.command[1:]), spec.health, spec.metrics)
+
+    def available(self) -> dict[str, tuple[bool, str]]:
+        """Each allowed engine and whether its program is on this node, as `Driver.available` says it."""
+        found = {}
+        for name, program in self._pins.items():
+            resolved = _resolve(program)
+            found[name] = ((True, f"{program} at {resolved} (allowed on this node)") if resolved is not None else
+                           (False, f"{program} (allowed as engine {name!r}) not found on PATH; install it on this "
+                                   f"node or give its path ({allow_hint(name, '/path/to/' + os.path.basename(program))})"))
+        return found
+
+
+NOTHING_ALLOWED = AllowedEngines()
+
+
+def _resolve(program: str) -> str | None:
+    """Where `program` is on this node: itself if it is a path to an executable, else the PATH lookup."""
+    if not program:
+        return None
+    if os.sep in program:
+        return program if os.path.isfile(program) and os.access(program, os.X_OK) else None
+    return shutil.which(program)
+
+
+def _program_of(spec: ReplicaSpec) -> str:
+    program = spec.command[0] if spec.command else ""
+    # The hint is copied into a shell by an operator: only a plain program is worth suggesting.
+    return program if re.fullmatch(r"[A-Za-z0-9_./+-]{1,200}", program) else "PROGRAM"
+
+
+def _other_program(name: str, asked: str, allowed: str) -> str:
+    return (f"catalog engine {name!r} runs {asked!r}, but this node allows {name!r} only as {allowed}; "
+            f"the catalog cannot change which program runs here (its operator can: {allow_hint(name, 'PROGRAM')})")
 
 
 def parse_any(text: str) -> LoadReading | None:

@@ -2,6 +2,8 @@
 
     EngineError            something about an engine llmgw cannot get past
      ├ UnknownEngine       a name no driver or catalog template answers to
+     │ └ EngineNotAllowed  a catalog-defined engine this node's operator did not allow
+     │                     (or allowed only as another program)
      ├ LaunchError         this replica cannot be launched on this node as specified
      │                     (source not found here, GPU count and indices disagree...)
      └ BadRequest          (fake_replies) a request the fake engine answers with a 400
@@ -21,6 +23,10 @@ class EngineError(Exception):
 
 class UnknownEngine(EngineError, LookupError):
     """No built-in driver has this name, and no catalog template came with it."""
+
+
+class EngineNotAllowed(UnknownEngine):
+    """A catalog engine this node does not run: the message says which `--allow-engine` would allow it."""
 
 
 class LaunchError(EngineError):

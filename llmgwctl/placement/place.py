@@ -258,7 +258,7 @@ def place(catalog: Catalog, nodes: Sequence[NodeView], running: Sequence[Running
     starts.extend(_back_to_best(tiers, fleet, movable))
 
     unplaceable: list[Unplaceable] = []
-    explain = Explainer(fleet, running, priorities, starts)
+    explain = Explainer(fleet, running, priorities, starts, engines=catalog.engines)
     going = {s.replica_id for s in stops}        # of stale ones, only victims of preemption are in it
     for share in shares.values():
         if not share.missing:

@@ -6,7 +6,10 @@ run it: only a change to the catalog or the fleet helps) or *transient* (no
 room now; it can change by itself):
 
 - permanent: no node has its pool; no node in the pool can run its engine
-  (with the reason each agent gave, which names the fix); the largest node
+  (with the reason each agent gave, which names the fix), or, for an engine
+  the catalog defines, no node's operator allows it (an agent names every
+  catalog engine it allows in its report, so one it does not name is not
+  allowed there: `llmgwctl agent --allow-engine NAME=PROGRAM`); the largest node
   has fewer GPUs than it needs; no GPU is big enough for its `gpu_memory`.
 - transient: every node that could run it is unreachable or draining, or
   already runs MAX_REPLICAS_PER_NODE replicas; or too few free GPUs / too
@@ -19,10 +22,12 @@ once the plan is applied.
 """
 from __future__ import annotations
 
+import re
 from collections import defaultdict
+from types import MappingProxyType
 from typing import Mapping, Sequence
 
-from ..catalog import Model, Profile
+from ..catalog import EngineSpec, Model, Profile
 from ..catalog.sizes import human_mib
 from .fleet import MAX_REPLICAS_PER_NODE, Fleet
 from .model import Assignment, Running
@@ -38,8 +43,9 @@ class Explainer:
     """Builds reasons for one pass; clauses are cached because many replicas share a profile shape."""
 
     def __init__(self, fleet: Fleet, running: Sequence[Running] = (), priorities: Mapping[str, int] | None = None,
-                 starts: Sequence[Assignment] = ()):
+                 starts: Sequence[Assignment] = (), engines: Mapping[str, EngineSpec] = MappingProxyType({})):
         self.fleet = fleet
+        self.engines = engines          # the catalog's: which engines it defines itself, and what they run
         self.running = running
         self.starts = starts
         self.priorities = priorities or {}
@@ -89,6 +95,9 @@ class Explainer:
             if not schedulable:
                 return (f"no schedulable node in {where} ({_count(len(names), 'node')}, "
                         "all unreachable or draining)"), False
+            if self._custom(engine) and all(engine not in fleet.nodes[n].unavailable for n in schedulable):
+                return (f"no node{inside} allows catalog engine '{engine}': a node runs a catalog-defined engine "
+                        f"only if its operator allows it ({self._allow_hint(engine)})"), True
             return f"no node{inside} can run engine {engine} ({self._lacking(schedulable, engine)})", True
         largest = max(len(fleet.nodes[n].gpus) for n in able)
         if largest < gpus:
@@ -159,8 +168,10 @@ class Explainer:
     def _lacking(self, names: list[str], engine: str) -> str:
         """The nodes that lack `engine`, grouped by the reason their agents gave, since the reason says the fix."""
         by_reason: dict[str, list[str]] = {}
+        # A node that does not name a catalog engine at all does not allow it.
+        silent = f"not allowed there ({self._allow_hint(engine)})" if self._custom(engine) else ""
         for name in names:
-            by_reason.setdefault(self.fleet.nodes[name].unavailable.get(engine, ""), []).append(name)
+            by_reason.setdefault(self.fleet.nodes[name].unavailable.get(engine, silent), []).append(name)
         parts = []
         for reason, group in list(by_reason.items())[:NAMES_SHOWN]:
             shown = ", ".join(group[:NAMES_SHOWN])
@@ -171,6 +182,19 @@ class Explainer:
             rest = sum(len(g) for g in list(by_reason.values())[NAMES_SHOWN:])
             parts.append(f"{_count(rest, 'more node')} for other reasons")
         return "; ".join(parts)
+
+
+    def _custom(self, engine: str) -> bool:
+        spec = self.engines.get(engine)
+        return spec is not None and not spec.builtin
+
+    def _allow_hint(self, engine: str) -> str:
+        command = self.engines[engine].command
+        program = command[0] if command else ""
+        # Only a plain program is worth suggesting: the hint is pasted into a shell.
+        if not re.fullmatch(r"[A-Za-z0-9_./+-]{1,200}", program):
+            program = "PROGRAM"
+        return f"llmgwctl agent --allow-engine {engine}={program}"
 
 
 def _title(profile: Profile) -> str:

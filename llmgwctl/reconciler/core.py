@@ -370,7 +370,6 @@ class Reconciler:
         self._expected: tuple[str | None, Mapping[tuple[str, str], str]] = (None, {})
         # Placement's NodeView per node, with what it was built from (see _placement_input).
         self._views: dict[str, tuple[tuple, NodeView]] = {}
-        self._custom: tuple[str | None, frozenset[str]] = (None, frozenset())
         # The last call of place(): (catalog, views, running, wanted, movable, plan) -- see _plan.
         self._last_plan: tuple[Catalog, list[NodeView], list[Running], dict[str, int], set[str], Any] | None = None
         # What place() may reuse from one call to the next where the input is the same (per node, per model):
@@ -922,20 +921,21 @@ class Reconciler:
             running.append(kept[2])
         views = []
         kept_views = self._views
-        # What a NodeView takes from the catalog: its own engines' names (see
-        # _catalog_engines_known); a swap that keeps them rebuilds no node.
-        custom = self._custom_engines(catalog)
         for node in self.inventory.nodes():
             if not node.reachable:
                 running.extend(self._given_up_on(node, expected))
-            key = (node.pools, node.gpus, node.engines, node.reachable, node.name in self._cordoned, custom)
+            key = (node.pools, node.gpus, node.engines, node.reachable, node.name in self._cordoned)
             kept_view = kept_views.get(node.name)
             if kept_view is None or kept_view[0] != key:
                 kept_view = kept_views[node.name] = (key, NodeView(
                     name=node.name, pools=node.pools,
                     gpus=tuple(g.index for g in node.gpus),
                     memory={g.index: (g.memory_mib, g.free_mib) for g in node.gpus},
-                    engines=node.available_engines | _catalog_engines_known(node, custom),
+                    # Only what the node's agent says it runs: a catalog-defined engine
+                    # runs where a node's operator allowed it (llmgwctl agent
+                    # --allow-engine), which the agent reports from its start; a node
+                    # that does not name it does not run it (placement's reasons say so).
+                    engines=node.available_engines,
                     schedulable=node.reachable and node.name not in self._cordoned,
                     unavailable={name: why for name, (ok, why) in node.engines.items() if not ok},
                 ))
@@ -970,12 +970,6 @@ class Reconciler:
             self._ranks_of = (catalog.version, {(m.name, p.name): (p.priority, p.weight)
                                                 for m in catalog.models for p in m.profiles})
         return self._ranks_of[1]
-
-    def _custom_engines(self, catalog: Catalog) -> frozenset[str]:
-        """The names of the engines `catalog` defines itself (not built in); worked out once per catalog."""
-        if self._custom[0] != catalog.version:
-            self._custom = (catalog.version, frozenset(n for n, e in catalog.engines.items() if not e.builtin))
-        return self._custom[1]
 
     def _expected_hashes(self, catalog: Catalog) -> Mapping[tuple[str, str], str]:
         """(model, profile) -> the spec hash a current replica of it has; computed once per catalog."""
@@ -1241,13 +1235,6 @@ def _memory_share(need_mib: int | None, memory: Mapping[int, tuple[int, int]], i
     if min(totals) <= 0:
         return None                 # placement never shares a GPU of unknown memory
     return min(1.0, need_mib / min(totals))
-
-
-def _catalog_engines_known(node: Node, custom: frozenset[str]) -> frozenset[str]:
-    # A catalog-defined engine the agent has not been asked about yet: assume it
-    # can run it (the agent reports it failed with the reason if not) rather
-    # than never placing a custom engine anywhere.
-    return frozenset(n for n in custom if n not in node.engines)
 
 
 def _new_id(model: str) -> str:

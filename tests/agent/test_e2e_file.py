@@ -45,7 +45,9 @@ def test_agent_from_a_desired_file(tmp_path, agents, controller, port_range):
     desired = tmp_path / "desired.json"
     write_desired(desired, [R1, R2])
     args = ["--desired", str(desired), "--gpus", "2xA100-80GB", "--node", "gpu-7", "--pool", "a100",
-            "--ports", port_range, "--controller", controller.url, "--grace", "10"]
+            "--ports", port_range, "--controller", controller.url, "--grace", "10",
+            # NOPE's engine is allowed here, so it fails for its missing program, not as not allowed.
+            "--allow-engine", "mylmdeploy=no-such-llmgw-test-engine"]
     agent = agents(*args)
 
     # -- both replicas come up, each on its own GPU -------------------------------

@@ -11,8 +11,8 @@ import pytest
 
 from llmgwctl.catalog import EngineSpec
 from llmgwctl.contracts import ReplicaSpec
-from llmgwctl.engines import (BUILTIN_DRIVERS, LaunchError, TemplateDriver, UnknownEngine, available_engines,
-                              driver_for)
+from llmgwctl.engines import (BUILTIN_DRIVERS, AllowedEngines, LaunchError, TemplateDriver, UnknownEngine,
+                              available_engines, driver_for)
 from llmgwctl.engines import gguf as gguf_mod
 from llmgwctl.engines import vllm as vllm_driver
 from llmgwctl.engines.llamacpp import LlamacppDriver, resolve_gguf
@@ -27,7 +27,9 @@ def spec(engine: str, *, gpus: int = 1, gpu_indices=(3,), args=(), env=None, sou
 
 
 def launch(s: ReplicaSpec):
-    return driver_for(s).launch(s, host="127.0.0.1", port=41001)
+    # A catalog engine's template is filled by its TemplateDriver; which node may run it is test_allow_engines'.
+    driver = TemplateDriver.for_spec(s) if s.command and s.engine not in BUILTIN_DRIVERS else driver_for(s)
+    return driver.launch(s, host="127.0.0.1", port=41001)
 
 
 # -- vLLM ------------------------------------------------------------------
@@ -306,7 +308,7 @@ def test_template_fills_placeholders_and_appends_profile_args():
                         "--server-name", "127.0.0.1", "--model-name", "qwen2.5-7b-instruct", "--tp", "2",
                         "--session-len", "8192")
     assert dict(got.env) == {"A": "b", "CUDA_VISIBLE_DEVICES": "0,1"}
-    assert isinstance(driver_for(s), TemplateDriver)
+    assert isinstance(driver_for(s, AllowedEngines.parse(["mylmdeploy=lmdeploy"])), TemplateDriver)
 
 
 def test_template_probe_paths_come_from_the_spec():
