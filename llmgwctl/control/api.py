@@ -55,6 +55,7 @@ from . import schemas
 from .apply import ApplyError, ApplyQueue, decode_content, filename_problem, plan, validate_with, write_atomically
 from .auth import ControlAuth
 from .controller import Controller
+from .usage import TooManyRouters
 from .logs import FIRST_ANSWER, FOLLOW_SILENCE, LogRelayError
 from .watchlog import WatchLog
 from .webui import Console
@@ -580,9 +581,17 @@ class ControlAPI:
         return encoded[after]
 
     async def usage(self, request: web.Request) -> web.Response:
+        # Bounded and checked by the board (control.usage): a router's claims count only as far as
+        # the engines' own readings show traffic, and only for replicas this controller has.
         try:
-            self.c.usage.report(await request.json())
-        except (ValueError, UnicodeDecodeError) as exc:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return _error(400, "usage report: the body must be JSON (llmgwctl.contracts.usage)")
+        try:
+            self.c.usage.report(body)
+        except TooManyRouters as exc:
+            return _error(429, f"usage report: {exc}", kind="rate_limit_error")
+        except ValueError as exc:       # UsageError, naming the field
             return _error(400, f"usage report: {exc}")
         return web.Response(status=204)
 
