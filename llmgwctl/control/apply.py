@@ -97,8 +97,9 @@ class ApplyQueue:
     """Applies one at a time, and at most `size` of them held (the one in its turn and those waiting).
 
     Validating a large directory holds its parsed documents and rules' state
-    in memory: applies validated side by side each held their own (six dry
-    runs of a 3.4 MB file took over a gigabyte). One at a time also makes two
+    in memory, several times the file's size: applies validated side by side
+    each held their own, so memory grew with how many were sent at once, not
+    with the catalog. One at a time bounds it by one. It also makes two
     applies that race come out as if sent one after the other: the second is
     validated with the first's file in the directory and planned against the
     catalog the first put in force. A second apply waits rather than being

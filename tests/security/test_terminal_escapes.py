@@ -162,3 +162,17 @@ def test_status_and_logs_of_a_real_serve_show_hostile_names_and_lines_escaped(fl
     missing = llmgwctl(fleet, "logs", f"r-{CLEAR}")
     assert missing.returncode == 1
     assert_escaped(missing.stderr.decode(), "\\x1b[2J")
+
+
+def test_catalog_validate_and_show_print_hostile_names_escaped(tmp_path):
+    from llmgwctl.cli.catalog import command as catalog_cli
+    good = tmp_path / "good"
+    good.mkdir()
+    (good / "models.yaml").write_text(CATALOG.replace('pool: "gpu', 'pool: "h100'))
+    shown = CliRunner().invoke(catalog_cli, ["show", str(good)])
+    assert shown.exit_code == 0, shown.output
+    assert_escaped(shown.output, "h100\\x1b[2J\\u202e")
+    (good / f"evil{CLEAR}{RLO}.yaml").write_text("models: [\n")
+    checked = CliRunner().invoke(catalog_cli, ["validate", str(good)])
+    assert checked.exit_code == 1
+    assert_escaped(checked.output, "evil\\x1b[2J\\u202e.yaml")
