@@ -8,7 +8,12 @@ import click
 from ..catalog import CatalogError, format_duration, load_paths
 from ..catalog.diff import diff as diff_catalogs
 from .common import controller_headers, controller_option
-from .output import dump, output_option, table
+from .output import cleaned, dump, echo, output_option, table, visible
+
+# Seconds `catalog apply` waits for the controller's answer: its validation
+# may wait for other applies (up to a minute, control.api.APPLY_QUEUE_WAIT),
+# then takes seconds, then waits up to 10 s for the catalog in force.
+APPLY_TIMEOUT = 120.0
 
 paths_argument = click.argument("paths", nargs=-1, required=True,
                                 type=click.Path(exists=True, file_okay=True, dir_okay=True))
@@ -20,7 +25,7 @@ def _load(paths):
         return load_paths(paths)
     except CatalogError as exc:
         for problem in exc.problems:
-            click.echo(str(problem), err=True)
+            echo(visible(problem), err=True)     # a problem is one line: a newline in a name or value is escaped too
         n = len(exc.problems)
         click.echo(f"invalid: {n} problem{'s' if n != 1 else ''}", err=True)
         sys.exit(1)
@@ -42,7 +47,7 @@ def validate(paths, quiet):
     """
     catalog = _load(paths)
     if not quiet:
-        click.echo(f"valid: {len(catalog)} models, {len(catalog.names())} names, version {catalog.version}")
+        echo(f"valid: {len(catalog)} models, {len(catalog.names())} names, version {catalog.version}")
 
 
 @command.command()
@@ -71,7 +76,7 @@ def show(paths, fmt):
     if custom:
         click.echo()
         click.echo(table(("ENGINE", "COMMAND", "HEALTH"), [(e.name, " ".join(e.command), e.health) for e in custom]))
-    click.echo(f"\nversion {catalog.version}")
+    echo(f"\nversion {catalog.version}")
 
 
 @command.command()
@@ -93,13 +98,13 @@ def diff(old, new, fmt):
                 ("model", change.added, change.removed, change.changed),
                 ("engine", change.engines_added, change.engines_removed, change.engines_changed)):
             for name in added:
-                click.echo(f"+ {kind} {name}")
+                echo(f"+ {kind} {visible(name)}")
             for name in removed:
-                click.echo(f"- {kind} {name}")
+                echo(f"- {kind} {visible(name)}")
             for name, changes in changed:
-                click.echo(f"~ {kind} {name}")
+                echo(f"~ {kind} {visible(name)}")
                 for c in changes:
-                    click.echo(f"    {c}")
+                    echo(f"    {visible(c)}")
     sys.exit(1 if change else 0)
 
 
@@ -124,6 +129,14 @@ def apply(path, dry_run, name, controller, fmt):
 
     import requests
 
+    from ..control.apply import filename_problem
+
+    filename = name or os.path.basename(path)
+    problem = filename_problem(filename) if path != "-" or name else None
+    if problem is not None:
+        # The controller refuses it the same way; asked here first so the fix is named before anything is sent.
+        raise click.UsageError(visible(f"{problem}{'' if name else '; name it with --as NAME.yaml'}"),
+                               ctx=click.get_current_context())
     if path == "-":
         if not name:
             raise click.UsageError("with -f - (standard input) give the file's name in the catalog directory: "
@@ -137,32 +150,34 @@ def apply(path, dry_run, name, controller, fmt):
             content = f.read()
     url = controller.rstrip("/") + "/api/v1/catalog" + ("?dry_run=1" if dry_run else "")
     try:
-        resp = requests.post(url, json={"filename": name or os.path.basename(path), "content": content}, timeout=30,
+        resp = requests.post(url, json={"filename": filename, "content": content}, timeout=(10, APPLY_TIMEOUT),
                              headers=controller_headers())
     except requests.RequestException as exc:
         raise click.ClickException(f"cannot reach the controller at {controller}: {exc.__class__.__name__}") from None
     body = resp.json() if resp.headers.get("content-type", "").startswith("application/json") else {}
     if resp.status_code == 422:
         for line in body.get("errors", []):
-            click.echo(line, err=True)
-        click.echo(f"rejected: {body['error']['message']}", err=True)
+            echo(visible(line), err=True)
+        echo(f"rejected: {visible(body['error']['message'])}", err=True)
         sys.exit(1)
     if resp.status_code != 200:
         message = body.get("error", {}).get("message") if body else resp.text[:300]
-        raise click.ClickException(f"HTTP {resp.status_code}: {message}")
+        raise click.ClickException(visible(f"HTTP {resp.status_code}: {message}"))
     if fmt != "table":
         click.echo(dump(body, fmt))
         return
-    click.echo(_render_plan(body))
+    echo(_render_plan(body))
 
 
-def _render_plan(body: dict) -> str:
+def _render_plan(raw: dict) -> str:
+    body = cleaned(raw)     # names, reasons and paths printable (output.visible)
     d, r = body["diff"], body["replicas"]
     lines = [f"catalog {body['from_version']} -> {body['to_version']}"]
     lines += [f"+ model {n}" for n in d["added"]] + [f"- model {n}" for n in d["removed"]]
-    for name, changes in d["changed"].items():
+    # The values changed are shown as repr() shows them, which escapes what a terminal would act on by itself.
+    for (name, changes), shown in zip(d["changed"].items(), raw["diff"]["changed"].values()):
         lines.append(f"~ model {name}")
-        lines += [f"    {c['path']}: {c['old']!r} -> {c['new']!r}" for c in changes]
+        lines += [f"    {c['path']}: {v['old']!r} -> {v['new']!r}" for c, v in zip(changes, shown)]
     if not (d["added"] or d["removed"] or d["changed"]):
         lines.append("no model changes")
     lines += [f"  start   {s['model']}/{s['profile']} on {s['node']} GPUs {s['gpus'] or '-'}" for s in r["start"]]

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from .output import dump, output_option
+from .output import dump, echo, output_option, visible
 
 
 @click.group("engine")
@@ -85,5 +85,5 @@ def list_(fmt: str) -> None:
         return
     width = max(len(n) for n in found)
     for name, (ok, why) in found.items():
-        click.echo(f"{name:<{width}}  {'yes' if ok else 'no ':<3}  {why}")
+        echo(f"{name:<{width}}  {'yes' if ok else 'no ':<3}  {visible(why)}")
     sys.stdout.flush()

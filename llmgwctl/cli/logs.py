@@ -7,6 +7,7 @@ import sys
 import click
 
 from .common import controller_headers, controller_option
+from .output import visible
 
 # Without -f the controller answers within its own limits (10 s for the agent's
 # first lines); 30 s covers a slow link on top. With -f the agent sends at
@@ -44,16 +45,19 @@ def command(replica, follow, tail, controller):
             message = resp.json()["error"]["message"]
         except (ValueError, KeyError, TypeError):
             message = resp.text[:300]
-        raise click.ClickException(f"{message} (HTTP {resp.status_code})")
+        raise click.ClickException(visible(f"{message} (HTTP {resp.status_code})"))
     try:
         for raw in resp.iter_lines():
             if not raw:
                 continue
             chunk = json.loads(raw)
             if chunk.get("lines"):
-                click.echo("\n".join(chunk["lines"]))     # flushed: -f shows each line as it comes
+                # One line of the engine's is one line here: what is inside it (an ESC sequence, a
+                # progress bar's CR) is shown escaped; tabs stay, they only move to a tab stop.
+                # Flushed: -f shows each line as it comes.
+                click.echo("\n".join(visible(line, keep="\t") for line in chunk["lines"]))
             if "error" in chunk:
-                raise click.ClickException(chunk["error"])
+                raise click.ClickException(visible(chunk["error"]))
             if chunk.get("done"):
                 return
     except KeyboardInterrupt:

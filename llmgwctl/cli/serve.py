@@ -8,6 +8,7 @@ import click
 from .. import aio
 from .agent import allow_engine_option
 from .common import PORT_RANGE, host_port, log_format_option, log_level_options, raise_fd_limit, router_options, setup_logging
+from .output import visible
 
 
 @click.command("serve")
@@ -92,10 +93,13 @@ def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node
     try:
         aio.run(serve(cfg))
     except CatalogError as exc:
-        raise click.ClickException(f"{exc}\n{catalogs} is not a valid catalog; fix it "
-                                   f"(llmgwctl catalog validate {catalogs}) and start again") from None
+        # One problem a line, each printable as it is (a file name or value may hold an escape).
+        problems = "\n".join(visible(p) for p in exc.problems)
+        raise click.ClickException(f"{problems}\n{visible(catalogs)} is not a valid catalog; fix it "
+                                   f"(llmgwctl catalog validate {visible(catalogs)}) and start again") from None
     except KeyFileError as exc:
-        raise click.ClickException(f"{exc}\n{api_keys} is not a valid API key file; fix it and start again") from None
+        raise click.ClickException(visible(f"{exc}\n{api_keys} is not a valid API key file; fix it and start again",
+                                           keep="\n")) from None
     except ControlError as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:      # the state directory or a log file cannot be created, and the like

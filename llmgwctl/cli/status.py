@@ -7,7 +7,7 @@ import time
 import click
 
 from .common import controller_headers, controller_option
-from .output import dump, table
+from .output import cleaned, dump, echo, table, visible
 
 
 def _load(scale: dict | None) -> str:
@@ -89,6 +89,7 @@ def render(status: dict, now: float | None = None, events: int = 8, wide: bool =
     `llmgwctl logs` takes, and `0,1,…` hides which GPUs); `wide` cuts nothing and adds columns.
     Past SUMMARY_ABOVE rows only those not ready are listed, unless `wide` or `every`."""
     now = time.time() if now is None else now
+    status = cleaned(status)    # every name, label, message and log line printable as it is (see output.visible)
     cat = status["catalog"]
     swapped = now - cat["swapped_at"] if cat.get("swapped_at") else None
     out = [f"catalog {cat['version']}: {cat['models']} models, in force since {_ago(swapped)}"
@@ -177,7 +178,7 @@ def fetch(controller: str, model: str | None = None) -> dict:
         raise click.ClickException(f"cannot reach the controller at {controller}: {exc.__class__.__name__}; "
                                    "is `llmgwctl serve` running? (--controller or $LLMGW_CONTROLLER)") from None
     if resp.status_code != 200:
-        raise click.ClickException(f"{controller} answered HTTP {resp.status_code}: {resp.text[:300]}")
+        raise click.ClickException(visible(f"{controller} answered HTTP {resp.status_code}: {resp.text[:300]}"))
     return resp.json()
 
 
@@ -196,7 +197,7 @@ def command(controller, fmt, watch, model):
                                                                         every=model is not None)
         if watch:
             click.clear()
-        click.echo(text)
+        echo(text)
         if not watch:
             return
         try:

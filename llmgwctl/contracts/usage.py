@@ -47,6 +47,16 @@ MAX_GAUGE = 1e6
 # board's sums and the reconciler's differences finite (1e308 twice is inf,
 # and inf - inf a NaN that made every pass raise).
 MAX_COUNTER = MAX_GAUGE * 86400 * 3650
+# Ids (a router's, a replica's) past this are not ids: the router's own is 12
+# hex digits, replica ids a few dozen characters.
+MAX_ID = 128
+# Replicas in one report: a fleet at the size llmgw is built for runs 20,000
+# (bench/fleet.py); past three times that a report is not one router's view.
+MAX_REPLICAS = 65536
+# Seconds a replica may have been idle on the wire: ten years is "never lately".
+MAX_IDLE = 86400.0 * 3650
+# Watch versions are milliseconds since an epoch, counted up: an int64 holds them.
+MAX_VERSION = 2**63 - 1
 
 
 class Usage(NamedTuple):
@@ -134,27 +144,42 @@ class UsageReport:
 
     @classmethod
     def from_dict(cls, body: Any) -> "UsageReport":
-        """UsageError saying what was expected when `body` is not a usage report."""
+        """UsageError naming the field and what was expected when `body` is not a usage report."""
         if (not isinstance(body, Mapping) or not isinstance(body.get("router"), str)
                 or not isinstance(body.get("replicas"), Mapping)):
             raise UsageError('expected {"router": ID, "version": N, "replicas": {REPLICA: {"idle_seconds", "inflight"}}}')
+        router = body["router"]
+        if not 0 < len(router) <= MAX_ID or not router.isprintable():
+            raise UsageError(f"router: an id of 1 to {MAX_ID} printable characters, not {router[:40]!r}")
+        version = body.get("version")
+        if version is None:
+            version = 0
+        if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_VERSION:
+            raise UsageError(f"version: the watch version the router applied, a whole number from 0, "
+                             f"not {str(version)[:40]!r}")
+        if len(body["replicas"]) > MAX_REPLICAS:
+            raise UsageError(f"replicas: at most {MAX_REPLICAS} per report, not {len(body['replicas'])}")
         replicas = {}
         rid = None
         try:
             for rid, entry in body["replicas"].items():
+                if not isinstance(rid, str) or not 0 < len(rid) <= MAX_ID:
+                    raise ValueError(f"a replica id of 1 to {MAX_ID} characters, not {str(rid)[:40]!r}")
+                if not isinstance(entry, Mapping):
+                    raise ValueError("an object {\"idle_seconds\", \"inflight\"}")
                 idle = entry.get("idle_seconds")
                 inflight = _inflight_from(entry.get("inflight"))
-                if idle is not None and not (math.isfinite(float(idle)) and float(idle) >= 0):
-                    raise ValueError(f"idle_seconds must be a finite number from 0, not {idle!r}")
-                replicas[str(rid)] = ReportedUsage(None if idle is None else float(idle), inflight,
-                                                   _load_from(entry.get("load")),
-                                                   _counter_from(entry.get("inflight_seconds")))
-            rid = None
-            version = int(body.get("version") or 0)
+                if idle is not None and (isinstance(idle, bool) or not isinstance(idle, (int, float))
+                                         or not (math.isfinite(idle) and 0 <= idle <= MAX_IDLE)):
+                    raise ValueError(f"idle_seconds must be null or seconds from 0 to {MAX_IDLE:.0f}, not {idle!r}")
+                replicas[rid] = ReportedUsage(None if idle is None else float(idle), inflight,
+                                              _load_from(entry.get("load")),
+                                              _counter_from(entry.get("inflight_seconds")))
         except (AttributeError, TypeError, ValueError, OverflowError) as exc:   # OverflowError: float(10**400)
             # The replica's id in every message: a router's report carries thousands.
-            raise UsageError(f"bad usage entry{'' if rid is None else f' for {rid!r}'}: {exc}") from None
-        return cls(body["router"], version, MappingProxyType(replicas))
+            where = "" if rid is None or not isinstance(rid, str) else f" for {rid[:40]!r}"
+            raise UsageError(f"bad usage entry{where} in replicas: {exc}") from None
+        return cls(router, version, MappingProxyType(replicas))
 
 
 def _inflight_from(raw: Any) -> int:

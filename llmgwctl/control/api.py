@@ -52,9 +52,10 @@ from ..inventory import ConflictError
 from ..observability.metrics import CONTENT_TYPE_LATEST, ControlMetrics
 from ..reconciler import LONG_POLL
 from . import schemas
-from .apply import ApplyError, decode_content, plan, validate_with, write_atomically
+from .apply import ApplyError, ApplyQueue, decode_content, filename_problem, plan, validate_with, write_atomically
 from .auth import ControlAuth
 from .controller import Controller
+from .usage import TooManyRouters
 from .logs import FIRST_ANSWER, FOLLOW_SILENCE, LogRelayError
 from .watchlog import WatchLog
 from .webui import Console
@@ -70,6 +71,17 @@ MAX_APPLY_BYTES = 4 * 1024 * 1024
 # How often a held watch checks whether the settling window is over: one flag
 # read; a router hears the settled list within a tenth of a second of it.
 SETTLED_POLL = 0.1
+# An apply waits this long for the ones before it (each validation of a large
+# directory is seconds, then up to APPLY_WAIT for its catalog in force), then
+# gets 503: well inside the CLI's own timeout, so the operator is told why.
+APPLY_QUEUE_WAIT = 60.0
+# Applies held at once, the one validating included; more get 429 before
+# their body is read. Each holds its body (up to MAX_APPLY_BYTES) while it
+# waits: eight bound that memory, and are more than a person or a CI job
+# applying a few files side by side sends at once.
+APPLY_QUEUE = 8
+# What a 429 or 503 of apply tells the client to wait: about one validation.
+APPLY_RETRY_AFTER = 5
 # Lines of log `llmgwctl logs` shows without --tail: a screenful and then some,
 # as `kubectl logs --tail` users pick; the agent's crash report keeps 20.
 DEFAULT_TAIL = 100
@@ -82,6 +94,12 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", **ext
     body = {"error": {"message": message, "type": kind, "code": status}}
     body.update(extra)
     return web.json_response(body, status=status)
+
+
+def _retry_later(status: int, message: str, kind: str) -> web.Response:
+    resp = _error(status, message, kind)
+    resp.headers["Retry-After"] = str(APPLY_RETRY_AFTER)
+    return resp
 
 
 @web.middleware
@@ -222,6 +240,8 @@ class ControlAPI:
         self._desired: dict[str, tuple[int, bytes]] = {}
         # Per node, the digest of its last accepted report and where it came from (see report).
         self._reports: dict[str, tuple[bytes, str | None]] = {}
+        # Catalog applies, one validated at a time (see apply).
+        self._applies = ApplyQueue(APPLY_QUEUE)
 
     def app(self) -> web.Application:
         requests = self.metrics.requests
@@ -269,18 +289,44 @@ class ControlAPI:
                                   "catalog": catalog.to_dict()})
 
     async def apply(self, request: web.Request) -> web.Response:
-        try:
-            body = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            return _error(400, "body must be JSON: {\"filename\": \"x.yaml\", \"content\": \"...\"}")
-        if not isinstance(body, dict) or not isinstance(body.get("filename"), str) or not isinstance(body.get("content"), str):
-            return _error(400, "body must be {\"filename\": \"x.yaml\", \"content\": \"<yaml text>\"}")
-        dry_run = request.query.get("dry_run", "").lower() in ("1", "true", "yes")
+        # Refused before the body is read: a client that keeps sending applies
+        # faster than they are validated holds no more bodies than the queue.
+        if self._applies.full():
+            return _retry_later(429, f"{self._applies.held} catalog applies are already being validated or waiting; "
+                                     "nothing was written, retry when they are done", "rate_limit_error")
+        with self._applies.held_one():
+            try:
+                body = await request.json()
+            except (ValueError, UnicodeDecodeError):
+                return _error(400, "body must be JSON: {\"filename\": \"x.yaml\", \"content\": \"...\"}")
+            if not isinstance(body, dict) or "filename" not in body or not isinstance(body.get("content"), str):
+                return _error(400, "body must be {\"filename\": \"x.yaml\", \"content\": \"<yaml text>\"}")
+            wrong = filename_problem(body["filename"])
+            if wrong is not None:
+                return _error(400, wrong + "; nothing was written")
+            try:
+                content = decode_content(body["content"])
+            except ApplyError as exc:
+                return _error(400, str(exc))
+            dry_run = request.query.get("dry_run", "").lower() in ("1", "true", "yes")
+            try:
+                async with self._applies.turn(APPLY_QUEUE_WAIT):
+                    return await self._apply(body["filename"], content, dry_run)
+            except asyncio.TimeoutError:
+                return _retry_later(503, f"other catalog applies held the validation for {APPLY_QUEUE_WAIT:.0f} s; "
+                                         "nothing was written, retry", "unavailable_error")
+
+    async def _apply(self, filename: str, content: bytes, dry_run: bool) -> web.Response:
+        """Validate, plan, write and wait for it in force: one apply at a time (see ApplyQueue).
+
+        Read here, under the turn, so a second apply is validated with the
+        first's file in the directory and planned against the catalog the
+        first put in force.
+        """
         directory = self.c.watcher.directory
         current = self.c.live.current
         try:
-            content = decode_content(body["content"])
-            new = await asyncio.to_thread(validate_with, directory, body["filename"], content)
+            new = await asyncio.to_thread(validate_with, directory, filename, content)
         except ApplyError as exc:
             return _error(400, str(exc))
         except CatalogError as exc:
@@ -290,18 +336,19 @@ class ControlAPI:
         try:
             preview = self.c.reconciler.preview(new)
         except Exception as exc:  # noqa: BLE001 -- a bug in planning answers with why, and writes nothing
-            log.exception("planning catalog apply of %s failed unexpectedly", body["filename"])
+            log.exception("planning catalog apply of %s failed unexpectedly", filename)
             return _error(500, f"the catalog is valid, but planning what it changes failed "
                                f"({type(exc).__name__}: {str(exc)[:200]}); nothing was written. This is a bug in "
                                "llmgw; the server log has the traceback", kind="server_error")
         result = plan(current, new, preview)
         result["dry_run"] = dry_run
+        del new, preview        # a large catalog's objects are not held through the write and the wait
         if dry_run:
             return web.json_response(result)
-        path = await asyncio.to_thread(write_atomically, directory, body["filename"], content)
+        path = await asyncio.to_thread(write_atomically, directory, filename, content)
         result["written"] = path
         self.c.reconciler.event("catalog-applied", f"{os.path.basename(path)} written by catalog apply")
-        result["in_force"] = await self._until_in_force(new.version)
+        result["in_force"] = await self._until_in_force(result["to_version"])
         return web.json_response(result)
 
     async def _until_in_force(self, version: str) -> bool:
@@ -534,9 +581,17 @@ class ControlAPI:
         return encoded[after]
 
     async def usage(self, request: web.Request) -> web.Response:
+        # Bounded and checked by the board (control.usage): a router's claims count only as far as
+        # the engines' own readings show traffic, and only for replicas this controller has.
         try:
-            self.c.usage.report(await request.json())
-        except (ValueError, UnicodeDecodeError) as exc:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return _error(400, "usage report: the body must be JSON (llmgwctl.contracts.usage)")
+        try:
+            self.c.usage.report(body)
+        except TooManyRouters as exc:
+            return _error(429, f"usage report: {exc}", kind="rate_limit_error")
+        except ValueError as exc:       # UsageError, naming the field
             return _error(400, f"usage report: {exc}")
         return web.Response(status=204)
 
@@ -549,6 +604,6 @@ class ControlAPI:
         except (ValueError, UnicodeDecodeError, KeyError, TypeError):
             return _error(400, "body must be {\"model\": \"<name or alias>\"}")
         if self.c.live.current.resolve(model) is None:
-            return _error(404, f"model {model!r} is not in the catalog", code_name="model_not_found")
+            return _error(404, f"model {model[:100]!r} is not in the catalog", code_name="model_not_found")
         self.c.wake(model)
         return web.json_response({"ok": True}, status=202)

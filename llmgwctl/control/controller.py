@@ -51,8 +51,10 @@ class Controller:
         self.logs = LogRelay()
         self.router = router
         self._loaded = False
-        # Usage from the in-process router and from standalone routers' reports.
-        self.usage = UsageBoard(router, version=lambda: self.watch.version, clock=clock)
+        # Usage from the in-process router and from standalone routers' reports, which may speak
+        # only of replicas the reconciler has (a record, draining ones included).
+        self.usage = UsageBoard(router, version=lambda: self.watch.version, clock=clock,
+                                known=lambda rid: rid in self.reconciler.replicas)
         self.reconciler = Reconciler(self.live, self.inventory, self.desired, endpoints=router, usage=self.usage,
                                      load=self.usage, concurrency=self.usage,
                                      clock=clock, wall_clock=wall_clock, on_change=self._fleet_changed,

@@ -294,13 +294,21 @@ def test_the_board_merges_local_and_standalone_readings_and_forgets_silent_route
             return {"a": LoadReading(1, 0, 0.1)}
 
     clock = FakeClock(100.0)
-    board = UsageBoard(Local(), version=lambda: 1, clock=clock)
-    board.report({"router": "s", "version": 1, "replicas": {
+    report = {"router": "s", "version": 1, "replicas": {
         "a": {"idle_seconds": 0, "inflight": 1, "load": {"running": 9, "waiting": 9, "kv_cache": 0.9}},
-        "b": {"idle_seconds": 0, "inflight": 3, "load": {"running": 3, "waiting": 2, "kv_cache": 0.3}}}})
-    assert board.load_snapshot() == {"a": LoadReading(1, 0, 0.1), "b": LoadReading(3.0, 2.0, 0.3)}
+        "b": {"idle_seconds": 0, "inflight": 3, "load": {"running": 3, "waiting": 2, "kv_cache": 0.3}}}}
+    board = UsageBoard(Local(), version=lambda: 1, clock=clock)
+    board.report(report)
+    # With an in-process router reading every engine, a standalone router's relayed gauges are not
+    # taken: the controller could not check them (control.usage), and it reads the engines itself.
+    assert board.load_snapshot() == {"a": LoadReading(1, 0, 0.1)}
+    # Without one, the standalone routers' readings are merged, and forgotten with their routers.
+    remote_only = UsageBoard(version=lambda: 1, clock=clock)
+    remote_only.report(report)
+    assert remote_only.load_snapshot() == {"a": LoadReading(9.0, 9.0, 0.9), "b": LoadReading(3.0, 2.0, 0.3)}
     clock.advance(7)
     assert board.load_snapshot() == {"a": LoadReading(1, 0, 0.1)}
+    assert remote_only.load_snapshot() == {}
 
 
 def test_usage_reports_carry_in_flight_counters_and_old_reports_still_parse():
