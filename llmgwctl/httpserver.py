@@ -3,8 +3,10 @@
 Owns what bounds a connection before any handler runs -- aiohttp's parser
 limits and keep-alive timer (`server_options`), the cap on open connections
 per client address (`ConnectionGuard`) -- what a server answers when aiohttp
-itself refuses a request or a handler fails unexpectedly (`json_errors`), and
-reading the port a server bound (`bound_port`). Both servers face strangers
+itself refuses a request or a handler fails unexpectedly (`json_errors`, with
+an `X-Request-Id` like every other answer, `request_id`), and reading the
+port a server bound (`bound_port`). Which web pages may use a server is
+`llmgwctl.httporigin`. Both servers face strangers
 once bound beyond loopback, so both take the same limits from here; each
 caller decides its own values where its traffic differs. Decoding a
 compressed request body within a bound is `llmgwctl.httpbody`.
@@ -18,12 +20,18 @@ import asyncio
 import functools
 import json
 import logging
+import random
+import re
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:   # only for the annotation: the constants above load without aiohttp
     from aiohttp import web
 
 log = logging.getLogger("llmgw.httpserver")
+
+# A client's request id passed on as it is: the router's rule (router.headers),
+# printable and short enough to log, quote and put in a header again.
+_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 
 # An idle keep-alive connection is closed after this, and a new connection
 # (or the next request on one) must complete its headers within it, which
@@ -49,7 +57,7 @@ MAX_CONNECTIONS_PER_CLIENT = 256
 # What a client past its connection limit reads before the socket closes: a
 # valid HTTP response, so it sees why instead of a bare reset.
 _TOO_MANY = (b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-             b"Connection: close\r\nContent-Length: %d\r\n\r\n%s")
+             b"X-Request-Id: %s\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s")
 _TOO_MANY_BODY = (b'{"error": {"message": "too many connections from this address; reuse keep-alive '
                   b'connections or retry shortly", "type": "rate_limit_error", "code": "too_many_connections"}}')
 
@@ -103,7 +111,7 @@ class ConnectionGuard:
             if self.limit and n >= self.limit:
                 self._on_refuse(addr)
                 log.warning("refused a connection from %s: it already has %d open (limit %d)", addr, n, self.limit)
-                transport.write(_TOO_MANY % (len(_TOO_MANY_BODY), _TOO_MANY_BODY))
+                transport.write(_TOO_MANY % (request_id(None).encode(), len(_TOO_MANY_BODY), _TOO_MANY_BODY))
                 # Closed on the next loop turn, not here: aiohttp starts the
                 # connection's handler task after this returns, and a connection
                 # closed (force_close closes the transport) before that task's
@@ -145,6 +153,10 @@ _PROTOCOL_ERRORS = {
     "ContentLengthError": ("the request body is shorter than its Content-Length", "invalid_body_framing"),
     "PayloadEncodingError": ("the request body is not valid for its encoding", "invalid_body_framing"),
     "BadHttpMessage": ("the request is not valid HTTP/1.1", "malformed_request"),
+    # A body's framing error as a handler reading the body meets it, when the
+    # handler lets it through; its cause (above) is what was wrong.
+    "RequestPayloadError": ("the request body is not framed as its headers say (chunked encoding or "
+                            "Content-Length)", "invalid_body_framing"),
 }
 _PROTOCOL_DEFAULT = ("the request is not valid HTTP/1.1", "malformed_request")
 
@@ -183,6 +195,22 @@ def json_errors(server: Any) -> None:
     server.__class__ = _json_error_server_class()
 
 
+def _is_payload_error(exc: BaseException | None) -> bool:
+    return exc is not None and any(cls.__name__ == "RequestPayloadError" for cls in type(exc).__mro__)
+
+
+def request_id(headers: Any) -> str:
+    """The id an answer carries: the client's `X-Request-Id` when it is one llmgw would make or pass on, else a new one.
+
+    The same rule as the router's (`router.headers`), for the answers no
+    route makes: aiohttp's own refusals here, and the connection limit's.
+    """
+    sent = headers.get("X-Request-Id") if headers is not None else None
+    if sent is not None and _ID.fullmatch(sent):
+        return str(sent)
+    return f"{random.getrandbits(64):016x}"
+
+
 def _handle_error(self: Any, request: Any, status: int = 500, exc: BaseException | None = None,
                   message: str | None = None) -> Any:
     from aiohttp import web
@@ -191,6 +219,14 @@ def _handle_error(self: Any, request: Any, status: int = 500, exc: BaseException
         # What aiohttp does too: the answer is under way, a second one cannot follow.
         raise ConnectionError("the response is under way; cannot send an error in its place")
     peer = request.remote or "?"
+    if _is_payload_error(exc):
+        # A handler read a body whose framing was broken and did not catch
+        # it: the client's error, not a failure of llmgw's. Its cause, when
+        # the table knows it, says best what was wrong.
+        status = 400
+        cause = exc.__cause__ if exc is not None else None
+        if cause is not None and _protocol_error(cause) is not _PROTOCOL_DEFAULT:
+            exc = cause
     if status >= 500:
         log.error("unexpected error answering %s %s from %s", request.method, request.path, peer, exc_info=exc,
                   extra={"event": "unexpected-error", "status": status})
@@ -204,7 +240,12 @@ def _handle_error(self: Any, request: Any, status: int = 500, exc: BaseException
         log.info("refused a malformed request from %s: %s (%s)", peer, code, type(exc).__name__,
                  extra={"event": "malformed-request", "code": code})
         body = error_body(text, "invalid_request_error", code)
-    resp = web.Response(status=status, body=body, content_type="application/json")
+    try:
+        headers = request.headers
+    except Exception:  # noqa: BLE001 -- a request the parser refused may have no headers to read
+        headers = None
+    resp = web.Response(status=status, body=body, content_type="application/json",
+                        headers={"X-Request-Id": request_id(headers)})
     resp.force_close()      # what aiohttp does: the connection's framing cannot be trusted past this
     return resp
 

@@ -83,7 +83,7 @@ def controller_headers() -> dict[str, str]:
 # `llmgwctl serve`: an operator tuning one expects the other to take the same flags.
 # Each default is RouterConfig's, where its reason is given.
 _ROUTER_FIELDS = ("poll_interval", "cold_timeout", "cold_queue", "max_body_bytes", "max_connections_per_client",
-                  "upstream_idle_timeout", "access_log", "cold_keepalive", "cors_origins")
+                  "upstream_idle_timeout", "access_log", "cold_keepalive", "cors_origins", "allowed_hosts")
 
 
 def _router_options() -> tuple:
@@ -113,9 +113,29 @@ def _router_options() -> tuple:
                      metavar="SECONDS",
                      help="A stream waiting for a cold start gets an SSE comment this often; 0: none."),
         click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
+                     callback=_origins,
                      help="Let browser pages from ORIGIN (https://app.example.com, or *) call the API "
-                          "(repeatable). Default: no CORS."),
+                          "(repeatable). Default: no CORS, and pages of other origins get 403."),
+        click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME", callback=_host_names,
+                     help="A Host name to answer to besides IP addresses, dotless names and localhost "
+                          "(repeatable; *.example.com for a domain, * for any). Others get 403 (DNS rebinding)."),
     )
+
+
+def _origins(ctx, param, values):
+    from ..httporigin import check_origins
+    try:
+        return check_origins(values, "--cors-origin")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _host_names(ctx, param, values):
+    from ..httporigin import check_names
+    try:
+        return check_names(values, "--allowed-host")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def router_options(command):
@@ -126,6 +146,7 @@ def router_options(command):
     def wrapper(*args, **kwargs):
         values = {name: kwargs.pop(name) for name in _ROUTER_FIELDS}
         values["cors_origins"] = tuple(values["cors_origins"])
+        values["allowed_hosts"] = tuple(values["allowed_hosts"])
         return command(*args, router_config=RouterConfig(**values), **kwargs)
     for option in reversed(_router_options()):
         wrapper = option(wrapper)

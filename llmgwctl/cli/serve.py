@@ -11,6 +11,15 @@ from .common import PORT_RANGE, host_port, log_format_option, log_level_options,
 from .output import visible
 
 
+def _control_origins(ctx, param, values):
+    from ..httporigin import check_origins
+    try:
+        # No "*": on loopback with no token, any page could then rewrite the catalog.
+        return check_origins(values, "--control-cors-origin", allow_any=False)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @click.command("serve")
 @click.option("--catalogs", default="catalogs", show_default=True, type=click.Path(file_okay=False),
               help="The catalog directory to serve and watch.")
@@ -46,12 +55,16 @@ from .output import visible
               help="Open control API connections one client address may hold (each agent holds two); 0: no limit "
                    "[default: 4096].")
 @allow_engine_option
+@click.option("--control-cors-origin", "control_cors_origins", multiple=True, metavar="ORIGIN",
+              callback=_control_origins,
+              help="Let browser pages from ORIGIN (https://admin.example.com) call the control API (repeatable; "
+                   "no *). Default: only the console's own origin.")
 @router_options
 @log_format_option
 @log_level_options
 def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node, ports, settle, drain_grace,
             node_timeout, replace_after, token_file, agent_token_file, api_keys, control_connections_per_client,
-            allow_engines, log_format, log_level, verbose, router_config):
+            allow_engines, control_cors_origins, log_format, log_level, verbose, router_config):
     """Serve the catalogs in DIR: place replicas, route OpenAI requests, follow every edit."""
     from ..catalog import CatalogError
     from ..control.auth import TokenError, check_bind, read_token_file
@@ -74,7 +87,8 @@ def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node
     cfg = ServeConfig(catalogs=catalogs, listen=listen, control=control, local_agent=local_agent, gpus=gpus,
                       pools=tuple(pools), ports=str(ports), settle=settle, drain_grace=drain_grace,
                       node_timeout=node_timeout, replace_after=replace_after, token=token, agent_token=agent_token,
-                      api_keys=api_keys, router=router_config, allow_engines=allow_engines)
+                      api_keys=api_keys, router=router_config, allow_engines=allow_engines,
+                      control_cors_origins=tuple(control_cors_origins))
     if state_dir is not None:
         cfg.state_dir = state_dir
     if control_connections_per_client is not None:

@@ -30,7 +30,16 @@ With a token configured (`auth.ControlAuth`), every route but /healthz,
 before any handler runs, and `/api/v1/agents/{node}/...` needs the admin token
 or `{node}`'s own node token (403 otherwise).
 
-Errors are JSON `{"error": {"message", "type", "code"}}` like the router's.
+Before any of that, web pages are kept out (`llmgwctl.httporigin`): a request
+from another site's page (its Origin, or Sec-Fetch-Site) or with a Host name a
+page could have pointed here (DNS rebinding) is 403; the console, served from
+this API's own origin, passes. Every POST takes `Content-Type:
+application/json` only (415 otherwise), and its body must arrive within
+BODY_TIMEOUT (408, and the connection closes).
+
+Errors are JSON `{"error": {"message", "type", "code"}}` like the router's,
+aiohttp's own 404, 405 and 413 included, and every answer carries an
+`X-Request-Id`.
 """
 from __future__ import annotations
 
@@ -47,10 +56,12 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from ..catalog import CatalogError
+from ..httporigin import BrowserGuard
 from ..contracts import ReportError
 from ..inventory import ConflictError
 from ..observability.metrics import CONTENT_TYPE_LATEST, ControlMetrics
 from ..reconciler import LONG_POLL
+from ..router.conventions import stamp_request_id
 from . import schemas
 from .apply import ApplyError, ApplyQueue, decode_content, filename_problem, plan, validate_with, write_atomically
 from .auth import ControlAuth
@@ -100,40 +111,102 @@ def _retry_later(status: int, message: str, kind: str) -> web.Response:
     resp = _error(status, message, kind)
     resp.headers["Retry-After"] = str(APPLY_RETRY_AFTER)
     return resp
+# A request body must be in within this once its headers are: the largest
+# the API takes (MAX_APPLY_BYTES) arrives in 30 s at 140 KB/s, slower than
+# any link an operator applies a catalog over, and an agent gives up on a
+# report after 10 s (agent.controller.REPORT_TIMEOUT), so a report slower
+# than this has nobody waiting for its answer. A client trickling a body is
+# holding a connection and a handler, not sending a request.
+BODY_TIMEOUT = 30.0
+# What changes something. Each such route takes a JSON document, and asking
+# for `Content-Type: application/json` is what makes a browser ask first (a
+# CORS preflight) before another site's page can send one: text/plain,
+# form and multipart bodies are sent without asking.
+_UNSAFE = frozenset(("POST", "PUT", "PATCH", "DELETE"))
 
 
 @web.middleware
 async def _unexpected(request: web.Request, handler):
     # The last resort: an exception no handler expected (a bug) is logged with
     # its traceback and answered in the API's JSON error shape, not aiohttp's
-    # bare-text 500, so a client (and `llmgwctl`) can show why.
+    # bare-text 500, so a client (and `llmgwctl`) can show why. aiohttp's own
+    # refusals raised on the way (no such route, a method the route does not
+    # take, a body past the size limit) are answered in that shape too.
     try:
         return await handler(request)
-    except web.HTTPException:
-        raise
+    except web.HTTPException as exc:
+        if exc.status < 400 or exc.content_type == "application/json":
+            raise
+        return _http_error(request, exc)
     except Exception as exc:  # noqa: BLE001 -- answered, and logged with the traceback
         log.exception("%s %s failed unexpectedly", request.method, request.path)
         return _error(500, f"{request.method} {request.path} failed unexpectedly ({type(exc).__name__}); "
                            "this is a bug in llmgw, the server log has the traceback", kind="server_error")
 
 
+def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
+    """An aiohttp HTTPException (404, 405, 413, ...) as the API's JSON error, its Allow header kept."""
+    path = request.path[:100]
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        resp = _error(405, f"{request.method} is not allowed on {path}; it takes {allowed}")
+        resp.headers["Allow"] = exc.headers.get("Allow", allowed)
+        return resp
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return _error(413, f"the request body is larger than the control API takes ({MAX_APPLY_BYTES} bytes)")
+    text = exc.text or ""
+    if not text or text.startswith(f"{exc.status}: "):
+        # aiohttp's own "404: Not Found": say which route was missed instead.
+        text = (f"no route {request.method} {path} on the control API (its routes are under /api/v1/; "
+                "llmgwctl-serve(1) lists them)" if exc.status == 404 else exc.reason)
+    return _error(exc.status, text, kind="not_found_error" if exc.status == 404 else "invalid_request_error")
+
+
 @web.middleware
-async def _undecodable_body(request: web.Request, handler):
-    # aiohttp does not decompress bodies on llmgw's servers (an inflating
-    # body grew past every limit, see httpserver.server_options), and no
-    # client of this API compresses one (the CLI, agents and routers send
-    # plain JSON), so an encoded body is refused before any handler reads it
-    # rather than parsed as bytes it is not. A body whose framing is broken
-    # (bad chunks, short of its Content-Length) fails inside request.json();
-    # it is the client's error, which aiohttp would answer 500. So is a body
-    # nested deeper than the JSON parser recurses ([[[[... 100,000 deep):
-    # json.loads raises RecursionError, which is no ValueError, and every
-    # handler's 400 for a body that is not JSON missed it (a 500 "bug"). One
-    # place for every handler that reads a body.
+async def _bodies(request: web.Request, handler):
+    # One place for every handler that reads a body.
+    # - A state-changing route takes `Content-Type: application/json` only
+    #   (see _UNSAFE); every client of the API (the CLI, agents, routers)
+    #   sends that already. A route that does not exist is its own 404/405.
+    # - aiohttp does not decompress bodies on llmgw's servers (an inflating
+    #   body grew past every limit, see httpserver.server_options), and no
+    #   client of this API compresses one, so an encoded body is refused
+    #   before any handler reads it rather than parsed as bytes it is not.
+    # - The body is read here, within BODY_TIMEOUT; handlers then read it
+    #   from memory (aiohttp keeps what read() returned). Only a body still
+    #   arriving waits: the usual request is whole when its handler starts.
+    # - A body whose framing is broken (bad chunks, short of its
+    #   Content-Length) fails while being read; it is the client's error,
+    #   which aiohttp would answer 500. So is a body nested deeper than the
+    #   JSON parser recurses ([[[[... 100,000 deep): json.loads raises
+    #   RecursionError, which is no ValueError, and every handler's 400 for
+    #   a body that is not JSON missed it (a 500 "bug").
+    if request.method in _UNSAFE and request.match_info.http_exception is None \
+            and request.content_type != "application/json":
+        sent = request.headers.get("Content-Type")
+        return _error(415, f"{request.method} {request.path[:100]} takes a JSON document sent with "
+                           f"Content-Type: application/json, not {'no Content-Type' if sent is None else repr(sent[:100])}")
     encoding = request.headers.get("Content-Encoding")
     if encoding is not None and encoding.strip().lower() not in ("", "identity"):
         return _error(415, "the control API takes request bodies uncompressed (no Content-Encoding)")
+    length = request.content_length
+    if length is not None and length > MAX_APPLY_BYTES:
+        # Said before it is sent: nothing of it is read (aiohttp would read up to the limit first).
+        resp = _error(413, f"the request body is larger than the control API takes ({MAX_APPLY_BYTES} bytes)")
+        resp.force_close()
+        return resp
     try:
+        if request.body_exists and not request.content.is_eof():
+            try:
+                await asyncio.wait_for(request.read(), BODY_TIMEOUT)
+            except asyncio.TimeoutError:
+                log.info("%s %s from %s: the body did not arrive within %g s; closing the connection",
+                         request.method, request.path, request.remote, BODY_TIMEOUT,
+                         extra={"event": "body-timeout"})
+                resp = _error(408, f"the request body did not arrive within {BODY_TIMEOUT:g} s",
+                              kind="timeout_error")
+                resp.force_close()      # what is left of the body is not read: the connection cannot carry another
+                return resp
         return await handler(request)
     except web.RequestPayloadError:
         return _error(400, "the request body is not framed as its headers say (chunked encoding or Content-Length)")
@@ -243,11 +316,21 @@ class ControlAPI:
         # Catalog applies, one validated at a time (see apply).
         self._applies = ApplyQueue(APPLY_QUEUE)
 
-    def app(self) -> web.Application:
+    def app(self, browsers: BrowserGuard | None = None) -> web.Application:
+        """The aiohttp app. `browsers`: which web pages and Host names it answers (see httporigin); by
+        default, as bound to loopback with no other origin allowed."""
         requests = self.metrics.requests
+        if browsers is None:
+            browsers = BrowserGuard(server="control API", cors_option="--control-cors-origin")
+        # The browser checks first: a page of another site is refused the same
+        # whether or not a token is configured, and before the token is looked at.
         app = web.Application(client_max_size=MAX_APPLY_BYTES,
-                              middlewares=[self.auth.middleware(lambda route, code: requests.labels(route, str(code)).inc()),
-                                           _unexpected, _undecodable_body])
+                              middlewares=[browsers.middleware(),
+                                           self.auth.middleware(lambda route, code: requests.labels(route, str(code)).inc()),
+                                           _unexpected, _bodies])
+        # Every answer carries a request id, as the router's do: the one to quote in a report.
+        app.on_response_prepare.append(stamp_request_id)
+        browsers.install(app)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/metrics", self.get_metrics)
         app.router.add_get("/readyz", self.readyz)

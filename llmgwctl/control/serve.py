@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ..observability.metrics import ControlMetrics
+from ..httporigin import BrowserGuard
 from ..httpserver import ConnectionGuard, bound_port, json_errors, server_options
 from ..engines.custom import NOTHING_ALLOWED, AllowedEngines
 from .api import ControlAPI
@@ -109,6 +110,10 @@ class ServeConfig:
     router: "RouterConfig | None" = None    # the data plane's knobs (access log included); None: the defaults
     control_connections_per_client: int = CONTROL_CONNECTIONS_PER_CLIENT    # 0: no limit
     allow_engines: AllowedEngines = NOTHING_ALLOWED   # the local agent's catalog engines (see AgentConfig)
+    # Web origins that may call the control API besides its own (the console's);
+    # none by default, as nothing but the console and the CLI has reason to.
+    # The Host names it answers to are the router's (`router.allowed_hosts`).
+    control_cors_origins: tuple[str, ...] = ()
 
 
 class Server:
@@ -157,8 +162,14 @@ class Server:
         # waited for: their clients retry, and they would hold the exit for 30 s.
         # Idle and header limits: the shared defaults (see httpserver), which
         # long-polls answering within 30 s fit under.
-        runner = web.AppRunner(ControlAPI(self.controller, auth=auth, metrics=metrics).app(), access_log=None,
-                               shutdown_timeout=0.5, **server_options())
+        # Web pages of other origins and Host names a page could have pointed
+        # here are refused before the token is looked at (see httporigin).
+        browsers = BrowserGuard.for_bind(self.cfg.control[0], server="control API",
+                                         cors_origins=self.cfg.control_cors_origins,
+                                         allowed_hosts=self.router.config.allowed_hosts,
+                                         cors_option="--control-cors-origin")
+        runner = web.AppRunner(ControlAPI(self.controller, auth=auth, metrics=metrics).app(browsers),
+                               access_log=None, shutdown_timeout=0.5, **server_options())
         await runner.setup()
         json_errors(runner.server)      # aiohttp's own refusals and the unexpected, in JSON like the rest
         # Beyond loopback strangers reach it too (and get 401): a cap per address,

@@ -17,6 +17,13 @@ API can rewrite the catalog; a header only our own script sets cannot be
 forged that way (no CSRF), and the Content-Security-Policy below keeps any
 script but ours from running on the page to read it.
 
+The page calls the API from the origin it was served from, so the API's
+browser checks (`llmgwctl.httporigin`: Origin, Sec-Fetch-Site, Host) let it
+through as the API's own; a page of another origin, or one reached by a
+name pointed here (DNS rebinding), is refused before the token is looked at.
+A link to the page from another site opens it (a navigation), and its calls
+then come from this origin like any other.
+
 It must not know what status contains: the status says what only ages (`StatusView.unaged`).
 """
 from __future__ import annotations

@@ -80,9 +80,16 @@ class RouterConfig:
     # status codes. 0: no comments (the stream's headers wait for the model).
     cold_keepalive: float = 5.0
     # Browser origins allowed to call the API (CORS); empty: no CORS headers and
-    # no preflight answers, as a gateway is called by servers unless the
+    # no preflight answers, and a request from any other page's origin is 403
+    # (llmgwctl.httporigin), as a gateway is called by servers unless the
     # operator says otherwise. "*" allows any origin.
     cors_origins: tuple[str, ...] = ()
+    # Host names the router answers to beyond IP addresses, dotless names and
+    # localhost (`*.example.com` for a domain, `*` for any): a name a page
+    # could point at this address is refused (DNS rebinding, see
+    # llmgwctl.httporigin). Bound beyond loopback, Host is checked only once
+    # this names something, as llmgw cannot know the names it is reached by there.
+    allowed_hosts: tuple[str, ...] = ()
 
 
 # One knob's default, for a piece that takes a single setting (Pool,

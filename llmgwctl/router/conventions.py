@@ -4,9 +4,6 @@
   hook, so errors, streams and aiohttp's own answers on the app get it too);
 - a method a route does not take is 405 with `Allow` and an OpenAI-shaped body
   (`method_not_allowed`), where aiohttp would say 404;
-- CORS, only for the origins the operator names (`--cors-origin`): a preflight
-  is answered as Starlette's CORSMiddleware (LiteLLM's) answers it, and the
-  answers name the allowed origin (`cors_preflight`, `cors_headers`);
 - a stream held for a cold start gets SSE comments every few seconds
   (`held_for_cold_start`), so neither the client nor a proxy between takes the
   silence for a dead connection.
@@ -19,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from time import perf_counter
-from typing import Awaitable, Iterable, TypeVar
+from typing import Awaitable, TypeVar
 
 from aiohttp import web
 
@@ -71,79 +68,6 @@ def method_not_allowed(request: web.Request, *, cors: bool) -> web.Response | No
         allow += ", OPTIONS"
     return errors.response(405, f"{request.method} is not allowed on {path}; it takes {allow}",
                            "invalid_request_error", "method_not_allowed", headers={"Allow": allow})
-
-
-# -- CORS -------------------------------------------------------------------------------------
-
-# What a browser script may read off an answer: the id to quote in a bug report,
-# which replica answered, and how long to back off.
-_EXPOSE = "X-Request-Id, x-llmgw-replica, x-llmgw-catalog-version, x-llmgw-overhead-ms, Retry-After"
-# Starlette's default: browsers cache a preflight for 10 minutes.
-_MAX_AGE = "600"
-
-
-class _Origins:
-    __slots__ = ("any", "named")
-
-    def __init__(self, origins: Iterable[str]):
-        names = frozenset(o.rstrip("/") for o in origins)
-        self.any = "*" in names
-        self.named = names - {"*"}
-
-    def allows(self, origin: str) -> bool:
-        return self.any or origin in self.named
-
-
-def cors_preflight(origins: Iterable[str]):
-    """The handler for OPTIONS on every path when CORS is on: the preflight's answer, 204 or 400."""
-    allowed = _Origins(origins)
-
-    async def preflight(request: web.Request) -> web.Response:
-        origin = request.headers.get("Origin")
-        method = request.headers.get("Access-Control-Request-Method")
-        if origin is None or method is None:
-            # Not a preflight: a plain OPTIONS, answered with what the path takes.
-            return web.Response(status=204, headers={"Allow": "GET, HEAD, POST, OPTIONS"})
-        if not allowed.allows(origin):
-            return errors.response(400, f"origin {origin!r} is not allowed (the router's --cors-origin)",
-                                   "invalid_request_error", "cors_origin_not_allowed")
-        headers = {"Access-Control-Allow-Origin": "*" if allowed.any else origin,
-                   "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
-                   "Access-Control-Max-Age": _MAX_AGE}
-        if not allowed.any:
-            headers["Vary"] = "Origin"
-        asked = request.headers.get("Access-Control-Request-Headers")
-        if asked:
-            # Echoed, as Starlette does with allow_headers=["*"]: browser SDKs
-            # send headers of their own (OpenAI's x-stainless-*), and the
-            # bearer key is checked whatever the preflight said.
-            headers["Access-Control-Allow-Headers"] = asked
-        return web.Response(status=204, headers=headers)
-
-    return preflight
-
-
-def cors_headers(origins: Iterable[str]):
-    """An on_response_prepare hook naming the allowed origin on every answer to one (streams included)."""
-    allowed = _Origins(origins)
-
-    async def add(request: web.Request, response: web.StreamResponse) -> None:
-        origin = request.headers.get("Origin")
-        if origin is None or not allowed.allows(origin) or "Access-Control-Allow-Origin" in response.headers:
-            return
-        response.headers["Access-Control-Allow-Origin"] = "*" if allowed.any else origin
-        response.headers["Access-Control-Expose-Headers"] = _EXPOSE
-        if not allowed.any:
-            response.headers.add("Vary", "Origin")
-
-    return add
-
-
-def install_cors(app: web.Application, origins: Iterable[str]) -> None:
-    """CORS on `app` for `origins`: preflights answered on every path, allowed origins named on every answer."""
-    origins = tuple(origins)
-    app.router.add_route("OPTIONS", "/{tail:.*}", cors_preflight(origins))
-    app.on_response_prepare.append(cors_headers(origins))
 
 
 # -- a stream held for a cold start ------------------------------------------------------------

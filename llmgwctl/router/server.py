@@ -44,11 +44,12 @@ from . import auth as keyauth
 from . import errors
 from . import headers as reqheaders
 from .balancer import Balancer, Chooser, EndpointState
-from .conventions import RID, ClientGone, held_for_cold_start, install_cors, method_not_allowed, stamp_request_id
+from .conventions import RID, ClientGone, held_for_cold_start, method_not_allowed, stamp_request_id
 from .coldstart import ColdStart, ColdTimeout, QueueFull, Waker
 from .. import httpbody
 from ..contracts import Endpoint, LoadReading, ModelCondition, ModelState, Usage
 from ..httpserver import ConnectionGuard, bound_port, json_errors, server_options
+from ..httporigin import BrowserGuard
 from .config import DEFAULTS, RouterConfig
 from .limits import DepthError, PathError, check_depth, check_target
 from .poller import LoadPoller, ParseLoad, parse_with_drivers
@@ -57,6 +58,10 @@ from .upstream import BadEndpointURL, ConnectFailed, Pool, Response, UpstreamErr
 
 log = logging.getLogger("llmgw.router")
 access_log = logging.getLogger("llmgw.access")
+
+# What a browser script of an allowed origin may read off an answer: the id to
+# quote in a bug report, which replica answered, and how long to back off.
+CORS_EXPOSE = "X-Request-Id, x-llmgw-replica, x-llmgw-catalog-version, x-llmgw-overhead-ms, Retry-After"
 
 
 class _View:
@@ -270,8 +275,15 @@ class Router:
 
     # -- lifecycle ------------------------------------------------------------------
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes)
+    def app(self, bind_host: str | None = None) -> web.Application:
+        """The aiohttp app; `bind_host`, the address it will listen on, decides whether Host is checked
+        (see httporigin.BrowserGuard.for_bind; None: as on loopback)."""
+        cfg = self.config
+        # Before any handler: a web page of another site, or a Host a page could
+        # have pointed here (DNS rebinding), spends no GPU time (see httporigin).
+        browsers = BrowserGuard.for_bind(bind_host, server="router", cors_origins=cfg.cors_origins,
+                                         allowed_hosts=cfg.allowed_hosts, expose=CORS_EXPOSE)
+        app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[browsers.middleware()])
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{name:.+}", self._model)
         app.router.add_get("/healthz", self._healthz)
@@ -279,9 +291,9 @@ class Router:
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/{tail:.+}", self._proxy)
-        if self.config.cors_origins:
-            # Only when origins are configured: with none, requests pay nothing for CORS.
-            install_cors(app, self.config.cors_origins)
+        # Allowed origins' preflights and answers (only when origins are configured:
+        # with none, answers carry no CORS header).
+        browsers.install(app)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
         # Every answer carries the request's id, whichever handler (or error) made it.
         app.on_response_prepare.append(stamp_request_id)
@@ -897,7 +909,7 @@ async def start(router: Router, host: str = "127.0.0.1", port: int = 0, *,
     # once, which closes the upstream request even while the engine is still
     # silent (a long prefill), so the engine frees the slot.
     cfg = router.config
-    runner = web.AppRunner(router.app(), handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout,
+    runner = web.AppRunner(router.app(host), handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout,
                            **server_options(client_idle_timeout=cfg.client_idle_timeout,
                                             max_field_size=cfg.max_header_bytes, max_headers=cfg.max_headers))
     await runner.setup()
