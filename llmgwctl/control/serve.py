@@ -96,6 +96,7 @@ class ServeConfig:
     state_dir: Path = field(default_factory=lambda: Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "llmgw")
     node: str = field(default_factory=socket.gethostname)
     ports: str = "20000-20999"
+    max_cpu_replicas: int | None = None     # the local agent's; None: its default from cores and memory
     settle: float | None = None
     drain_grace: float | None = None
     node_timeout: float | None = None
@@ -199,7 +200,8 @@ class Server:
         token = node_token(self.cfg.agent_token, self.cfg.node) if self.cfg.agent_token else self.cfg.token
         cfg = AgentConfig(node=self.cfg.node, state_dir=Path(self.cfg.state_dir), ports=PortRange.parse(self.cfg.ports),
                           gpus=self.cfg.gpus, pools=tuple(self.cfg.pools),
-                          controller=f"http://{host}:{self.control_port}", token=token)
+                          controller=f"http://{host}:{self.control_port}", token=token,
+                          max_cpu_replicas=self.cfg.max_cpu_replicas)
         try:
             await run_agent(cfg, self._agent_stop)
         except StateLockedError as exc:
