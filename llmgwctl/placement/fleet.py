@@ -117,7 +117,7 @@ class Held:
     figure does not show them taken (see the module docstring).
     """
 
-    __slots__ = ("gpus", "replicas", "free", "needs", "pending", "whole")
+    __slots__ = ("gpus", "replicas", "free", "needs", "pending", "whole", "cpu")
 
     def __init__(self, gpus: tuple[int, ...], replicas: Sequence[Running]):
         self.gpus, self.replicas = gpus, replicas
@@ -125,7 +125,10 @@ class Held:
         self.pending: dict[int, int] = {}
         self.whole: set[int] = set()
         taken: set[int] = set()
+        self.cpu = 0            # replicas holding no GPU: what counts against the node's CPU limit
         for r in replicas:
+            if not r.gpu_indices:
+                self.cpu += 1
             taken.update(r.gpu_indices)
             if not r.memory_mib:
                 self.whole.update(r.gpu_indices)
@@ -158,7 +161,7 @@ class Fleet:
         for name, h in own.items():
             limit = self.nodes[name].cpu_replicas
             if limit is not None:
-                self.cpu_slots[name] = limit - sum(1 for r in h.replicas if not r.gpu_indices)
+                self.cpu_slots[name] = limit - h.cpu
         # What existing replicas hold, so preemption can tell this pass's
         # starts, which nothing frees, from replicas that may leave: GPU index ->
         # declared MiB (memory profiles), and the indices held whole. Only nodes
