@@ -29,7 +29,7 @@ def test_serve_places_no_more_cpu_replicas_than_its_limit_and_says_why(tmp_path)
         waiting = [m for name, m in models.items() if name not in placed]
         assert len(waiting) == MODELS - LIMIT
         for m in waiting:
-            assert f"CPU replicas, its limit" in m["unplaceable"] and f"{LIMIT} CPU replicas" in m["unplaceable"], m
+            assert "CPU replicas, its limit" in m["unplaceable"] and f"{LIMIT} CPU replicas" in m["unplaceable"], m
             assert m["unplaceable_permanent"] is False
         # serve keeps answering: a placed model, and an unplaced one at once with the reason.
         reply = fleet.chat(placed[0])
