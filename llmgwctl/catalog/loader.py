@@ -191,7 +191,7 @@ class FileCache:
     parse and the whole-catalog checks over the union, not 10,000 reads. A
     file that was read again but whose content digest is the same (a `touch`,
     a checkout rewriting it unchanged) is not parsed again. `reads` and
-    `parses` count both, for tests and /metrics.
+    `parses` count both (and `unchanged` the files taken by their stat), so a test can see what a reload read.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
