@@ -41,7 +41,7 @@ from typing import Callable, Iterable, Mapping
 import aiohttp
 
 from .. import __version__
-from ..contracts import AgentReport, EngineAvailability, Gpu, ReplicaSpec, ReplicaState, ReportedReplica
+from ..contracts import AgentReport, CpuCapacity, EngineAvailability, Gpu, ReplicaSpec, ReplicaState, ReportedReplica
 from ..engines.errors import EngineError, EngineNotAllowed, LaunchError
 from ..engines.spec import Driver
 from . import procs, state
@@ -132,8 +132,9 @@ class Agent:
                  pools: Iterable[str] = (), engines: Mapping[str, tuple[bool, str]] | None = None,
                  start_timeout: float = START_TIMEOUT, grace: float = STOP_GRACE,
                  on_change: Callable[[], None] = lambda: None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, cpu: CpuCapacity | None = None):
         self.node = node
+        self.cpu = cpu      # what the report says of the CPU side (agent.capacity); None: nothing
         self.gpus = tuple(gpus)
         self.state_dir = Path(state_dir)
         self.ports = ports
@@ -562,6 +563,7 @@ class Agent:
             instance_id=self.instance_id, boot_id=self.machine_boot, previous_instance_id=self.previous_instance_id,
             pools=self.pools, engines=MappingProxyType(dict(sorted(self.engines.items()))), gpus=self._gpus_now(),
             replicas=tuple(self._replica_report(r) for r in sorted(self.replicas.values(), key=lambda r: r.spec.id)),
+            cpu=self.cpu,
         )
 
     def _gpus_now(self) -> tuple[Gpu, ...]:

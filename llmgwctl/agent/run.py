@@ -26,6 +26,7 @@ from .core import START_TIMEOUT, STOP_GRACE, TICK, Agent
 from .desired import DesiredFile
 from .logs import LogSender
 from .gpus import discover
+from .capacity import cpu_capacity
 from .ports import PortRange
 
 log = logging.getLogger("llmgw.agent")
@@ -51,6 +52,9 @@ class AgentConfig:
     # No catalog-defined engine unless the node's operator allows it: the
     # catalog's writers decide the model list, not what executes on this machine.
     allow_engines: AllowedEngines = NOTHING_ALLOWED
+    # The most replicas with no GPU placement puts here; None: the default
+    # from the machine's cores and memory (agent.capacity).
+    max_cpu_replicas: int | None = None
 
 
 def _default_drivers(allowed: AllowedEngines) -> tuple[Callable[[ReplicaSpec], Driver],
@@ -76,12 +80,14 @@ async def _run(cfg: AgentConfig, stop: asyncio.Event) -> None:
     driver_for, available_engines = _default_drivers(cfg.allow_engines)
     gpus = await asyncio.to_thread(discover, cfg.gpus, cfg.node)
     engines = await asyncio.to_thread(available_engines)
+    cpu = cpu_capacity(cfg.ports, cfg.max_cpu_replicas)
     changed = asyncio.Event()
     async with aiohttp.ClientSession() as session:
         agent = Agent(node=cfg.node, gpus=gpus, state_dir=cfg.state_dir, ports=cfg.ports, host=cfg.host,
                       pools=cfg.pools, engines=engines, driver_for=driver_for, session=session,
-                      start_timeout=cfg.start_timeout, grace=cfg.grace, on_change=changed.set)
-        log.info("agent %s: %d GPU(s), engines available: %s", cfg.node, len(gpus),
+                      start_timeout=cfg.start_timeout, grace=cfg.grace, on_change=changed.set, cpu=cpu)
+        log.info("agent %s: %d GPU(s), %d core(s), at most %d CPU replica(s); engines available: %s", cfg.node,
+                 len(gpus), cpu.cores, cpu.max_replicas,
                  ", ".join(n for n, (ok, _) in sorted(engines.items()) if ok) or "none")
         if cfg.allow_engines:
             log.info("agent %s: catalog engines allowed here: %s", cfg.node,

@@ -21,18 +21,22 @@ so operators can keep drafts or archives beside the catalog.
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
+import gc
 import hashlib
 import json
 import math
 import os
 import re
 import stat
+import threading
+import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, Sequence, cast
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, cast
 
 import yaml
 
@@ -57,22 +61,40 @@ MAX_MESSAGE = 300
 class Limits:
     """What one load may cost; the defaults hold real catalogs with room to spare.
 
-    A 1,000-model file is ~400 KB and ~45,000 YAML nodes; a 10,000-model
-    catalog ~4 MB and ~450,000 nodes. Composing YAML costs ~300 bytes of
-    memory and ~3 µs per node, so the node budget is what bounds a load:
-    1,000,000 nodes is ~300 MB and ~3 s at worst, the most a bad edit may cost.
+    Validating costs per YAML node (composing, the schema, building models
+    and the whole-catalog rules are all in Python), and a load's worst case is
+    what its node budget allows: the defaults are set so that the costliest
+    shape within them (tens of thousands of one-line models) validates in a
+    few seconds on a 2-core machine, `bench/catalog_limits.py` measures each
+    shape and bench/README.md has its figures. A real model is 30-50 nodes, so
+    the budget is ~5,000 of them in one catalog, past any fleet one gateway
+    serves; a bigger catalog is split across gateways, not loaded in one.
     """
 
-    # 10x the largest real catalog file; bounds the read before anything parses.
-    max_file_bytes: int = 4 << 20
-    # 4x a 10,000-model catalog; four files at the per-file cap.
-    max_dir_bytes: int = 16 << 20
+    # A file's bytes bound the read and the scan before anything parses; 2 MiB
+    # holds more than the node budget does in real models (~260 bytes for ~40
+    # nodes), so a file never meets this before its nodes, unless it is
+    # mostly comments or one huge string.
+    max_file_bytes: int = 2 << 20
+    # Four files at the cap; what the directory's bytes cost beyond its nodes
+    # (reading, decoding, scanning) stays well under a second.
+    max_dir_bytes: int = 8 << 20
     # YAML nodes per load (directory-wide), each alias counted at the size of
     # what it repeats, so an alias bomb is refused before it is expanded.
-    max_nodes: int = 1_000_000
+    max_nodes: int = 200_000
+    # Models in the whole catalog. A model costs more than its nodes (it is
+    # built, checked, hashed into the version, and placement and every
+    # reconcile pass walk it), so one-line models would make the node budget
+    # 25,000 of them; 10,000 is still past any fleet one gateway serves.
+    max_models: int = 10_000
     # A catalog is 6 levels deep (models[i].profiles[j].env.KEY); libyaml's
     # composer recurses on the C stack and segfaults near 100,000 levels.
     max_depth: int = 64
+    # The last guard, for a machine too loaded for the limits above to mean
+    # anything: a load gives up after this long and says so, rather than
+    # keep a thread working on the interpreter the router shares. Below the
+    # watcher's LOAD_TIMEOUT (30 s), so the loader stops first, with its own reason.
+    max_seconds: float | None = 25.0
 
 
 DEFAULT_LIMITS = Limits()
@@ -138,22 +160,61 @@ class _FileResult:
     nodes: int = 0                  # YAML nodes, aliases expanded: what it costs against Limits.max_nodes
 
 
-class FileCache:
-    """Parsed files by path and content digest, so a watcher's reload re-parses only what changed.
+# A file whose stat says it was modified less than this before it was read may
+# still change without its stat changing: the kernel stamps mtime from a
+# coarse clock (one tick, 1-10 ms), FAT keeps 2 s, and two same-size writes
+# within one stamp look alike (git's "racy" entries). Such a file is read and
+# hashed again on every load until it is older than this; then its stat alone
+# says it did not change.
+RACY_NS = 3_000_000_000
+# However long a stat keeps matching, a file is read again after this long:
+# a filesystem whose clock lags ours (NFS) or a tool that restores mtime and
+# size (rsync -t, `touch -r`) could otherwise keep a changed file unread;
+# this bounds how long, at the cost of one read per file in that time.
+TRUST_STAT_FOR = 300.0
 
-    A `git pull` that touches one file of a 1,000-model directory then costs one
-    file's parse plus the cross-file checks, not the whole directory's.
+
+@dataclass(slots=True)
+class _Entry:
+    key: tuple[int, ...] | None     # (dev, ino, size, mtime_ns, ctime_ns) of what was read; None: never by stat
+    digest: str
+    result: _FileResult
+    trusted_until: float            # monotonic: past it, the file is read again whatever its stat says
+
+
+class FileCache:
+    """Parsed files by path, so a watcher's reload reads and parses only what changed.
+
+    A file whose stat (device, inode, size, mtime and ctime in ns) is the one
+    it had when it was read, and that was not racy then (see RACY_NS), is not
+    read again: a `git pull` touching one file of 10,000 costs one read, one
+    parse and the whole-catalog checks over the union, not 10,000 reads. A
+    file that was read again but whose content digest is the same (a `touch`,
+    a checkout rewriting it unchanged) is not parsed again. `reads` and
+    `parses` count both (and `unchanged` the files taken by their stat), so a test can see what a reload read.
     """
 
-    def __init__(self) -> None:
-        self._entries: dict[str, tuple[str, _FileResult]] = {}
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._entries: dict[str, _Entry] = {}
+        self._clock = clock
+        self.reads = 0          # files opened and read
+        self.parses = 0         # files parsed and checked (a read whose digest was new)
+        self.unchanged = 0      # files taken by their stat alone
+
+    def by_stat(self, path: str, key: tuple[int, ...]) -> _FileResult | None:
+        """The cached result of `path` if its stat is still `key` and may be trusted."""
+        entry = self._entries.get(path)
+        if entry is None or entry.key != key or self._clock() >= entry.trusted_until:
+            return None
+        self.unchanged += 1
+        return entry.result
 
     def get(self, path: str, digest: str) -> _FileResult | None:
-        hit = self._entries.get(path)
-        return hit[1] if hit and hit[0] == digest else None
+        entry = self._entries.get(path)
+        return entry.result if entry and entry.digest == digest else None
 
-    def put(self, path: str, digest: str, result: _FileResult) -> None:
-        self._entries[path] = (digest, result)
+    def put(self, path: str, digest: str, result: _FileResult, key: tuple[int, ...] | None = None) -> None:
+        self._entries[path] = _Entry(key, digest, result, self._clock() + TRUST_STAT_FOR)
 
     def keep_only(self, paths: Iterable[str]) -> None:
         keep = set(paths)
@@ -196,39 +257,118 @@ def load_paths(paths: Sequence[str | os.PathLike[str]], cache: FileCache | None 
         else:
             problems.append(Problem(path, (), "no such file or directory"))
     results = []
-    total_bytes = total_nodes = 0
-    for file, root in files:
-        name = os.path.basename(file)
-        if root is not None and name in replace:
-            data: bytes | Problem = replace[name]
-        else:
-            data = read_file(file, root, limits.max_file_bytes)
-        if isinstance(data, Problem):
-            problems.append(data)
-            continue
-        if len(data) > limits.max_file_bytes:
-            problems.append(Problem(file, (), _too_big(len(data), limits.max_file_bytes, "file")))
-            continue
-        total_bytes += len(data)
-        if total_bytes > limits.max_dir_bytes:
-            problems.append(Problem(file, (), f"the catalog's files add up to more than "
-                                              f"{_mib(limits.max_dir_bytes)} with this one; not read"))
-            break
-        digest = hashlib.sha256(data).hexdigest()
-        result = cache.get(file, digest) if cache else None
-        if result is None:
-            result = _load_file(file, data, limits)
-            if cache:
-                cache.put(file, digest, result)
-        total_nodes += result.nodes
-        if total_nodes > limits.max_nodes and not result.problems:
-            problems.append(Problem(file, (), f"the catalog's files hold more than {limits.max_nodes} YAML nodes "
-                                              "together with this one; split the catalog or raise the limit"))
-            break
-        results.append((file, result))
-    if cache:
-        cache.keep_only(f for f, _ in files)
-    return _assemble(results, problems)
+    total_bytes = total_nodes = total_models = 0
+    deadline = _Deadline(limits.max_seconds)
+    with _collector_paused():
+        for file, root in files:
+            if deadline.passed():
+                problems.append(Problem(file, (), deadline.message()))
+                break
+            name = os.path.basename(file)
+            result: _FileResult | None = None
+            if root is not None and name in replace:
+                data: bytes | Problem | None = replace[name]
+                size, key = len(replace[name]), None
+            else:
+                got = _read(file, root, limits.max_file_bytes, cache)
+                if isinstance(got, Problem):
+                    problems.append(got)
+                    continue
+                data, key, size, result = got
+            if isinstance(data, Problem):   # (only for mypy: _read returned it above)
+                problems.append(data)
+                continue
+            if size > limits.max_file_bytes:
+                problems.append(Problem(file, (), _too_big(size, limits.max_file_bytes, "file")))
+                continue
+            total_bytes += size
+            if total_bytes > limits.max_dir_bytes:
+                problems.append(Problem(file, (), f"the catalog's files add up to more than "
+                                                  f"{_mib(limits.max_dir_bytes)} with this one; not read"))
+                break
+            if result is None:
+                assert data is not None
+                digest = hashlib.sha256(data).hexdigest()
+                result = cache.get(file, digest) if cache else None
+                if result is None:
+                    result = _load_file(file, data, limits, deadline=deadline)
+                    if cache:
+                        cache.parses += 1
+                if cache and not deadline.hit:
+                    cache.put(file, digest, result, key)
+            total_nodes += result.nodes
+            if total_nodes > limits.max_nodes and not result.problems:
+                problems.append(Problem(file, (), f"the catalog's files hold more than {limits.max_nodes} YAML nodes "
+                                                  "together with this one; split the catalog or raise the limit"))
+                break
+            total_models += len(result.models)
+            if total_models > limits.max_models:
+                problems.append(Problem(file, (), f"the catalog's files hold more than {limits.max_models} models "
+                                                  "together with this one, the most one catalog may hold"))
+                break
+            results.append((file, result))
+        if cache:
+            cache.keep_only(f for f, _ in files)
+        return _assemble(results, problems)
+
+
+class _Deadline:
+    """When a load gives up: checked between files and, inside one, every few thousand nodes.
+
+    A load within the Limits takes a few seconds at most; one that takes many
+    times that runs on a machine too loaded to say anything useful, and
+    giving up stops the work (a thread left running would keep taking the
+    interpreter from the router) instead of finishing an answer nobody waits for.
+    """
+
+    __slots__ = ("at", "seconds", "hit")
+
+    def __init__(self, seconds: float | None):
+        self.seconds = seconds
+        self.at = None if seconds is None else time.monotonic() + seconds
+        self.hit = False
+
+    def passed(self) -> bool:
+        if self.at is not None and time.monotonic() > self.at:
+            self.hit = True
+        return self.hit
+
+    def message(self) -> str:
+        return (f"validating the catalog took longer than {self.seconds:g} s (the most a load within the "
+                "catalog's limits should take many times over); not read further. Is the machine overloaded?")
+
+
+_NO_DEADLINE = _Deadline(None)
+_collector_lock = threading.Lock()
+_collector_holders = 0
+_collector_was_enabled = False
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while a load runs, on again (if it was) when the last load ends.
+
+    A load allocates an object or more per YAML node and keeps most of them
+    until it ends, so the collector's young passes promote them and its full
+    passes walk them all -- with the interpreter held, from the loading
+    thread, which stalls the event loop sharing the process (the router) for
+    as long as one full pass takes, and made up a third of a big load's time.
+    What a load allocates holds no cycles worth collecting meanwhile, and a
+    load is bounded (Limits), so collecting after it loses nothing.
+    """
+    global _collector_holders, _collector_was_enabled
+    with _collector_lock:
+        if _collector_holders == 0:
+            _collector_was_enabled = gc.isenabled()
+            gc.disable()
+        _collector_holders += 1
+    try:
+        yield
+    finally:
+        with _collector_lock:
+            _collector_holders -= 1
+            if _collector_holders == 0 and _collector_was_enabled:
+                gc.enable()
 
 
 def _mib(size: int) -> str:
@@ -247,6 +387,26 @@ def read_file(path: str, root: str | None, max_bytes: int) -> bytes | Problem:
     O_NONBLOCK so not even a FIFO put there between the two checks can hold
     the read. When `root` is given, a symlink is followed only if it resolves
     inside it; its target is then not even opened.
+    """
+    got = _read(path, root, max_bytes, None)
+    if isinstance(got, Problem):
+        return got
+    assert got[0] is not None
+    return got[0]
+
+
+def _stat_key(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _read(path: str, root: str | None, max_bytes: int, cache: FileCache | None
+          ) -> Problem | tuple[bytes | None, tuple[int, ...] | None, int, _FileResult | None]:
+    """(bytes, stat key, size, None) of a file read; (None, key, size, result) when `cache` knows it unchanged.
+
+    The stat key is taken from the open file before reading, so a write
+    during the read changes the file's stat after it and the next load reads
+    it again; it is None (never trusted) when the file was modified within
+    RACY_NS of the read.
     """
     try:
         st = os.lstat(path)
@@ -267,6 +427,11 @@ def read_file(path: str, root: str | None, max_bytes: int) -> bytes | Problem:
             return Problem(path, (), f"is {_file_kind(st.st_mode)}, not a regular file; only regular files are read")
         if st.st_size > max_bytes:
             return Problem(path, (), _too_big(st.st_size, max_bytes, "file"))
+        if cache is not None:
+            known = cache.by_stat(path, _stat_key(st))
+            if known is not None:
+                return None, _stat_key(st), st.st_size, known
+        now_ns = time.time_ns()
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         # Deleted between listing and reading (an editor's rename dance); the
@@ -275,8 +440,11 @@ def read_file(path: str, root: str | None, max_bytes: int) -> bytes | Problem:
     except OSError as exc:
         return Problem(path, (), f"cannot read: {exc.strerror or exc}")
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):
             return Problem(path, (), "was replaced by something that is not a regular file while reading")
+        racy = now_ns - max(opened.st_mtime_ns, opened.st_ctime_ns) < RACY_NS
+        key = None if racy else _stat_key(opened)
         chunks, size = [], 0
         while size <= max_bytes:
             chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
@@ -284,7 +452,9 @@ def read_file(path: str, root: str | None, max_bytes: int) -> bytes | Problem:
                 break
             chunks.append(chunk)
             size += len(chunk)
-        return b"".join(chunks)
+        if cache is not None:
+            cache.reads += 1
+        return b"".join(chunks), key, size, None
     except OSError as exc:
         return Problem(path, (), f"cannot read: {exc.strerror or exc}")
     finally:
@@ -306,7 +476,9 @@ def load_text(text: str | bytes, file: str = "<input>", *, limits: Limits = DEFA
     data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     if len(data) > limits.max_file_bytes:
         raise CatalogError([Problem(file, (), _too_big(len(data), limits.max_file_bytes, "document"))])
-    return _assemble([(file, _load_file(file, data, limits, limits.max_nodes))], [])
+    with _collector_paused():
+        return _assemble([(file, _load_file(file, data, limits, limits.max_nodes,
+                                            deadline=_Deadline(limits.max_seconds)))], [])
 
 
 def _assemble(results: list[tuple[str, _FileResult]], problems: list[Problem]) -> Catalog:
@@ -364,7 +536,8 @@ def _locate(problem: Problem, positions: Mapping[tuple, tuple[int, int]]) -> Pro
 
 # --- one file ---------------------------------------------------------------
 
-def _load_file(file: str, data: bytes, limits: Limits = DEFAULT_LIMITS, node_budget: int | None = None) -> _FileResult:
+def _load_file(file: str, data: bytes, limits: Limits = DEFAULT_LIMITS, node_budget: int | None = None, *,
+               deadline: _Deadline = _NO_DEADLINE) -> _FileResult:
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -381,7 +554,7 @@ def _load_file(file: str, data: bytes, limits: Limits = DEFAULT_LIMITS, node_bud
                                                        "remove it (a binary file, or a paste gone wrong?)", line, col),))
     budget = limits.max_nodes if node_budget is None else node_budget
     try:
-        nodes, refused = _measure(text, budget, limits.max_depth)
+        nodes, refused = _measure(text, budget, limits.max_depth, deadline)
         if refused:
             return _FileResult(problems=(Problem(file, (), refused[0], *refused[1]),), nodes=nodes)
         loader = _Loader(text)
@@ -421,18 +594,33 @@ def _load_file(file: str, data: bytes, limits: Limits = DEFAULT_LIMITS, node_bud
     if not isinstance(document, dict):
         problems.append(Problem(file, (), f"expected a mapping with apiVersion: llmgw/v1 and kind: Catalog, got {_kind(document)}", 1, 1))
         return _FileResult(problems=tuple(problems), positions=positions, nodes=nodes)
+    raw_models = document.get("models")
+    if isinstance(raw_models, list) and len(raw_models) > _models_per_file():
+        # Refused before the schema and the rules see any of them: what they
+        # cost per model is what the limit is there to bound.
+        limit = _models_per_file()
+        problems.append(Problem(file, ("models",), f"has more than {limit} items, the most one file may hold; "
+                                                   "split the catalog into more files",
+                                *positions.get(("models",), (0, 0))))
+        return _FileResult(problems=tuple(problems), positions=positions, nodes=nodes)
     errors = _schema_errors(document)
     problems.extend(_locate(Problem(file, path, msg), positions) for path, msg in errors)
     # Every model and engine is still built and checked, the broken ones
     # leniently (a broken field replaced by a harmless stand-in), so one run
     # reports a typo in one model, a bad duration in it *and* a duplicate name
     # in another, instead of making the operator fix them one round at a time.
-    error_paths = [path for path, _ in errors] + [path for path, _ in found]
+    # The errors under each model and engine, found once: looked up per item
+    # they were models x errors, minutes for a big file with an error in each.
+    bad_in: dict[tuple, list[tuple]] = {}
+    for path in [path for path, _ in errors] + [path for path, _ in found]:
+        bad_in.setdefault(tuple(path[:2]), []).append(tuple(path[2:]))
     models, engines = [], []
-    raw_models = document.get("models")
     for i, raw in enumerate(raw_models if isinstance(raw_models, list) else ()):
+        if not i & 0x3FF and deadline.passed():
+            problems.append(Problem(file, ("models", i), deadline.message(), *positions.get(("models", i), (0, 0))))
+            break
         here = ("models", i)
-        bad = [p[2:] for p in error_paths if p[:2] == here]
+        bad = bad_in.get(here, [])
         if not isinstance(raw, dict):
             continue  # the schema said what it should be
         model = None
@@ -452,7 +640,7 @@ def _load_file(file: str, data: bytes, limits: Limits = DEFAULT_LIMITS, node_bud
         models.append(model)
     raw_engines = document.get("engines")
     for name, raw in (raw_engines.items() if isinstance(raw_engines, dict) else ()):
-        if any(p[:2] == ("engines", name) for p in error_paths) or not isinstance(name, str):
+        if ("engines", name) in bad_in or not isinstance(name, str):
             continue
         engines.append(EngineSpec(
             name=name, command=tuple(raw["command"]), health=raw.get("health", "/health"),
@@ -461,7 +649,8 @@ def _load_file(file: str, data: bytes, limits: Limits = DEFAULT_LIMITS, node_bud
     return _FileResult(tuple(models), tuple(engines), tuple(problems), positions, nodes)
 
 
-def _measure(text: str, budget: int, max_depth: int) -> tuple[int, tuple[str, tuple[int, int]] | None]:
+def _measure(text: str, budget: int, max_depth: int,
+             deadline: _Deadline = _NO_DEADLINE) -> tuple[int, tuple[str, tuple[int, int]] | None]:
     """Nodes the document holds with every alias expanded, from its event stream; why it is refused, if it is.
 
     Runs before anything is composed: the event parser keeps its own stack,
@@ -473,10 +662,11 @@ def _measure(text: str, budget: int, max_depth: int) -> tuple[int, tuple[str, tu
     loader = _Loader(text)
     sizes: dict[str, int] = {}
     stack: list[tuple[int, str | None]] = []
-    nodes = 0
+    nodes = events = 0
     try:
         while loader.check_event():
             event = loader.get_event()
+            events += 1
             if isinstance(event, yaml.AliasEvent):
                 # An alias always names its anchor (the scanner refuses a bare
                 # `*`); only the stubs' shared NodeEvent type allows None.
@@ -498,6 +688,8 @@ def _measure(text: str, budget: int, max_depth: int) -> tuple[int, tuple[str, tu
                 start, anchor = stack.pop()
                 if anchor:
                     sizes[anchor] = nodes - start
+            if not events & 0xFFF and deadline.passed():
+                return nodes, (deadline.message(), _at_mark(event))
             if nodes > budget:
                 return nodes, (f"holds more than {budget} YAML nodes (each alias counted at the size of what it "
                                "repeats); an alias bomb, or a catalog to split", _at_mark(event))
@@ -569,6 +761,13 @@ def _json_type(name: str) -> str:
 
 
 @lru_cache(maxsize=1)
+def _models_per_file() -> int:
+    """The schema's bound on one file's models (models.maxItems)."""
+    schema = json.loads(schema_path().read_text(encoding="utf-8"))
+    return int(schema["properties"]["models"]["maxItems"])
+
+
+@lru_cache(maxsize=1)
 def _model_validator():
     """The schema of one `models` item, refs inlined as in `_validator`."""
     import jsonschema
@@ -579,32 +778,44 @@ def _model_validator():
                                                             **{"$schema": schema["$schema"]}))
 
 
-# Model items that passed the schema, by a digest of their JSON text: a change
-# to one model of a 1,000-model file re-read the whole file, and checking every
-# model against the schema again was half of a load (~110 of ~200 ms), on the
-# way from the write to the nodes (issue 19). A 10,000-model catalog (what the
-# Limits are sized for) five times over, ~5 MB; past it the memory starts again empty.
-PASSED_MODELS = 50_000
-_passed_models: set[bytes] = set()
+@lru_cache(maxsize=1)
+def _compiled() -> tuple[Callable[[Any], Any], Callable[[Any], Any]] | None:
+    """The whole document's schema and one model item's, compiled to Python (fastjsonschema); None if it cannot be.
 
-
-def _json_digest(item: Any) -> bytes | None:
-    """A digest of `item` as JSON text, or None when the text would not stand for it exactly.
-
-    YAML gives what JSON cannot say (an integer key, a date, NaN): such an item
-    is written differently or not at all, and its text read back differs, so
-    it is checked every time instead of being taken for an item that passed.
+    jsonschema walking every model was a third to a half of a load. The
+    compiled check says in a fraction of that whether a document is valid;
+    only what it refuses is checked again by jsonschema, whose errors are the
+    ones reported. Every keyword the catalog schema uses means the same in
+    the draft 7 fastjsonschema compiles as in 2020-12, and refs are inlined
+    (as for jsonschema); a refusal it alone makes (it is stricter about 1.0
+    as an integer) only costs the jsonschema pass, never a wrong answer.
     """
     try:
-        text = json.dumps(item, sort_keys=True)
-        if json.loads(text) != item:
-            return None
-    except (TypeError, ValueError):
+        import fastjsonschema
+    except ImportError:  # pragma: no cover -- a dependency; without it jsonschema does it all
         return None
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    schema = json.loads(schema_path().read_text(encoding="utf-8"))
+    defs = schema.get("$defs", {})
+    body = {k: v for k, v in _inline_refs(schema, defs).items() if k not in ("$schema", "$id", "$defs")}
+    item = _inline_refs(defs["model"], defs)
+    return fastjsonschema.compile(body), fastjsonschema.compile(item)
+
+
+def _passes(check: Callable[[Any], Any] | None, value: Any) -> bool:
+    if check is None:
+        return False
+    try:
+        check(value)
+        return True
+    except Exception:  # noqa: BLE001 -- a refusal, or a value too odd for the compiled check: jsonschema says which
+        return False
 
 
 def _schema_errors(document: dict) -> list[tuple[tuple, str]]:
+    compiled = _compiled()
+    if compiled is not None and _passes(compiled[0], document):
+        return []
+    model_check = compiled[1] if compiled is not None else None
     out: list[tuple[tuple, str]] = []
     models = document.get("models")
     if not isinstance(models, list) or not models:
@@ -616,16 +827,10 @@ def _schema_errors(document: dict) -> list[tuple[tuple, str]]:
         shell = [x for e in _validator().iter_errors(dict(document, models=[])) for x in _explain(e)]
         out.extend(x for x in shell if x[0][:1] != ("engines",))
         for i, item in enumerate(models):
-            digest = _json_digest(item)
-            if digest is not None and digest in _passed_models:
+            if _passes(model_check, item):
                 continue
-            found = [(("models", i) + path, msg) for e in _model_validator().iter_errors(item)
-                     for path, msg in _explain(e)]
-            if not found and digest is not None:
-                if len(_passed_models) >= PASSED_MODELS:
-                    _passed_models.clear()
-                _passed_models.add(digest)
-            out.extend(found)
+            out.extend((("models", i) + path, msg) for e in _model_validator().iter_errors(item)
+                       for path, msg in _explain(e))
         out.extend(x for x in shell if x[0][:1] == ("engines",))
     # Once each: jsonschema raises one `required` error per missing field,
     # and each is explained as every field that mapping lacks.
@@ -682,7 +887,9 @@ def _explain(error) -> list[tuple[tuple, str]]:
     if v == "maxLength":
         return [(path, f"is longer than {error.validator_value} characters")]
     if v == "maxItems":
-        return [(path, f"has more than {error.validator_value} items")]
+        return [(path, f"has more than {error.validator_value} items, the most allowed here")]
+    if v == "maxProperties":
+        return [(path, f"has more than {error.validator_value} entries, the most allowed here")]
     return [(path, _short_message(error))]
 
 
@@ -750,8 +957,12 @@ def _lenient_model(raw: Mapping[str, Any], origin: Origin, bad: list[tuple]) -> 
     objects to (a default, a name nothing else can have); it is never in force,
     since the catalog it belongs to is rejected anyway.
     """
+    # A path is fine when no error is at or under it: when it is not a prefix
+    # of any error's path. A set of those prefixes makes that one lookup.
+    spoiled = {p[:n] for p in bad for n in range(len(p) + 1)}
+
     def fine(*path) -> bool:
-        return not any(p[:len(path)] == path for p in bad)
+        return path not in spoiled
 
     stand_in = f"\0broken:{origin.file}:{origin.path}"
     clean = {k: v for k, v in raw.items() if isinstance(k, str) and fine(k)}

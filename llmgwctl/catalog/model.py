@@ -441,9 +441,11 @@ def _at(origin: Origin, path: tuple[str | int, ...], message: str) -> Problem:
 
 def _names_of(model: Model):
     yield model.name, "name", ("name",)
+    seen = {model.name}
     for i, alias in enumerate(model.aliases):
         # A repeat inside the model itself is reported once, by _check_model.
-        if alias != model.name and alias not in model.aliases[:i]:
+        if alias not in seen:
+            seen.add(alias)
             yield alias, "alias", ("aliases", i)
 
 
@@ -527,11 +529,13 @@ def _check_model(model: Model, engines: Mapping[str, EngineSpec]) -> Iterable[Pr
     if isinstance(model.replicas.min, int) and isinstance(model.replicas.max, int) \
             and model.replicas.min > model.replicas.max:
         yield Problem(file, base + ("replicas",), f"min ({model.replicas.min}) is greater than max ({model.replicas.max})")
+    listed: set[str] = set()   # a set: `in aliases[:i]` was quadratic in a model's aliases
     for i, alias in enumerate(model.aliases):
         if alias == model.name:
             yield Problem(file, base + ("aliases", i), f"alias {alias!r} repeats the model's own name; remove it")
-        elif alias in model.aliases[:i]:
+        elif alias in listed:
             yield Problem(file, base + ("aliases", i), f"alias {alias!r} is listed twice")
+        listed.add(alias)
     if model.routing is not None and model.routing not in ROUTING_POLICIES:
         yield Problem(file, base + ("routing",),
                       f"{model.routing!r} is not one of {', '.join(ROUTING_POLICIES)}")
@@ -553,6 +557,7 @@ def _check_model(model: Model, engines: Mapping[str, EngineSpec]) -> Iterable[Pr
 def _check_engine(spec: EngineSpec) -> Iterable[tuple[tuple[str | int, ...], str]]:
     if not spec.command:
         yield ("command",), "a catalog-defined engine needs a command"
+    shells = shell_strings(spec.command)   # once: per element it was quadratic in the command's length
     for i, part in enumerate(spec.command):
         try:
             fields = {f for _, f, _, _ in string.Formatter().parse(part) if f is not None}
@@ -563,7 +568,7 @@ def _check_engine(spec: EngineSpec) -> Iterable[tuple[tuple[str | int, ...], str
         if unknown:
             yield ("command", i), (f"unknown placeholder {{{unknown[0]}}}; expected one of "
                                    + ", ".join("{" + f + "}" for f in sorted(TEMPLATE_FIELDS)))
-        elif i in shell_strings(spec.command):
+        elif i in shells:
             quoted = _quoted_fields(part)
             if quoted:
                 yield ("command", i), (f"placeholder {{{quoted[0]}}} is inside quotes in a shell string; write it "

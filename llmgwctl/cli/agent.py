@@ -68,10 +68,13 @@ allow_engine_option = click.option(
 @click.option("--heartbeat", type=click.FloatRange(min=0.1), default=HEARTBEAT, show_default=True,
               help="Seconds between reports to the controller when nothing changes.")
 @allow_engine_option
+@click.option("--max-cpu-replicas", type=click.IntRange(min=0, max=1000), default=None, metavar="N",
+              help="The most replicas with no GPU (gpus: 0) placed on this node; at most the size of --ports "
+                   "[default: 4 per core, less on a machine with under 256 MiB per replica].")
 @log_level_options
 @log_format_option
 def command(controller, node, gpus, pools, state_dir, advertise_host, ports, desired_file, token_file, grace,
-            start_timeout, heartbeat, allow_engines, log_level, verbose, log_format) -> None:
+            start_timeout, heartbeat, allow_engines, max_cpu_replicas, log_level, verbose, log_format) -> None:
     """Run the node agent: start, watch and stop this machine's engines."""
     from ..agent import AgentConfig, StateLockedError, main
 
@@ -85,6 +88,7 @@ def command(controller, node, gpus, pools, state_dir, advertise_host, ports, des
     try:
         main(AgentConfig(node=node, state_dir=state_dir, ports=ports, gpus=gpus, pools=tuple(pools),
                          host=advertise_host, controller=controller, desired_file=desired_file, token=token,
-                         grace=grace, start_timeout=start_timeout, heartbeat=heartbeat, allow_engines=allow_engines))
+                         grace=grace, start_timeout=start_timeout, heartbeat=heartbeat, allow_engines=allow_engines,
+                         max_cpu_replicas=max_cpu_replicas))
     except StateLockedError as exc:
         raise click.ClickException(str(exc)) from None

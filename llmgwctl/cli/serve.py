@@ -37,6 +37,9 @@ def _control_origins(ctx, param, values):
 @click.option("--node", default=None, help="The local agent's node name [default: this host's name].")
 @click.option("--ports", default="20000-20999", show_default=True, type=PORT_RANGE,
               help="Ports the local agent gives its engines, inclusive.")
+@click.option("--max-cpu-replicas", type=click.IntRange(min=0, max=1000), default=None, metavar="N",
+              help="The most replicas with no GPU (gpus: 0) placed on the local agent's node; at most the size of "
+                   "--ports [default: 4 per core, less on a machine with under 256 MiB per replica].")
 @click.option("--settle", type=float, default=None, metavar="SECONDS",
               help="Settling window after start, adopting replicas before starting any [default: 15].")
 @click.option("--drain-grace", type=float, default=None, metavar="SECONDS",
@@ -62,7 +65,7 @@ def _control_origins(ctx, param, values):
 @router_options
 @log_format_option
 @log_level_options
-def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node, ports, settle, drain_grace,
+def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node, ports, max_cpu_replicas, settle, drain_grace,
             node_timeout, replace_after, token_file, agent_token_file, api_keys, control_connections_per_client,
             allow_engines, control_cors_origins, log_format, log_level, verbose, router_config):
     """Serve the catalogs in DIR: place replicas, route OpenAI requests, follow every edit."""
@@ -75,6 +78,9 @@ def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node
     if allow_engines and not local_agent:
         raise click.UsageError("--allow-engine is for the local agent; with --no-local-agent give it to each "
                                "node's llmgwctl agent")
+    if max_cpu_replicas is not None and not local_agent:
+        raise click.UsageError("--max-cpu-replicas is the local agent's: it does nothing with --no-local-agent "
+                               "(give it to each `llmgwctl agent` instead)")
     if agent_token_file and not token_file:
         raise click.UsageError("--agent-token-file needs --token-file: without an admin token every other route would be open")
     try:
@@ -85,7 +91,7 @@ def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node
         raise click.UsageError(str(exc)) from None
     setup_logging(verbose, log_format, level=log_level)
     cfg = ServeConfig(catalogs=catalogs, listen=listen, control=control, local_agent=local_agent, gpus=gpus,
-                      pools=tuple(pools), ports=str(ports), settle=settle, drain_grace=drain_grace,
+                      pools=tuple(pools), ports=str(ports), max_cpu_replicas=max_cpu_replicas, settle=settle, drain_grace=drain_grace,
                       node_timeout=node_timeout, replace_after=replace_after, token=token, agent_token=agent_token,
                       api_keys=api_keys, router=router_config, allow_engines=allow_engines,
                       control_cors_origins=tuple(control_cors_origins))

@@ -11,7 +11,7 @@ the agent protocol and the control API have always sent.
     spec       ReplicaSpec (controller -> agent), LoadReading (engine -> router)
     endpoint   Endpoint (reconciler / static file / watch -> router)
     modelstate ModelState, ModelCondition (reconciler / watch -> router: starting, or cannot be placed and why)
-    report     AgentReport, ReportedReplica, Gpu, EngineAvailability (agent -> inventory)
+    report     AgentReport, ReportedReplica, Gpu, CpuCapacity, EngineAvailability (agent -> inventory)
     usage      Usage, UsageSource, LoadSource, ConcurrencySource, UsageReport (router -> reconciler)
     status     ControlStatus and its parts (controller -> control API, metrics, `llmgwctl status`)
     errors     ContractError and its children: a payload that breaks a contract
@@ -24,7 +24,7 @@ from __future__ import annotations
 from .endpoint import Endpoint
 from .errors import ContractError, EndpointError, ModelStateError, ReportError, UsageError
 from .modelstate import ModelCondition, ModelState
-from .report import AgentReport, EngineAvailability, Gpu, ReportedReplica
+from .report import AgentReport, CpuCapacity, EngineAvailability, Gpu, ReportedReplica
 from .spec import LoadReading, ReplicaSpec
 from .states import AGENT_STATES, ReplicaState
 from .status import (CatalogStatus, ControlStatus, Event, FleetStatus, GpuStatus, ModelStatus, NodeStatus,
@@ -33,7 +33,7 @@ from .usage import ConcurrencySource, LoadSource, Usage, UsageReport, UsageSnaps
 
 __all__ = [
     "AGENT_STATES", "AgentReport", "CatalogStatus", "ConcurrencySource", "ContractError", "ControlStatus", "Endpoint", "EndpointError",
-    "EngineAvailability", "Event", "FleetStatus", "Gpu", "GpuStatus", "LoadReading", "LoadSource", "ModelCondition", "ModelState",
+    "CpuCapacity", "EngineAvailability", "Event", "FleetStatus", "Gpu", "GpuStatus", "LoadReading", "LoadSource", "ModelCondition", "ModelState",
     "ModelStateError", "ModelStatus", "NodeStatus",
     "ReplicaSpec", "ReplicaState", "ReplicaStatus", "ReportError", "ReportedReplica", "Usage", "UsageError",
     "UsageReport", "UsageSnapshot", "UsageSource",

@@ -9,6 +9,7 @@ skip the API (the tests, `serve`'s in-process agent through the same route).
 
     AgentReport                          node; instance_id, boot_id, previous_instance_id (who speaks for it)
      ├ gpus: Gpu...                      index, uuid, name, memory (total, free)
+     ├ cpu: CpuCapacity                  cores, memory, how many CPU replicas it takes
      ├ engines: {name: EngineAvailability}   (available, reason with the fix)
      └ replicas: ReportedReplica...      id, spec hash, state, port, pid, ... and its whole ReplicaSpec
 """
@@ -57,6 +58,44 @@ class Gpu:
         free = d.get("memory_free_mib")
         return cls(index=int(d["index"]), uuid=str(d.get("uuid") or ""), name=str(d.get("name") or ""),
                    memory_mib=int(d.get("memory_mib") or 0), memory_free_mib=None if free is None else max(0, int(free)))
+
+
+# Bounds on what a node may say of its CPU side (the schema repeats them): a
+# node claims capacity only on itself, but a bound keeps every sum exact and
+# a typo from looking like a plan. 65,536 cores and 2^32 MiB (4 PiB) are past
+# any machine; MAX_CPU_REPLICAS is placement's cap on replicas per node.
+MAX_CORES = 65_536
+MAX_MEMORY_MIB = 1 << 32
+MAX_CPU_REPLICAS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class CpuCapacity:
+    """What a node offers replicas that use no GPU: its cores, its memory, and how many such replicas it takes.
+
+    `max_replicas` is the agent's to decide (its operator's --max-cpu-replicas,
+    else a default from its cores, memory and port range: see
+    llmgwctl.agent.capacity); placement puts no more CPU replicas there.
+    """
+
+    cores: int
+    memory_mib: int
+    max_replicas: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cores": self.cores, "memory_mib": self.memory_mib, "max_replicas": self.max_replicas}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "CpuCapacity":
+        if not isinstance(d, Mapping):
+            raise ReportError(f"report field 'cpu' must be an object, got {type(d).__name__}")
+        out = []
+        for key, high in (("cores", MAX_CORES), ("memory_mib", MAX_MEMORY_MIB), ("max_replicas", MAX_CPU_REPLICAS)):
+            value = d.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+                raise ReportError(f"report field cpu.{key}: expected an integer from 0 to {high}, got {value!r}")
+            out.append(value)
+        return cls(*out)
 
 
 class EngineAvailability(NamedTuple):
@@ -144,8 +183,18 @@ class AgentReport:
     engines: Mapping[str, EngineAvailability] = field(default_factory=lambda: MappingProxyType({}))
     gpus: tuple[Gpu, ...] = ()
     replicas: tuple[ReportedReplica, ...] = ()
+    # None: the agent did not say (one from before the field, a simulator):
+    # placement then bounds its CPU replicas only by the per-node cap.
+    cpu: CpuCapacity | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        out = self._to_dict()
+        if self.cpu is not None:
+            # Only when known, so a report reads the same to a controller from before the field.
+            out["cpu"] = self.cpu.to_dict()
+        return out
+
+    def _to_dict(self) -> dict[str, Any]:
         return {
             "node": self.node, "instance_id": self.instance_id, "boot_id": self.boot_id,
             "previous_instance_id": self.previous_instance_id, "agent_version": self.agent_version,
@@ -189,6 +238,7 @@ class AgentReport:
                                           for k, v in engines.items()}),
                 gpus=tuple(Gpu.from_dict(g) for g in _list(body, "gpus")),
                 replicas=replicas,
+                cpu=None if body.get("cpu") is None else CpuCapacity.from_dict(body["cpu"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ReportError(f"malformed report: {exc!r}") from None

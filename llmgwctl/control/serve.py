@@ -98,6 +98,7 @@ class ServeConfig:
     state_dir: Path = field(default_factory=lambda: Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "llmgw")
     node: str = field(default_factory=socket.gethostname)
     ports: str = "20000-20999"
+    max_cpu_replicas: int | None = None     # the local agent's; None: its default from cores and memory
     settle: float | None = None
     drain_grace: float | None = None
     node_timeout: float | None = None
@@ -213,7 +214,7 @@ class Server:
         cfg = AgentConfig(node=self.cfg.node, state_dir=Path(self.cfg.state_dir), ports=PortRange.parse(self.cfg.ports),
                           gpus=self.cfg.gpus, pools=tuple(self.cfg.pools),
                           controller=f"http://{host}:{self.control_port}", token=token,
-                          allow_engines=self.cfg.allow_engines)
+                          allow_engines=self.cfg.allow_engines, max_cpu_replicas=self.cfg.max_cpu_replicas)
         try:
             await run_agent(cfg, self._agent_stop)
         except StateLockedError as exc:

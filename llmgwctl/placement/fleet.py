@@ -47,7 +47,11 @@ The indexes:
   so stale entries (key no longer the node's) are dropped when met.
 - A node also has a number of replica slots (MAX_REPLICAS_PER_NODE less what
   it runs), which only fall too; a node out of slots leaves every bucket and
-  memory index the same lazy way.
+  memory index the same lazy way. A node whose agent reports a CPU capacity
+  has CPU slots too (its `cpu_replicas` less the GPU-less replicas it runs):
+  GPU-less profiles pick from groups of their own (the same nodes, their own
+  buckets), which a node out of CPU slots leaves the same lazy way, while
+  it stays in the groups GPU profiles pick from.
 - If a (pool, engine, gpus, memory) asked for finds no node, no later request
   in the pass can find one either; it is remembered as full.
 - Nodes already running the model being placed are *parked*: taken out of
@@ -82,9 +86,10 @@ MAX_REPLICAS_PER_NODE = 1000
 class _Group:
     """The schedulable nodes of one pool (or all pools) whose agents run one engine."""
 
-    __slots__ = ("members", "buckets", "counts", "by_memory", "parked_for", "parked_whole", "parked_memory")
+    __slots__ = ("cpu", "members", "buckets", "counts", "by_memory", "parked_for", "parked_whole", "parked_memory")
 
-    def __init__(self) -> None:
+    def __init__(self, cpu: bool = False) -> None:
+        self.cpu = cpu          # the group GPU-less profiles pick from: CPU slots count too
         self.members: set[str] = set()
         self.buckets: dict[int, list[str]] = {}   # whole-free GPUs -> heap of node names
         self.counts: list[int] = []                # sorted keys of `buckets`
@@ -112,7 +117,7 @@ class Held:
     figure does not show them taken (see the module docstring).
     """
 
-    __slots__ = ("gpus", "replicas", "free", "needs", "pending", "whole")
+    __slots__ = ("gpus", "replicas", "free", "needs", "pending", "whole", "cpu")
 
     def __init__(self, gpus: tuple[int, ...], replicas: Sequence[Running]):
         self.gpus, self.replicas = gpus, replicas
@@ -120,7 +125,10 @@ class Held:
         self.pending: dict[int, int] = {}
         self.whole: set[int] = set()
         taken: set[int] = set()
+        self.cpu = 0            # replicas holding no GPU: what counts against the node's CPU limit
         for r in replicas:
+            if not r.gpu_indices:
+                self.cpu += 1
             taken.update(r.gpu_indices)
             if not r.memory_mib:
                 self.whole.update(r.gpu_indices)
@@ -147,6 +155,13 @@ class Fleet:
         # Replicas each node may still take (MAX_REPLICAS_PER_NODE less what runs
         # there); like free GPUs, it only falls during a pass.
         self.slots: dict[str, int] = {name: MAX_REPLICAS_PER_NODE - len(h.replicas) for name, h in own.items()}
+        # CPU replicas each node may still take, for nodes that report a limit:
+        # the limit less the replicas holding no GPU there. Only falls too.
+        self.cpu_slots: dict[str, int] = {}
+        for name, h in own.items():
+            limit = self.nodes[name].cpu_replicas
+            if limit is not None:
+                self.cpu_slots[name] = limit - h.cpu
         # What existing replicas hold, so preemption can tell this pass's
         # starts, which nothing frees, from replicas that may leave: GPU index ->
         # declared MiB (memory profiles), and the indices held whole. Only nodes
@@ -161,7 +176,7 @@ class Fleet:
         self.whole: dict[str, set[int]] = dict(self.base_whole)
         self._budgets: dict[str, dict[int, int]] = {}     # computed per node on first use
         self._by_pool: dict[str, list[str]] | None = None
-        self._groups: dict[tuple[str | None, str], _Group] = {}
+        self._groups: dict[tuple[str | None, str, bool], _Group] = {}
         self._member_of: dict[str, list[_Group]] = {}
         self._full: set[tuple[str | None, str, int, int]] = set()
 
@@ -183,6 +198,13 @@ class Fleet:
                 for label in node.pools:
                     self._by_pool.setdefault(label, []).append(node.name)
         return self._by_pool.get(pool, [])
+
+    def cpu_room(self, name: str) -> bool:
+        """Whether the node may take one more replica without a GPU (always, when its agent reports no limit)."""
+        return self.cpu_slots.get(name, 1) > 0
+
+    def _room(self, name: str, group: _Group) -> bool:
+        return self.slots[name] > 0 and (not group.cpu or self.cpu_slots.get(name, 1) > 0)
 
     def can_host(self, name: str, pool: str | None, engine: str) -> bool:
         """Could `name` ever run a profile of this pool and engine (ignoring free GPUs)?"""
@@ -228,7 +250,7 @@ class Fleet:
         """
         if (pool, engine, gpus, memory_mib) in self._full:
             return None
-        group = self._group(pool, engine)
+        group = self._group(pool, engine, cpu=gpus == 0)
         found = self._pick_memory(group, gpus, memory_mib, spread) if memory_mib and gpus else \
             self._pick_whole(group, gpus, spread)
         if found is not None:
@@ -236,7 +258,7 @@ class Fleet:
         # Every node that fits already runs this model: fewest of its replicas, then best-fit.
         best, best_key = None, None
         for name, count in spread.items():
-            if not count or name not in group.members or self.slots[name] <= 0:
+            if not count or name not in group.members or not self._room(name, group):
                 continue
             room = self.kth_budget(name, gpus) if memory_mib and gpus else len(self.free.get(name, ()))
             if room >= (memory_mib if memory_mib and gpus else gpus):
@@ -254,7 +276,7 @@ class Fleet:
             heap = group.buckets[free]
             while heap:
                 name = heap[0]
-                if len(self.free[name]) != free or self.slots[name] <= 0:
+                if len(self.free[name]) != free or not self._room(name, group):
                     heapq.heappop(heap)        # it moved to a smaller bucket, or is full for this pass
                 elif spread.get(name):
                     parked.append((free, heapq.heappop(heap)))   # runs the model already: aside until another model picks
@@ -304,7 +326,7 @@ class Fleet:
             count, name = entry
             if spread.get(name):
                 whole.append(entry)
-            elif len(self.free[name]) == count and self.slots[name] > 0:
+            elif len(self.free[name]) == count and self._room(name, group):
                 heapq.heappush(group.buckets[count], name)
         memory: list[tuple[int, int, str]] = []
         for item in group.parked_memory:
@@ -323,6 +345,8 @@ class Fleet:
         """
         self.slots[name] -= 1
         if gpus == 0:
+            if name in self.cpu_slots:
+                self.cpu_slots[name] -= 1
             return ()
         free = self.free[name]
         widths = {g for group in self._member_of.get(name, ()) for g in group.by_memory}
@@ -363,10 +387,10 @@ class Fleet:
                     bisect.insort(index, (after[g], name))
         return tuple(chosen)
 
-    def _group(self, pool: str | None, engine: str) -> _Group:
-        group = self._groups.get((pool, engine))
+    def _group(self, pool: str | None, engine: str, cpu: bool = False) -> _Group:
+        group = self._groups.get((pool, engine, cpu))
         if group is None:
-            group = self._groups[(pool, engine)] = _Group()
+            group = self._groups[(pool, engine, cpu)] = _Group(cpu)
             for name in self.in_pool(pool):
                 node = self.nodes[name]
                 if node.schedulable and engine in node.engines:

@@ -22,6 +22,10 @@ class NodeView:
     # GPU index -> (total MiB, free MiB) as its agent reported them; a GPU not
     # in it, or with total 0, has unknown memory and is never shared.
     memory: Mapping[int, tuple[int, int]] = field(default_factory=lambda: MappingProxyType({}), compare=False)
+    # The most replicas with no GPU (profiles with gpus: 0) it takes, as its
+    # agent reported (contracts.CpuCapacity); None: it did not say, and only
+    # MAX_REPLICAS_PER_NODE bounds them.
+    cpu_replicas: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,8 +32,11 @@ The rules, in the order one pass applies them:
    priority round-robin across models in catalog order (every short model gets
    its next replica before any gets two more), each on its best profile that
    fits: see `Fleet.pick` for spread, best-fit and ties.
-   A node takes at most MAX_REPLICAS_PER_NODE replicas whatever their GPUs
-   (see `fleet`), so GPU-less profiles cannot pile without end on a few nodes.
+   A node takes at most MAX_REPLICAS_PER_NODE replicas whatever their GPUs,
+   and at most the CPU capacity its agent reports (`NodeView.cpu_replicas`)
+   of replicas with no GPU (see `fleet`), so GPU-less profiles cannot pile
+   without end on a few nodes. Only GPU profiles preempt (rule 7): a CPU
+   slot is not worth a lower-priority model's replica.
 7. Preemption: a model still short of its *minimum* (not of a scale-up) may
    stop replicas of models with a strictly lower priority, on one node where
    that makes one replica of it fit (see `_Preemption`). Equal priorities

@@ -12,7 +12,8 @@ room now; it can change by itself):
   allowed there: `llmgwctl agent --allow-engine NAME=PROGRAM`); the largest node
   has fewer GPUs than it needs; no GPU is big enough for its `gpu_memory`.
 - transient: every node that could run it is unreachable or draining, or
-  already runs MAX_REPLICAS_PER_NODE replicas; or too few free GPUs / too
+  already runs MAX_REPLICAS_PER_NODE replicas, or (a profile with no GPU)
+  as many CPU replicas as its agent allows; or too few free GPUs / too
   little free GPU memory now, with the numbers and who holds the GPUs (model
   and priority), so the operator sees what to move, stop or reprioritise.
 
@@ -119,6 +120,15 @@ class Explainer:
             # Transient: a scale-down or a model leaving frees slots by itself.
             return (f"every node that can run it ({_count(len(up), 'node')}) already runs "
                     f"{MAX_REPLICAS_PER_NODE} replicas, the most one node runs"), False
+        if gpus == 0 and all(fleet.slots[n] <= 0 or not fleet.cpu_room(n) for n in up):
+            # Transient too: a CPU replica stopping, or the agent's limit raised.
+            full = [n for n in up if not fleet.cpu_room(n)]
+            shown = "; ".join(f"node {n}: {_count(fleet.nodes[n].cpu_replicas or 0, 'CPU replica')}, its limit"
+                              for n in full[:NAMES_SHOWN])
+            if len(full) > NAMES_SHOWN:
+                shown += f"; {_count(len(full) - NAMES_SHOWN, 'more node')} likewise"
+            return (f"every node that can run it ({_count(len(up), 'node')}) is full for replicas without a GPU "
+                    f"({shown}); raise an agent's --max-cpu-replicas or add a node"), False
         if memory and gpus:
             best = max(fleet.kth_budget(n, gpus) for n in up)
             text = (f"{where}: the most free GPU memory is {human_mib(best)}"

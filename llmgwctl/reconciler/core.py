@@ -924,7 +924,8 @@ class Reconciler:
         for node in self.inventory.nodes():
             if not node.reachable:
                 running.extend(self._given_up_on(node, expected))
-            key = (node.pools, node.gpus, node.engines, node.reachable, node.name in self._cordoned)
+            cpu = node.last_report.cpu if node.last_report is not None else None
+            key = (node.pools, node.gpus, node.engines, node.reachable, node.name in self._cordoned, cpu)
             kept_view = kept_views.get(node.name)
             if kept_view is None or kept_view[0] != key:
                 kept_view = kept_views[node.name] = (key, NodeView(
@@ -938,6 +939,7 @@ class Reconciler:
                     engines=node.available_engines,
                     schedulable=node.reachable and node.name not in self._cordoned,
                     unavailable={name: why for name, (ok, why) in node.engines.items() if not ok},
+                    cpu_replicas=cpu.max_replicas if cpu is not None else None,
                 ))
             views.append(kept_view[1])
         if len(kept_views) > len(self.inventory):

@@ -90,7 +90,7 @@ def test_the_cli_refuses_such_a_name_before_sending_it(fleet, tmp_path):
 
 
 # About 3.4 MB of YAML: a big but valid catalog, as the one whose parallel validations took a gigabyte.
-BIG_MODELS = 6400
+BIG_MODELS = 3700
 
 
 def big_catalog() -> str:
@@ -124,7 +124,7 @@ def serve_pid(fleet: Fleet) -> int:
 
 def test_six_dry_runs_side_by_side_are_validated_one_at_a_time_and_all_answered(fleet):
     content = big_catalog()
-    assert len(content.encode()) > 3_000_000
+    assert len(content.encode()) > 1_900_000   # just under the loader's 2 MiB per file
     pid = serve_pid(fleet)
     base = peak_rss_kib(pid)
     one = apply(fleet, "big.yaml", content, dry_run=True)
