@@ -321,3 +321,25 @@ def test_the_endpoint_file_survives_the_same_attacks_and_the_next_edit_takes(tmp
         assert router.proc.poll() is None
     finally:
         router.close()
+
+
+# -- the agent's --desired file -------------------------------------------------------------
+
+@pytest.mark.parametrize("make, words", [
+    (lambda p: os.mkfifo(p), "FIFO"),
+    (lambda p: os.symlink("/dev/zero", p), "a device"),
+])
+def test_the_agents_desired_file_is_refused_not_waited_on(tmp_path, make, words):
+    import threading
+
+    from llmgwctl.agent.desired import DesiredFile
+
+    path = tmp_path / "desired.yaml"
+    make(path)
+    follow = DesiredFile(path)
+    box: list = []
+    reader = threading.Thread(target=lambda: box.append(follow.poll()), daemon=True)
+    reader.start()
+    reader.join(ANSWERS_WITHIN)         # a FIFO would hold the read for ever, /dev/zero never end it
+    assert box == [None], "poll() did not return"
+    assert words in (follow.last_error or "")
