@@ -249,9 +249,16 @@ class CatalogWatcher:
                 await asyncio.gather(watch[1], return_exceptions=True)
                 watch = None
 
+        loop = asyncio.get_running_loop()
+        located_at = -float("inf")
         try:
             while not stop_event.is_set():
-                place = await self._locate_off_loop()
+                # Where the directory is, once a recheck interval (not on every
+                # batch: an edit's way to in force takes no thread hop for it).
+                if watch is not None and loop.time() - located_at < self._recheck:
+                    place: tuple[str, int, int] | str = watch[0]
+                else:
+                    place, located_at = await self._locate_off_loop(), loop.time()
                 if isinstance(place, str):
                     await unwatch()
                     self._lost(place)
