@@ -208,6 +208,8 @@ async def off_loop(fn: Callable[[], T], timeout: float, name: str) -> T:
     try:
         return await asyncio.wait_for(asyncio.shield(done), timeout)
     except asyncio.TimeoutError:
+        if done.done():     # `fn`'s own TimeoutError, or its answer in the very moment the bound ran out
+            return done.result()
         raise TimeoutError(f"took longer than {timeout:g} s") from None
 
 

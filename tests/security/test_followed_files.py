@@ -343,3 +343,48 @@ def test_the_agents_desired_file_is_refused_not_waited_on(tmp_path, make, words)
     reader.join(ANSWERS_WITHIN)         # a FIFO would hold the read for ever, /dev/zero never end it
     assert box == [None], "poll() did not return"
     assert words in (follow.last_error or "")
+
+
+# -- supervision, in process ----------------------------------------------------------------
+
+async def test_a_hung_read_is_given_up_shown_and_the_file_followed_on(tmp_path):
+    """A read that hangs (a dead NFS server) is bounded; no second thread piles up behind it; a bug is survived."""
+    import asyncio
+    import threading
+
+    from llmgwctl.fsutil import FollowedFile
+    from tests.support import until
+
+    path = tmp_path / "f.yaml"
+    path.write_text("one")
+    release, applied, calls = threading.Event(), [], []
+
+    def parse(data: bytes) -> str:
+        calls.append(data)
+        if data == b"hang":
+            release.wait(30)
+        if data == b"bug":
+            raise ZeroDivisionError("a bug in parsing")
+        return data.decode()
+
+    follower = FollowedFile(path, name="test", what="test file", parse=parse, apply=applied.append,
+                            rejects=ValueError, max_bytes=100, recheck=0.05, read_timeout=0.5)
+    follower.load_initial()
+    stop = asyncio.Event()
+    task = follower.start(stop)
+    try:
+        put_text(path, "hang")
+        await until(lambda: follower.problem and "took longer than" in follower.problem, "the hung read given up")
+        await until(lambda: follower.problem and "earlier read has not finished" in follower.problem,
+                    "the next look not piling up behind it")
+        assert calls.count(b"hang") == 1
+        release.set()
+        put_text(path, "bug")
+        await until(lambda: follower.problem and "ZeroDivisionError" in follower.problem, "the bug shown")
+        put_text(path, "two")
+        await until(lambda: applied[-1:] == ["two"], "the next edit in force")
+        assert follower.status()["state"] == "ok" and follower.failures >= 3 and not task.done()
+    finally:
+        release.set()
+        stop.set()
+        await asyncio.wait_for(task, 10)
