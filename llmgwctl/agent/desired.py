@@ -14,11 +14,17 @@ from typing import Any, Mapping
 import yaml
 
 from ..contracts import ReplicaSpec
+from ..fsutil import UnusableFile, read_regular
 from .errors import DesiredError
 
 log = logging.getLogger("llmgw.agent.desired")
 
 REQUIRED = ("id", "model", "engine")
+# The most a desired file may hold: 1,000 replicas a node (the catalog's bound)
+# of up to 16 KB of spec each. Read as every followed file is
+# (`fsutil.read_regular`): a FIFO, a device or a bigger file is refused, never
+# waited on or read without end.
+MAX_BYTES = 16 << 20
 
 
 def parse_replicas(items: Any, where: str) -> tuple[ReplicaSpec, ...]:
@@ -90,8 +96,10 @@ class DesiredFile:
             if stamp == self._seen:
                 return None
             self._seen = stamp
-            text = self.path.read_text()
+            text = read_regular(self.path, MAX_BYTES, "desired file").decode("utf-8", "replace")
             specs = parse_document(text, str(self.path))
+        except UnusableFile as exc:
+            return self._fail(str(exc), None)
         except OSError as exc:
             return self._fail(f"{self.path}: cannot read: {exc.strerror or exc}", None)
         except DesiredError as exc:

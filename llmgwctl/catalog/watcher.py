@@ -21,6 +21,14 @@ loop goes on from the catalog in force; it never stops anything but itself.
 Reads run on a daemon thread with a time bound, so a hung filesystem can
 neither stall the loop nor keep `serve` from exiting.
 
+The directory is followed by what it resolves to, looked up again every
+RECHECK seconds: a release-style switch (`current -> release-1` replaced by a
+renamed link to release-2, release-1 removed) moves the watch to release-2
+and loads it, so later edits and `catalog apply` take effect; a watch on the
+old directory would see nothing ever again. A directory that went away (or
+is no longer one) is shown in status as the watcher degraded, with why, the
+catalog in force stays, and it is followed again as soon as it is back.
+
 `reload()` is the one-pass entry point tests drive directly; `run()` only calls
 it when the filesystem says something changed.
 """
@@ -29,12 +37,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import stat
 import threading
 import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..fsutil import file_kind, off_loop
 from .diff import CatalogDiff, diff
 from .errors import CatalogError, Problem
 from .live import Live
@@ -76,6 +86,11 @@ LOAD_TIMEOUT = 30.0
 # watches), try again this often: soon enough that an edit after the
 # directory is back is not missed for long, rarely enough not to spin.
 REWATCH_EVERY = 1.0
+# How often what the directory resolves to is looked up again (a realpath and
+# a stat on a worker thread): a release switch or a directory removed and put
+# back is followed within this long, and an inotify watch cannot tell us
+# either (it stays on the old directory's inode).
+RECHECK = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,12 +116,14 @@ class CatalogWatcher:
     def __init__(self, directory: str | os.PathLike[str], live: Live, *,
                  wall_clock: Callable[[], float] = time.time,
                  step_ms: int = STEP_MS, debounce_ms: int = DEBOUNCE_MS, force_polling: bool = False,
-                 quiet_ms: int = QUIET_MS, load_timeout: float = LOAD_TIMEOUT, limits: Limits = DEFAULT_LIMITS):
+                 quiet_ms: int = QUIET_MS, load_timeout: float = LOAD_TIMEOUT, limits: Limits = DEFAULT_LIMITS,
+                 recheck: float = RECHECK):
         self.directory = os.fspath(directory)
         self.live = live
         self._wall = wall_clock
         self._step_ms, self._debounce_ms, self._force_polling = step_ms, debounce_ms, force_polling
         self._quiet_ms, self._load_timeout, self._limits = quiet_ms, load_timeout, limits
+        self._recheck = recheck
         self._cache = FileCache()
         # Loads run on worker threads; two overlapping loads would race on the
         # cache and could swap an older state over a newer one. Taken with a
@@ -122,6 +139,12 @@ class CatalogWatcher:
         self.failures = 0
         self.last_failure: dict[str, Any] | None = None
         self.degraded = False
+        # What the directory resolves to and is watched as; why it cannot be
+        # followed now (gone, not a directory), and since when.
+        self.followed: str | None = None
+        self.problem: str | None = None
+        self.problem_since: float | None = None
+        self._locating = threading.Lock()
 
     def load_initial(self) -> Catalog:
         """Load the directory and put it in force; CatalogError if it is invalid.
@@ -185,31 +208,10 @@ class CatalogWatcher:
         return self._apply(await self._load_off_loop())
 
     async def _load_off_loop(self) -> Catalog | tuple[Problem, ...]:
-        """`_load` on a daemon thread, given up after the load timeout.
-
-        Not `asyncio.to_thread`: the default executor's threads are joined at
-        exit, so one stuck in a read on a hung filesystem would keep `serve`
-        from ever exiting on SIGTERM. A daemon thread is left behind instead.
-        """
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future = loop.create_future()
-
-        def settle(method: str, value: object) -> None:
-            if not done.done():
-                getattr(done, method)(value)
-
-        def work() -> None:
-            try:
-                result = self._load()
-            except BaseException as exc:  # noqa: BLE001 -- handed to the loop, which reports it
-                loop.call_soon_threadsafe(settle, "set_exception", exc)
-            else:
-                loop.call_soon_threadsafe(settle, "set_result", result)
-
-        threading.Thread(target=work, name="catalog-load", daemon=True).start()
+        """`_load` on a daemon thread (`fsutil.off_loop`), given up after the load timeout."""
         try:
-            return await asyncio.wait_for(asyncio.shield(done), self._load_timeout)
-        except asyncio.TimeoutError:
+            return await off_loop(self._load, self._load_timeout, "catalog-load")
+        except TimeoutError:
             return (Problem(self.directory, (), f"reading and validating the catalog directory took longer than "
                                                 f"{self._load_timeout:.0f} s; is its filesystem hung?"),)
 
@@ -227,35 +229,68 @@ class CatalogWatcher:
 
         stop_event = stop_event or asyncio.Event()
         batches: asyncio.Queue = asyncio.Queue()
-        halt = asyncio.Event()    # ends our own watch; the caller's stop_event is only ever read
 
-        async def follow() -> None:
+        async def follow(target: str, halt: asyncio.Event) -> None:
             async for changes in watchfiles.awatch(
-                self.directory, watch_filter=_relevant, step=self._step_ms, debounce=self._debounce_ms,
+                target, watch_filter=_relevant, step=self._step_ms, debounce=self._debounce_ms,
                 stop_event=halt, force_polling=self._force_polling, recursive=True,
             ):
                 batches.put_nowait(changes)
 
-        follower = asyncio.create_task(follow())
+        # (what the directory resolved to, the task watching it, the event that ends that watch)
+        watch: tuple[tuple[str, int, int], asyncio.Task, asyncio.Event] | None = None
+        getter: asyncio.Task | None = None
         stopped = asyncio.create_task(stop_event.wait())
+
+        async def unwatch() -> None:
+            nonlocal watch
+            if watch is not None:
+                watch[2].set()      # ends our own watch; the caller's stop_event is only ever read
+                await asyncio.gather(watch[1], return_exceptions=True)
+                watch = None
+
+        loop = asyncio.get_running_loop()
+        located_at = -float("inf")
         try:
             while not stop_event.is_set():
-                getter = asyncio.create_task(batches.get())
-                await asyncio.wait({getter, stopped, follower}, return_when=asyncio.FIRST_COMPLETED)
-                if not getter.done():
-                    getter.cancel()
-                    if stop_event.is_set():
-                        break
-                    # Watching stopped (the directory removed, out of inotify
-                    # watches): say why, and watch again once it can be.
+                # Where the directory is, once a recheck interval (not on every
+                # batch: an edit's way to in force takes no thread hop for it).
+                if watch is not None and loop.time() - located_at < self._recheck:
+                    place: tuple[str, int, int] | str = watch[0]
+                else:
+                    place, located_at = await self._locate_off_loop(), loop.time()
+                if isinstance(place, str):
+                    await unwatch()
+                    self._lost(place)
+                elif watch is None or place != watch[0]:
+                    moved = watch is not None or self.problem is not None
+                    await unwatch()
+                    halt = asyncio.Event()
+                    watch = (place, asyncio.create_task(follow(place[0], halt)), halt)
+                    self._found(place[0])
+                    if moved:
+                        batches.put_nowait(set())   # another directory, or back: load what it holds now
+                if getter is None:
+                    getter = asyncio.create_task(batches.get())
+                waits = {getter, stopped} | ({watch[1]} if watch is not None else set())
+                await asyncio.wait(waits, timeout=self._recheck, return_when=asyncio.FIRST_COMPLETED)
+                if stop_event.is_set():
+                    break
+                if watch is not None and watch[1].done():
+                    # Watching stopped (out of inotify watches, the directory
+                    # went): say why, and watch again once it can be.
+                    follower = watch[1]
                     exc = follower.exception() if not follower.cancelled() else None
                     self._failed("watching the directory", exc or RuntimeError("the watch ended"))
+                    watch = None
                     await asyncio.wait({stopped}, timeout=REWATCH_EVERY)
-                    follower = asyncio.create_task(follow())
                     batches.put_nowait(set())   # what changed meanwhile was not seen: load once
                     continue
+                if not getter.done():
+                    continue        # a recheck of where the directory is: nothing changed in it
+                changes, getter = getter.result(), None
                 try:
-                    outcome = await self._settle_and_load(getter.result(), batches, stop_event)
+                    outcome = await self._settle_and_load(changes, batches, stop_event)
                     if outcome is not None:
                         self.degraded = False
                         if on_batch:
@@ -263,9 +298,68 @@ class CatalogWatcher:
                 except Exception as exc:  # noqa: BLE001 -- supervised: one bad pass must not end the watch
                     self._failed("reloading the catalog", exc)
         finally:
-            halt.set()
+            await unwatch()
             stopped.cancel()
-            await asyncio.gather(follower, return_exceptions=True)
+            if getter is not None:
+                getter.cancel()
+
+    def _locate(self) -> tuple[str, int, int] | str:
+        """What the directory resolves to now (real path, device, inode), or why it cannot be followed. Blocking."""
+        if not self._locating.acquire(blocking=False):
+            return f"{self.directory}: an earlier look at it has not finished; is its filesystem hung?"
+        try:
+            real = os.path.realpath(self.directory)
+            try:
+                st = os.stat(real)
+            except FileNotFoundError:
+                link = f" (a symlink to {real}, which does not exist)" if os.path.islink(self.directory) else ""
+                return f"{self.directory}: the catalog directory does not exist{link}; removed, or not mounted?"
+            except OSError as exc:
+                return f"{self.directory}: cannot look at the catalog directory: {exc.strerror or exc}"
+            if not stat.S_ISDIR(st.st_mode):
+                return f"{self.directory}: is {file_kind(st.st_mode)}, not a directory"
+            return real, st.st_dev, st.st_ino
+        finally:
+            self._locating.release()
+
+    async def _locate_off_loop(self) -> tuple[str, int, int] | str:
+        try:
+            return await off_loop(self._locate, self._load_timeout, "catalog-locate")
+        except TimeoutError:
+            return f"{self.directory}: looking at the catalog directory took longer than {self._load_timeout:.0f} s; " \
+                   "is its filesystem hung?"
+
+    def _lost(self, why: str) -> None:
+        """The directory cannot be followed: degraded with why (counted and logged once), the catalog stays."""
+        self.followed = None
+        if why == self.problem:
+            return
+        now = self._wall()
+        self.problem = why
+        self.problem_since = self.problem_since or now
+        self.failures += 1
+        self.last_failure = {"at": now, "what": "following the directory", "error": why}
+        log.error("catalog watcher: %s; keeping %s in force, and following the directory again once it is back",
+                  why, self.live.current.version, extra={"event": "catalog-directory-lost"})
+
+    def _found(self, real: str) -> None:
+        if self.problem is not None or (self.followed is not None and self.followed != real):
+            log.warning("catalog watcher: following %s, now %s", self.directory, real,
+                        extra={"event": "catalog-directory-followed"})
+        self.followed = real
+        self.problem = self.problem_since = None
+
+    def why_not_in_force(self) -> str:
+        """Why a state written to the directory may not be in force yet: for an apply that waited in vain."""
+        if self.problem is not None:
+            return f"the watcher cannot follow the directory: {self.problem}"
+        if not self.directory_valid and self.last_rejection is not None:
+            first = self.last_rejection.problems[0] if self.last_rejection.problems else "?"
+            return f"the directory as the watcher read it was rejected: {first}"
+        if self.degraded and self.last_failure is not None:
+            return f"the watcher's last pass failed: {self.last_failure['error']}"
+        return ("the watcher has not loaded the directory since it was written: writes still going on there, "
+                "or a slow filesystem; status shows when it is in force")
 
     async def _settle_and_load(self, changes: set, batches: asyncio.Queue, stop_event: asyncio.Event) -> Outcome | None:
         """Wait until a write in place is done and git has finished, then load and apply; None if stale or stopped."""
@@ -326,10 +420,20 @@ class CatalogWatcher:
             "directory_valid": self.directory_valid,
             "last_rejection": self.last_rejection.to_dict() if self.last_rejection else None,
             # "degraded": the last reload failed for a reason no rule covers
-            # (see last_failure); the catalog in force is the last good one.
-            "watcher": "degraded" if self.degraded else "ok", "failures": self.failures,
-            "last_failure": self.last_failure,
+            # (see last_failure), or the directory cannot be followed now
+            # (see problem); the catalog in force is the last good one.
+            "watcher": "degraded" if self.degraded or self.problem else "ok", "failures": self.failures,
+            "last_failure": self.last_failure, "problem": self.problem, "followed": self.followed,
         }
+
+    def watcher_status(self) -> dict:
+        """The watcher's row of status' `watchers` (contracts.WatcherStatus's fields)."""
+        problem = self.problem
+        if problem is None and self.degraded and self.last_failure is not None:
+            problem = str(self.last_failure.get("error"))
+        return {"name": "catalog", "path": self.directory, "state": "degraded" if problem else "ok",
+                "problem": problem, "since": self.problem_since, "failures": self.failures,
+                "last_failure": self.last_failure, "applied_at": self.swapped_at}
 
 
 def git_index_lock(directory: str) -> str | None:

@@ -53,11 +53,24 @@ def _degraded_loops(status: dict, now: float) -> list[str]:
                               ("reconciler", reconciler.get("loop"), reconciler)):
         if state != "degraded":
             continue
+        if part.get("problem"):
+            out.append(f"{name} DEGRADED: cannot follow the directory; the catalog above stays in force "
+                       "until it can:")
+            out.extend(_wrap(str(part["problem"])))
+            continue
         last = part.get("last_failure") or {}
         when = _ago(now - last["at"]) if last.get("at") else "-"
         out.append(_cut(f"{name} DEGRADED: {part.get('failures', 0)} failed passes, the last {when} "
                         f"({last.get('what', '?')}); it goes on, the server log has the traceback:", 100))
         out.append(_cut(f"  {last.get('error', '?')}", 100))
+    for w in status.get("watchers") or ():
+        # The catalog's own lines are above.
+        if w.get("state") != "degraded" or w.get("name") == "catalog":
+            continue
+        since = _ago(now - w["since"]) if w.get("since") else "-"
+        out.append(_cut(f"{w['name']} file DEGRADED since {since} ({w.get('failures', 0)} problems so far); "
+                        "what was in force stays:", 100))
+        out.extend(_wrap(str(w.get("problem") or "?")))
     return out
 
 

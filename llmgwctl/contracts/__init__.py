@@ -28,7 +28,7 @@ from .report import AgentReport, CpuCapacity, EngineAvailability, Gpu, ReportedR
 from .spec import LoadReading, ReplicaSpec
 from .states import AGENT_STATES, ReplicaState
 from .status import (CatalogStatus, ControlStatus, Event, FleetStatus, GpuStatus, ModelStatus, NodeStatus,
-                     ReplicaStatus)
+                     ReplicaStatus, WatcherStatus)
 from .usage import ConcurrencySource, LoadSource, Usage, UsageReport, UsageSnapshot, UsageSource
 
 __all__ = [
@@ -36,5 +36,5 @@ __all__ = [
     "CpuCapacity", "EngineAvailability", "Event", "FleetStatus", "Gpu", "GpuStatus", "LoadReading", "LoadSource", "ModelCondition", "ModelState",
     "ModelStateError", "ModelStatus", "NodeStatus",
     "ReplicaSpec", "ReplicaState", "ReplicaStatus", "ReportError", "ReportedReplica", "Usage", "UsageError",
-    "UsageReport", "UsageSnapshot", "UsageSource",
+    "UsageReport", "UsageSnapshot", "UsageSource", "WatcherStatus",
 ]

@@ -18,6 +18,7 @@ an unchanged row costs a string join, not a dict and an encode.
 
     ControlStatus
      ├ catalog: CatalogStatus        version, models, swaps, rejections, directory_valid, last rejection
+     ├ watchers: WatcherStatus...    every file and directory followed: in force, or degraded and why
      ├ routers                       standalone routers reporting usage
      ├ log_streams                   engine logs being relayed to `llmgwctl logs`
      └ fleet: FleetStatus            settled, passes, failed passes (the loop degraded, and why)
@@ -357,14 +358,49 @@ class CatalogStatus:
     failures: int = 0
     degraded: bool = False
     last_failure: Mapping[str, Any] | None = None
+    # Why the directory cannot be followed now (gone, not a directory), and
+    # what it resolves to while it can (a symlink switched to a release).
+    problem: str | None = None
+    followed: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"directory": self.directory, "version": self.version, "models": self.models,
                 "swapped_at": self.swapped_at, "swaps": self.swaps, "rejections": self.rejections,
                 "directory_valid": self.directory_valid,
                 "last_rejection": dict(self.last_rejection) if self.last_rejection is not None else None,
-                "watcher": "degraded" if self.degraded else "ok", "failures": self.failures,
-                "last_failure": dict(self.last_failure) if self.last_failure is not None else None}
+                "watcher": "degraded" if self.degraded or self.problem else "ok", "failures": self.failures,
+                "last_failure": dict(self.last_failure) if self.last_failure is not None else None,
+                "problem": self.problem, "followed": self.followed}
+
+
+@dataclass(frozen=True, slots=True)
+class WatcherStatus:
+    """One followed file or directory (the catalog directory, the API key file): is what it holds in force?
+
+    `state` is "degraded" while it cannot be followed or its last state was
+    not usable (`problem` says why, since `since`); what was in force before
+    stays in force. `failures` counts problems since start, each once
+    however long it lasts; `last_failure` is the last one even once it passed.
+    """
+
+    name: str                       # catalog | api-keys | endpoints
+    path: str
+    state: str = "ok"               # ok | degraded
+    problem: str | None = None
+    since: float | None = None      # wall-clock time the problem began
+    failures: int = 0
+    last_failure: Mapping[str, Any] | None = None     # {at, what, error}
+    applied_at: float | None = None                   # wall-clock time its content last went in force
+
+    @property
+    def degraded(self) -> bool:
+        return self.state != "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "path": self.path, "state": self.state, "problem": self.problem,
+                "since": self.since, "failures": self.failures,
+                "last_failure": dict(self.last_failure) if self.last_failure is not None else None,
+                "applied_at": self.applied_at}
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,9 +411,11 @@ class ControlStatus:
     routers: int
     fleet: FleetStatus
     log_streams: int = 0            # `llmgwctl logs` streams being relayed from agents now
+    watchers: tuple[WatcherStatus, ...] = ()    # every file and directory followed, the catalog's first
 
     def _head(self) -> dict[str, Any]:
-        return {"catalog": self.catalog.to_dict(), "routers": self.routers, "log_streams": self.log_streams}
+        return {"catalog": self.catalog.to_dict(), "routers": self.routers, "log_streams": self.log_streams,
+                "watchers": [w.to_dict() for w in self.watchers]}
 
     def to_dict(self) -> dict[str, Any]:
         return {**self._head(), **self.fleet.to_dict()}
@@ -385,7 +423,7 @@ class ControlStatus:
     def only(self, model: str) -> "ControlStatus":
         """See `FleetStatus.only`: the catalog part stays whole."""
         return ControlStatus(catalog=self.catalog, routers=self.routers, fleet=self.fleet.only(model),
-                             log_streams=self.log_streams)
+                             log_streams=self.log_streams, watchers=self.watchers)
 
     def to_json(self) -> bytes:
         """`to_dict()` as compact JSON (the same document), made from the rows' memoized fragments."""
@@ -394,4 +432,4 @@ class ControlStatus:
 
     def unaged(self) -> tuple:
         """See `FleetStatus.unaged`: equal means nothing a person would see changed."""
-        return (self.catalog, self.routers, self.log_streams, self.fleet.unaged())
+        return (self.catalog, self.routers, self.log_streams, self.watchers, self.fleet.unaged())

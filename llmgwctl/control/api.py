@@ -432,6 +432,8 @@ class ControlAPI:
         result["written"] = path
         self.c.reconciler.event("catalog-applied", f"{os.path.basename(path)} written by catalog apply")
         result["in_force"] = await self._until_in_force(result["to_version"])
+        if not result["in_force"]:
+            result["why_not_in_force"] = self.c.watcher.why_not_in_force()
         return web.json_response(result)
 
     async def _until_in_force(self, version: str) -> bool:

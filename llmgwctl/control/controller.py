@@ -15,7 +15,7 @@ from typing import Any, Callable
 from ..aio import Flag
 from ..catalog import Catalog, Live
 from ..catalog.watcher import CatalogWatcher
-from ..contracts import CatalogStatus, ControlStatus
+from ..contracts import CatalogStatus, ControlStatus, WatcherStatus
 from ..inventory import ConflictError, Inventory
 from ..reconciler import DesiredStore, Reconciler
 from ..reconciler import run as run_reconciler
@@ -50,6 +50,9 @@ class Controller:
         # Engine logs asked of agents for `llmgwctl logs` (see control.logs).
         self.logs = LogRelay()
         self.router = router
+        # Files followed beside the catalog (the router's API key file): each
+        # a `status()` with a WatcherStatus's fields, shown in status' `watchers`.
+        self.followed: list[Callable[[], dict[str, Any]]] = []
         self._loaded = False
         # Usage from the in-process router and from standalone routers' reports, which may speak
         # only of replicas the reconciler has (a record, draining ones included).
@@ -141,10 +144,12 @@ class Controller:
             directory=w.directory, version=current.version, models=len(current), swapped_at=w.swapped_at,
             swaps=w.swaps, rejections=w.rejections, directory_valid=w.directory_valid,
             last_rejection=w.last_rejection.to_dict() if w.last_rejection else None,
-            failures=w.failures, degraded=w.degraded, last_failure=w.last_failure)
+            failures=w.failures, degraded=w.degraded, last_failure=w.last_failure, problem=w.problem,
+            followed=w.followed)
+        watchers = tuple(WatcherStatus(**row()) for row in (w.watcher_status, *self.followed))
         return ControlStatus(catalog=catalog, routers=self.usage.routers(),
                              fleet=self.reconciler.fleet_status(self.usage.usage_snapshot()),
-                             log_streams=self.logs.open_streams())
+                             log_streams=self.logs.open_streams(), watchers=watchers)
 
     def status(self) -> dict:
         """`GET /api/v1/status` as a dict (tests, and callers in process)."""

@@ -158,7 +158,9 @@ class Server:
         self.router.set_catalog(catalog)
         if self.cfg.api_keys:
             from ..router.auth import follow_keys
-            self._tasks.append(follow_keys(self.router, self.cfg.api_keys, self.stop_event))
+            keys = follow_keys(self.router, self.cfg.api_keys, self.stop_event)
+            self._tasks.append(keys.task)
+            self.controller.followed.append(keys.status)     # status' `watchers`
         # Long-polls (agents, standalone routers) are cut at shutdown rather than
         # waited for: their clients retry, and they would hold the exit for 30 s.
         # Idle and header limits: the shared defaults (see httpserver), which

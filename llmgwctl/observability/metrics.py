@@ -28,6 +28,10 @@ Router (hot path first):
     llmgw_router_catalog_info{version}                        gauge, 1
     llmgw_router_connections_refused_total{reason}            counter, connections closed by the input limits
     llmgw_router_api_keys_reloads_total{result}               counter, applied | rejected
+    llmgw_watcher_degraded{watcher="catalog|api-keys|endpoints"}  gauge, 1 while that file or directory is not
+                                                              followed or its last state was not usable
+    llmgw_watcher_failures_total{watcher}                     counter, problems since start, each once
+                                                              (both also on the control API's /metrics)
     llmgw_router_endpoint_info{endpoint,model,profile,replica,url}  gauge, 1 per endpoint in the list: which
                                                               replica holds a slot now (join on `endpoint`)
     llmgw_build_info{version,python}                          gauge, 1 (on both /metrics)
@@ -41,6 +45,8 @@ Control plane (all read at scrape from `Controller.state()`, a typed
     llmgw_reconcile_pass_duration_seconds                     histogram
     llmgw_reconcile_passes_total, llmgw_reconcile_failures_total   counters
     llmgw_loop_degraded{loop="catalog-watcher|reconciler"}    gauge, 1 while that loop's last pass failed
+    llmgw_watcher_degraded{watcher}, llmgw_watcher_failures_total{watcher}   as on the router, one per
+                                                              followed file or directory (status' `watchers`)
     llmgw_replicas{model,state}                               gauge, every state of every catalog model (0 included)
     llmgw_nodes{state}                                        gauge, ready | unreachable
     llmgw_gpus{pool,state="used|free|unreachable"}            gauge; a node in two pools counts in both, no pool is "none"
@@ -96,7 +102,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 from .. import __version__
-from ..contracts import ControlStatus, ReplicaState
+from ..contracts import ControlStatus, ReplicaState, WatcherStatus
 
 # See the module docstring: no query reads _created, and it doubles the series.
 disable_created_metrics()
@@ -340,6 +346,34 @@ def _le(bound: float) -> str:
     return repr(float(bound))
 
 
+def _watcher_metrics(rows: Iterable[WatcherStatus]) -> list[Metric]:
+    """The two watcher families, from status rows: what an alert on a file nobody can read fires on."""
+    degraded = GaugeMetricFamily("llmgw_watcher_degraded", "1 while a followed file or directory is not followed, "
+                                 "or its last state was not usable (the last good one stays in force).",
+                                 labels=("watcher",))
+    failures = CounterMetricFamily("llmgw_watcher_failures", "Problems with a followed file or directory since "
+                                   "start, each counted once however long it lasts.", labels=("watcher",))
+    for row in rows:
+        degraded.add_metric((row.name,), 1 if row.degraded else 0)
+        failures.add_metric((row.name,), row.failures)
+    return [degraded, failures]
+
+
+class _Watchers:
+    """The router's followed files (its key file, a static endpoint file, its catalog directory), read at scrape."""
+
+    def __init__(self) -> None:
+        self.sources: list[Callable[[], Mapping[str, Any]]] = []
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> list[Metric]:
+        if not self.sources:
+            return []
+        return _watcher_metrics(WatcherStatus(**source()) for source in self.sources)
+
+
 class _LocalCollector:
     def __init__(self, families: list[_Family]):
         self.families = families
@@ -431,6 +465,8 @@ class RouterMetrics:
         self.refused = Counter("llmgw_router_connections_refused", "Connections closed by the router's input "
                                "limits.", ("reason",), registry=r)
         self.key_reloads = Counter("llmgw_router_api_keys_reloads", "API key file reloads.", ("result",), registry=r)
+        self._watchers = _Watchers()
+        r.register(self._watchers)
         self._models: dict[str, _ModelMetrics] = {}
         self._endpoints: dict[tuple[str, str], EndpointMetrics] = {}
         self._unrouted: dict[tuple[str, int], Any] = {}
@@ -439,6 +475,10 @@ class RouterMetrics:
         r.register(_BuildInfo())
         if process:
             ProcessCollector(registry=r)
+
+    def follow(self, status: Callable[[], Mapping[str, Any]]) -> None:
+        """Show a followed file's state (`status()`: a WatcherStatus's fields) as the llmgw_watcher_* families."""
+        self._watchers.sources.append(status)
 
     def model(self, model: str) -> _ModelMetrics:
         m = self._models.get(model)
@@ -661,6 +701,8 @@ class _ControlCollector:
         degraded.add_metric(("catalog-watcher",), 1 if cat.degraded else 0)
         degraded.add_metric(("reconciler",), 1 if fleet.degraded else 0)
         yield degraded
+        if s.watchers:
+            yield from _watcher_metrics(s.watchers)
         nodes = GaugeMetricFamily("llmgw_nodes", "Nodes by state.", labels=("state",))
         by_state, gpus = self._node_counts(fleet)
         for state, n in sorted(by_state.items()):

@@ -2,7 +2,7 @@
 
 The file (YAML), watched and reloaded like a catalog -- a valid edit is in force
 within a moment, an invalid one is logged with every problem and the keys in
-force stay as they were:
+force stay as they were (`KeyFileWatcher` says what else may be at the path):
 
     keys:
       - name: team-search             # unique; shown in the access log, never the key
@@ -50,9 +50,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from ..aio import follow_file
+from ..fsutil import FollowedFile
 from . import errors
-from .yamlfile import load_yaml
+from .yamlfile import MAX_BYTES, load_yaml, parse_yaml
 
 log = logging.getLogger("llmgw.router.keys")
 
@@ -172,7 +172,8 @@ def parse_keys(doc: Any, source: str = "<keys>") -> ApiKeys:
 
 
 def load_keys(path: str | os.PathLike) -> ApiKeys:
-    return parse_keys(load_yaml(path, KeyFileError), os.fspath(path))
+    """The keys in `path`; KeyFileError if it is not a usable key file (see `yamlfile` for the bounds). Blocking."""
+    return parse_keys(load_yaml(path, KeyFileError, "API key file"), os.fspath(path))
 
 
 class Limiter:
@@ -228,56 +229,47 @@ def rate_limited(key: ApiKey, wait: float) -> Any:
 
 # -- following the file ---------------------------------------------------------------
 
-class KeyFileWatcher:
-    """Reloads the key file when it changes; `reload()` is one pass, for tests and SIGHUP.
+class KeyFileWatcher(FollowedFile[ApiKeys]):
+    """Follows the key file (`fsutil.FollowedFile`); `reload()` is one pass, for tests and SIGHUP.
 
     `apply(keys)` is called with every valid new set (on the event loop when
-    run by `run`); an invalid file is logged with every problem, counted, and
-    the keys in force stay.
+    run by `run`). Anything else at the path -- an invalid edit, a FIFO, a
+    link to a device, a file past its cap, a file deleted or made unreadable
+    -- is logged with why, counted, shown in status, and the keys in force
+    stay as they were. Decided as the operator whose revocation must take
+    would want it: a key is revoked by writing the file without it (or with
+    `keys: []`), and that takes within seconds whatever was at the path
+    before. Deleting the file revokes nothing: it is as often a deploy's
+    rename dance or a remount caught half way, and refusing every client then
+    would be an outage nobody asked for; opening the router would be worse.
+    Status says the file is missing until it is back.
     """
 
     def __init__(self, path: str | os.PathLike, apply: Callable[[ApiKeys], None],
                  on_result: Callable[[str], None] = lambda result: None):
-        self.path = os.path.abspath(os.fspath(path))
-        self._apply = apply
-        self._on_result = on_result
-        self.last_error: str | None = None
+        source = os.path.abspath(os.fspath(path))
 
-    def load_initial(self) -> ApiKeys:
-        """KeyFileError if invalid: at start there are no keys to keep, and serving open is not an option."""
-        keys = load_keys(self.path)
-        self._apply(keys)
-        log.info("API keys loaded from %s: %d keys (%s)", self.path, len(keys), ", ".join(keys.names()))
-        return keys
+        def applied(keys: ApiKeys) -> None:
+            apply(keys)
+            log.info("API keys in force from %s: %d keys (%s)", source, len(keys), ", ".join(keys.names()),
+                     extra={"event": "api-keys-reloaded"})
 
-    def reload(self) -> bool:
-        try:
-            keys = load_keys(self.path)
-        except KeyFileError as exc:
-            self.last_error = str(exc)
-            self._on_result("rejected")
-            log.error("API key file edit rejected, keeping the keys in force:\n  %s",
-                      str(exc).replace("\n", "\n  "), extra={"event": "api-keys-rejected"})
-            return False
-        self.last_error = None
-        self._apply(keys)
-        self._on_result("applied")
-        log.info("API keys reloaded from %s: %d keys (%s)", self.path, len(keys), ", ".join(keys.names()),
-                 extra={"event": "api-keys-reloaded"})
-        return True
-
-    async def run(self, stop: asyncio.Event) -> None:
-        async for _ in follow_file(self.path, stop):
-            self.reload()
+        super().__init__(source, name="api-keys", what="API key file", rejects=KeyFileError, max_bytes=MAX_BYTES,
+                         parse=lambda data: parse_keys(parse_yaml(data, source, KeyFileError), source),
+                         apply=applied, on_result=on_result, keeping="keeping the keys in force")
 
 
-def follow_keys(router: Any, path: str | os.PathLike, stop: asyncio.Event) -> asyncio.Task:
-    """Put the keys in `path` in force on `router` now, and reload them on every edit until `stop`.
+def follow_keys(router: Any, path: str | os.PathLike, stop: asyncio.Event) -> KeyFileWatcher:
+    """Put the keys in `path` in force on `router` now, and follow the file until `stop` (the task: `.task`).
 
-    KeyFileError if the file is invalid at start (call before the router
+    KeyFileError if the file is unusable at start (call before the router
     listens, so it never serves a moment without its keys). Call on the loop.
+    The start-up read is on the loop: nothing is served yet, and the reader
+    never blocks on what is at the path (see `fsutil.read_regular`).
     """
     reloads = router.metrics.key_reloads
     watcher = KeyFileWatcher(path, router.set_api_keys, on_result=lambda result: reloads.labels(result).inc())
     watcher.load_initial()
-    return asyncio.get_running_loop().create_task(watcher.run(stop), name="api-keys")
+    router.metrics.follow(watcher.status)
+    watcher.start(stop)
+    return watcher

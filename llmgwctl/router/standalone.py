@@ -6,10 +6,11 @@ options and calls `run`.
 
 - Static (`endpoints_file` + `catalogs_dir`): the catalog directory is followed
   by the catalog watcher (a valid edit swaps in, an invalid one is logged and
-  ignored); the endpoint file is followed (`aio.follow_file`) and re-read on
-  every edit, after every catalog swap (its defaults come from the catalog)
-  and on SIGHUP. An edit that does not load is logged with every problem and
-  the endpoints in force stay. Nothing wakes cold models: a model without
+  ignored); the endpoint file is followed (`static.follow_endpoints`, an
+  `fsutil.FollowedFile`) and re-read on every edit, after every catalog swap
+  (its defaults come from the catalog) and on SIGHUP. An edit that does not
+  load, or anything at the path that is not a usable file, is logged with
+  every problem and the endpoints in force stay. Nothing wakes cold models: a model without
   endpoints answers 503 at once.
 - Controller (`controller`): the first watch answer is awaited before listening,
   so the router never answers "no such model" just because it has not heard
@@ -25,11 +26,11 @@ from typing import Callable
 
 import aiohttp
 
-from ..aio import follow_file, sleep_unless
+from ..aio import sleep_unless
 from ..catalog import Live
 from .config import DEFAULTS, RouterConfig
 from .server import Router, start
-from .static import EndpointFileError, load_endpoints
+from .static import follow_endpoints
 from .watch import ControllerWaker, ControllerWatch, UsageReporter, WatchError
 
 log = logging.getLogger("llmgw.router")
@@ -61,7 +62,7 @@ async def run(host: str, port: int, *, endpoints_file: str | None = None, catalo
             router = _static(endpoints_file, catalogs_dir, config, tasks, stop)
         if api_keys is not None:
             from .auth import follow_keys
-            tasks.append(follow_keys(router, api_keys, stop))     # before listening: never open for a moment
+            tasks.append(follow_keys(router, api_keys, stop).task)     # before listening: never open for a moment
         runner, bound = await start(router, host, port)
         log.info("router listening on http://%s:%d", host, bound)
         if on_listening is not None:
@@ -95,31 +96,22 @@ def _static(endpoints_file: str, catalogs_dir: str, config: RouterConfig, tasks:
     watcher = CatalogWatcher(catalogs_dir, live)
     catalog = watcher.load_initial()          # CatalogError: nothing to serve yet, the CLI reports it
     router = Router(catalog, config=config)
-    router.set_endpoints(load_endpoints(endpoints_file, catalog))   # EndpointFileError likewise
+    router.metrics.follow(watcher.watcher_status)
+    endpoints = follow_endpoints(router, endpoints_file, stop)    # EndpointFileError likewise
+    loop = asyncio.get_running_loop()
 
     def reread() -> None:
-        try:
-            router.set_endpoints(load_endpoints(endpoints_file, router.catalog))
-            log.info("endpoints re-read from %s", endpoints_file)
-        except EndpointFileError as exc:
-            log.error("keeping the endpoints in force; %s is not usable:\n%s", endpoints_file, exc)
+        # The file's defaults come from the catalog: read it again against the new one.
+        task = loop.create_task(endpoints.check(), name="endpoints-reread")
+        tasks.append(task)          # cancelled with the rest at exit; forgotten once done
+        task.add_done_callback(lambda t: tasks.remove(t) if t in tasks else None)
 
     def swapped(old, new) -> None:
         router.set_catalog(new)
         reread()
 
-    async def follow() -> None:
-        # Whatever the reason a pass fails, the file is followed on: an error
-        # here must not leave the router on an old list with nothing said.
-        async for _ in follow_file(endpoints_file, stop):
-            try:
-                reread()
-            except Exception:
-                log.exception("re-reading %s failed; keeping the endpoints in force", endpoints_file)
-
     live.subscribe(swapped)
-    loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGHUP, reread)
     tasks.append(loop.create_task(watcher.run(stop)))
-    tasks.append(loop.create_task(follow(), name="endpoints-file"))
+    tasks.append(endpoints.task)
     return router

@@ -18,14 +18,20 @@ file is reported at once, each as `FILE: endpoints[i].field: what is wrong`.
 """
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
 from ..catalog import Catalog
 from ..contracts import Endpoint
+from ..fsutil import FollowedFile
 from .errors import RouterError
 from .upstream import BadEndpointURL, parse_target
-from .yamlfile import load_yaml
+from .yamlfile import MAX_BYTES, load_yaml, parse_yaml
+
+log = logging.getLogger("llmgw.router")
 
 _FIELDS = {"model", "url", "profile", "id", "priority", "weight", "engine", "metrics_path"}
 
@@ -35,7 +41,46 @@ class EndpointFileError(RouterError):
 
 
 def load_endpoints(path: str | Path, catalog: Catalog) -> list[Endpoint]:
-    return parse_endpoints(load_yaml(path, EndpointFileError), catalog, str(path))
+    """The endpoints in `path`; EndpointFileError if it is not a usable file (`yamlfile` has the bounds). Blocking."""
+    return parse_endpoints(load_yaml(path, EndpointFileError, "endpoint file"), catalog, str(path))
+
+
+class EndpointFileFollower(FollowedFile[list[Endpoint]]):
+    """Follows the endpoint file (`fsutil.FollowedFile`): every usable state is the router's endpoint list.
+
+    Parsed against the router's catalog of the moment (its defaults come from
+    there), so a catalog swap asks for a read too (`check()`). A file that
+    cannot be used -- invalid, a FIFO, a device, past its cap, deleted,
+    unreadable -- leaves the endpoints in force as they were: the engines
+    behind them are still there, and emptying the list would answer every
+    request 503 for a file caught half way through a deploy.
+    """
+
+    def __init__(self, path: str | os.PathLike, router: Any):
+        source = os.path.abspath(os.fspath(path))
+
+        def applied(endpoints: list[Endpoint]) -> None:
+            router.set_endpoints(endpoints)
+            log.info("endpoints in force from %s: %d", source, len(endpoints), extra={"event": "endpoints-reloaded"})
+
+        super().__init__(source, name="endpoints", what="endpoint file", rejects=EndpointFileError,
+                         max_bytes=MAX_BYTES, apply=applied, keeping="keeping the endpoints in force",
+                         parse=lambda data: parse_endpoints(parse_yaml(data, source, EndpointFileError),
+                                                            router.catalog, source))
+
+
+
+def follow_endpoints(router: Any, path: str | os.PathLike, stop: asyncio.Event) -> EndpointFileFollower:
+    """Put the endpoints in `path` in force on `router` now, and follow the file until `stop` (the task: `.task`).
+
+    EndpointFileError if the file is unusable at start. Call on the loop, after
+    the router has its catalog.
+    """
+    follower = EndpointFileFollower(path, router)
+    follower.load_initial()
+    router.metrics.follow(follower.status)
+    follower.start(stop)
+    return follower
 
 
 def parse_endpoints(doc: Any, catalog: Catalog, source: str = "<endpoints>") -> list[Endpoint]:

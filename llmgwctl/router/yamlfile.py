@@ -1,26 +1,104 @@
-"""Reading one of the router's own YAML files (API keys, static endpoints) into a document.
+"""Reading one of the router's own YAML files (API keys, static endpoints) into a document, within bounds.
 
 Both files are read the same way and fail the same way: a message naming the
 file and what was wrong, raised as that file's own error (a `RouterError`), so
 the caller keeps its last good contents and the operator sees which file.
+
+The bounds are those of a catalog file, for the same reasons: whoever can
+write the file's directory must not be able to stall or crash the router
+with it. The file is read by `fsutil.read_regular` (regular files only, never
+blocking on open, at most MAX_BYTES); YAML aliases count at their expanded
+size against MAX_NODES and nesting is bounded by MAX_DEPTH, both checked on
+the event stream before anything is composed.
 """
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
+from ..fsutil import UnusableFile, read_regular
 
-def load_yaml(path: str | os.PathLike, error: type[Exception]) -> Any:
-    """The parsed document in `path` (UTF-8), or `error` saying it cannot be read or is not YAML."""
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
+
+# One catalog file's cap. A key is ~120 bytes of YAML and an endpoint ~100, so
+# this holds 35,000 keys or 40,000 endpoints; a file past it is not one an
+# operator wrote, and parsing 30 MB took the router's loop 23 s.
+MAX_BYTES = 4 << 20
+# Nodes with every alias expanded: a key or an endpoint is ~12 nodes, so this
+# is room for the largest file above with anchors shared between entries, and
+# a 1 KB alias bomb (billions of nodes) is refused after 500,000 events.
+MAX_NODES = 500_000
+# Both files are 4 levels deep (keys[i].models[j]); libyaml's composer
+# recurses on the C stack and crashes the process near 100,000 levels.
+MAX_DEPTH = 32
+
+
+def load_yaml(path: str | os.PathLike, error: type[Exception], what: str = "file") -> Any:
+    """The parsed document in `path` (UTF-8), or `error` saying it cannot be read or is not YAML. Blocking."""
     path = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as exc:
-        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
+        data = read_regular(path, MAX_BYTES, what)
+    except UnusableFile as exc:
+        raise error(str(exc)) from None
+    return parse_yaml(data, path, error)
+
+
+def parse_yaml(data: bytes, source: str, error: type[Exception]) -> Any:
+    """The document in `data`, or `error` naming `source` and why it is not bounded, UTF-8 YAML."""
     try:
-        return yaml.safe_load(text)
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise error(f"{source}: not UTF-8 (byte {exc.start}); save the file as UTF-8") from None
+    try:
+        refused = _measure(text)
+        if refused:
+            raise error(f"{source}: {refused}")
+        return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
-        raise error(f"{path}: not valid YAML: {exc}") from None
+        raise error(f"{source}: not valid YAML: {exc}") from None
+    except (ValueError, TypeError, OverflowError, ArithmeticError) as exc:
+        # An explicit tag whose value does not fit it (`!!float abc`): PyYAML lets the conversion's error through.
+        raise error(f"{source}: invalid YAML value: {str(exc)[:80]}") from None
+
+
+def _measure(text: str) -> str | None:
+    """Why the document is refused before it is composed (too many nodes, too deep, recursive), or None.
+
+    The event parser keeps its own stack, so neither depth nor an alias bomb
+    costs more than the events up to where the bound runs out. An alias adds
+    the size of what it names without expanding it.
+    """
+    loader = _Loader(text)
+    sizes: dict[str, int] = {}
+    stack: list[tuple[int, str | None]] = []
+    nodes = 0
+    try:
+        while loader.check_event():
+            event = loader.get_event()
+            line = getattr(event.start_mark, "line", -1) + 1
+            if isinstance(event, yaml.AliasEvent):
+                alias = cast(str, event.anchor)
+                if any(anchor == alias for _, anchor in stack):
+                    return f"line {line}: alias *{alias[:40]} refers to a node that contains it"
+                nodes += sizes.get(alias, 1)
+            elif isinstance(event, yaml.ScalarEvent):
+                nodes += 1
+                if event.anchor:
+                    sizes[event.anchor] = 1
+            elif isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+                nodes += 1
+                stack.append((nodes - 1, event.anchor))
+                if len(stack) > MAX_DEPTH:
+                    return f"line {line}: nested more than {MAX_DEPTH} levels deep; this file is 4"
+            elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+                start, anchor = stack.pop()
+                if anchor:
+                    sizes[anchor] = nodes - start
+            if nodes > MAX_NODES:
+                return (f"line {line}: holds more than {MAX_NODES} YAML nodes (each alias counted at the size "
+                        "of what it repeats); not parsed")
+    finally:
+        loader.dispose()
+    return None

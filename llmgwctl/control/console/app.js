@@ -194,8 +194,12 @@ function renderRejection(cat) {
     $("rejection-errors").replaceChildren(...rejection.errors.map((e) => el("li", {}, e)));
   }
   const failed = cat.watcher === "degraded" && cat.last_failure;
-  $("watcher-failure").hidden = !failed;
-  if (failed) setText("watcher-failure-text", JSON.stringify(cat.last_failure));
+  // Every followed file or directory not in force (status' watchers): the API key file too.
+  const files = (state.status && state.status.watchers || []).filter((w) => w.state === "degraded" && w.name !== "catalog");
+  $("watcher-failure").hidden = !failed && !files.length;
+  const lines = (failed ? [cat.problem || JSON.stringify(cat.last_failure)] : [])
+    .concat(files.map((w) => w.name + ": " + w.problem + " (what was in force stays)"));
+  setText("watcher-failure-text", lines.join("\n"));
 }
 
 function profilesOf(name) {
