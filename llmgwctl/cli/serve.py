@@ -43,12 +43,18 @@ from .common import PORT_RANGE, host_port, log_format_option, log_level_options,
 @click.option("--control-connections-per-client", type=click.IntRange(min=0), default=None, metavar="N",
               help="Open control API connections one client address may hold (each agent holds two); 0: no limit "
                    "[default: 4096].")
+@click.option("--node-revocations", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Node tokens refused: one 'NODE [SERIAL]' line each (tokens of NODE below SERIAL; all without one); "
+                   "followed for edits.")
+@click.option("--legacy-node-tokens", is_flag=True, default=False,
+              help="Let node tokens from before claims (llmgwn.NODE.MAC) claim any pool, GPU count and advertise host, "
+                   "while a fleet gets new tokens.")
 @router_options
 @log_format_option
 @log_level_options
 def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node, ports, settle, drain_grace,
             node_timeout, replace_after, token_file, agent_token_file, api_keys, control_connections_per_client,
-            log_format, log_level, verbose, router_config):
+            node_revocations, legacy_node_tokens, log_format, log_level, verbose, router_config):
     """Serve the catalogs in DIR: place replicas, route OpenAI requests, follow every edit."""
     from ..catalog import CatalogError
     from ..control.auth import TokenError, check_bind, read_token_file
@@ -56,6 +62,9 @@ def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node
     from ..control.serve import ServeConfig, serve
     from ..router.auth import KeyFileError
 
+    if (node_revocations or legacy_node_tokens) and not agent_token_file:
+        raise click.UsageError("--node-revocations and --legacy-node-tokens are about node tokens, which need "
+                               "--agent-token-file (the secret they are signed with)")
     if agent_token_file and not token_file:
         raise click.UsageError("--agent-token-file needs --token-file: without an admin token every other route would be open")
     try:
@@ -68,7 +77,8 @@ def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node
     cfg = ServeConfig(catalogs=catalogs, listen=listen, control=control, local_agent=local_agent, gpus=gpus,
                       pools=tuple(pools), ports=str(ports), settle=settle, drain_grace=drain_grace,
                       node_timeout=node_timeout, replace_after=replace_after, token=token, agent_token=agent_token,
-                      api_keys=api_keys, router=router_config)
+                      api_keys=api_keys, router=router_config, legacy_node_tokens=legacy_node_tokens,
+                      node_revocations=node_revocations)
     if state_dir is not None:
         cfg.state_dir = state_dir
     if control_connections_per_client is not None:

@@ -38,7 +38,8 @@ from aiohttp import web
 from ..observability.metrics import ControlMetrics
 from ..httpserver import ConnectionGuard, bound_port, json_errors, server_options
 from .api import ControlAPI
-from .auth import ControlAuth, check_bind, node_token
+from . import revocations
+from .auth import MAX_TOKEN_GPUS, ControlAuth, check_bind, node_token
 from .controller import Controller
 from .errors import ControlError
 
@@ -107,6 +108,9 @@ class ServeConfig:
     api_keys: str | None = None             # the router's API key file; None: the router is open
     router: "RouterConfig | None" = None    # the data plane's knobs (access log included); None: the defaults
     control_connections_per_client: int = CONTROL_CONNECTIONS_PER_CLIENT    # 0: no limit
+    # Node tokens from before claims claim what their reports say (auth): for the upgrade of a fleet only.
+    legacy_node_tokens: bool = False
+    node_revocations: str | None = None     # NODE [SERIAL] lines, followed (control.revocations); None: none revoked
 
 
 class Server:
@@ -141,7 +145,16 @@ class Server:
         from ..router.server import start as start_router
 
         check_bind(self.cfg.control[0], self.cfg.token)      # TokenError before anything binds
-        auth = ControlAuth(self.cfg.token, self.cfg.agent_token)
+        auth = ControlAuth(self.cfg.token, self.cfg.agent_token, legacy_node_tokens=self.cfg.legacy_node_tokens)
+        if self.cfg.node_revocations:
+            # Read before the control API listens, so a revoked token is never
+            # taken for a moment; a list that cannot be read stops the start
+            # (RevocationFileError), as an invalid catalog does.
+            auth.revocations = await asyncio.to_thread(revocations.load, self.cfg.node_revocations)
+            self._tasks.append(asyncio.create_task(
+                revocations.follow_revocations(auth, self.cfg.node_revocations, self.stop_event,
+                                               on_change=self.controller.revocations_changed),
+                name="node-revocations"))
         metrics = ControlMetrics(self.controller.state)
         self.controller.reconciler.on_pass = metrics.observe_pass
         catalog = await asyncio.to_thread(self.controller.load)
@@ -196,7 +209,10 @@ class Server:
         host = self.cfg.control[0] if self.cfg.control[0] not in ("0.0.0.0", "::", "") else "127.0.0.1"
         # In-process, but it speaks the agent protocol like any other agent: as
         # its node, with the node token the agent secret mints for it.
-        token = node_token(self.cfg.agent_token, self.cfg.node) if self.cfg.agent_token else self.cfg.token
+        # Its claims are what serve was told of this machine: its pools, any
+        # GPU count (the local agent finds them itself), its own address.
+        token = node_token(self.cfg.agent_token, self.cfg.node, pools=tuple(self.cfg.pools), max_gpus=MAX_TOKEN_GPUS) \
+            if self.cfg.agent_token else self.cfg.token
         cfg = AgentConfig(node=self.cfg.node, state_dir=Path(self.cfg.state_dir), ports=PortRange.parse(self.cfg.ports),
                           gpus=self.cfg.gpus, pools=tuple(self.cfg.pools),
                           controller=f"http://{host}:{self.control_port}", token=token)
