@@ -257,6 +257,9 @@ def _url_wrong(url: Any, reported: Any, expected: str) -> str | None:
 # usual report (8 GPUs, a few replicas) is a few KB and parsed faster than the
 # thread hop; one of hundreds of replicas takes milliseconds of the loop.
 OFF_LOOP_BYTES = 64 * 1024
+# The most of one schema problem a 400 says: the path and the bound, and a
+# glimpse of the value.
+MAX_PROBLEM = 300
 
 
 def _checked_report(raw: bytes, node: str, remote: str | None, claims: NodeClaims) -> AgentReport | str:
@@ -282,7 +285,9 @@ def _checked_report(raw: bytes, node: str, remote: str | None, claims: NodeClaim
                 "reads as infinity, and NaN and Infinity are not JSON)")
     wrong = schemas.problems("agent-report", body)
     if wrong:
-        return "report does not follow schemas/api/agent-report.schema.json: " + "; ".join(wrong)
+        # Each cut: a bound's message quotes the value, and a list 10,000 long is megabytes of it.
+        return "report does not follow schemas/api/agent-report.schema.json: " + "; ".join(
+            p if len(p) <= MAX_PROBLEM else p[:MAX_PROBLEM] + "..." for p in wrong)
     wrong_url = replica_url_problem(body, remote, claims)
     if wrong_url:
         return wrong_url
