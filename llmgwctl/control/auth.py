@@ -38,7 +38,7 @@ The rules (`llmgwctl serve --control HOST:PORT --token-file F [--agent-token-fil
   what their reports say for the time a fleet takes to get new tokens.
 - Revoking one node: `serve --node-revocations FILE` lists `NODE [SERIAL]`
   lines; a token of NODE with a serial below SERIAL (every token of NODE when
-  no serial is given) gets 401 saying so, within a second of the edit
+  no serial is given) gets 401 saying so, within two seconds of the edit
   (`follow_revocations`). `llmgwctl token node NODE --serial SERIAL` mints the
   replacement; no other node's token changes.
 - The admin token works on every route, the agents' included.
@@ -221,11 +221,12 @@ def parse_revocations(text: str, origin: str = "--node-revocations") -> Mapping[
             raise TokenError(f"{origin}:{n}: expected 'NODE [SERIAL]', got {line.strip()[:100]!r}")
         try:
             check_node_name(words[0])
+        except TokenError as exc:
+            raise TokenError(f"{origin}:{n}: {exc}") from None
+        try:
             serial = int(words[1]) if len(words) == 2 else None
         except ValueError:
             raise TokenError(f"{origin}:{n}: the serial {words[1][:20]!r} is not a whole number") from None
-        except TokenError as exc:
-            raise TokenError(f"{origin}:{n}: {exc}") from None
         if serial is not None and not 0 <= serial <= MAX_SERIAL + 1:
             raise TokenError(f"{origin}:{n}: the serial {serial} is out of range")
         # A node listed twice: the stricter line holds (None, all revoked, is strictest).
