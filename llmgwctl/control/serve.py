@@ -24,6 +24,7 @@ moment open, and followed for edits.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import os
@@ -209,13 +210,16 @@ class Server:
         host = self.cfg.control[0] if self.cfg.control[0] not in ("0.0.0.0", "::", "") else "127.0.0.1"
         # In-process, but it speaks the agent protocol like any other agent: as
         # its node, with the node token the agent secret mints for it.
-        # Its claims are what serve was told of this machine: its pools, any
-        # GPU count (the local agent finds them itself), its own address.
-        token = node_token(self.cfg.agent_token, self.cfg.node, pools=tuple(self.cfg.pools), max_gpus=MAX_TOKEN_GPUS) \
-            if self.cfg.agent_token else self.cfg.token
         cfg = AgentConfig(node=self.cfg.node, state_dir=Path(self.cfg.state_dir), ports=PortRange.parse(self.cfg.ports),
                           gpus=self.cfg.gpus, pools=tuple(self.cfg.pools),
-                          controller=f"http://{host}:{self.control_port}", token=token)
+                          controller=f"http://{host}:{self.control_port}")
+        # Its claims are what serve was told of this machine: its pools, any
+        # GPU count (the local agent finds them itself), and the host its
+        # engines bind to, which is not the address its reports come from
+        # when the control API listens on another of this machine's addresses.
+        cfg = dataclasses.replace(cfg, token=node_token(self.cfg.agent_token, self.cfg.node, pools=tuple(self.cfg.pools),
+                                                        max_gpus=MAX_TOKEN_GPUS, advertise_host=cfg.host)
+                                  if self.cfg.agent_token else self.cfg.token)
         try:
             await run_agent(cfg, self._agent_stop)
         except StateLockedError as exc:
