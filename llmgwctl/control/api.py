@@ -7,8 +7,10 @@
     GET  /api/v1/catalog                   {"version", "directory", "catalog": Catalog.to_dict()}
     POST /api/v1/catalog[?dry_run=1]       {"filename": "x.yaml", "content": "<yaml>"} -> plan; 422 with
                                            {"errors": ["file:line:col: path: message", ...]} when invalid
-    POST /api/v1/agents/{node}/report      an agent's report (see llmgwctl.agent.core.Agent.report); 409 when
-                                           another agent process speaks for the node
+    POST /api/v1/agents/{node}/report      an agent's report (see llmgwctl.agent.core.Agent.report), cut to what
+                                           the node's token claims ({"ok", "refused"}); 409 when another agent
+                                           process speaks for the node; 429 + Retry-After when its changed
+                                           reports come faster than reportlimit takes them
     GET  /api/v1/agents/{node}/desired?after=V[&instance=ID]   long-poll: {"version", "replicas": [ReplicaSpec...]};
                                            204 if not yet known; 409 for an agent that is not the node's
     GET  /api/v1/watch/endpoints?after=V[&delta=1]   long-poll: {"version", "catalog", "endpoints", "models"};
