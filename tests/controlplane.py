@@ -134,6 +134,17 @@ class ControlPlane:
             async with session.post(f"{self.url}/api/v1/agents/{node}/report", json=report) as resp:
                 if resp.status != 200:
                     raise AssertionError(f"the control API refused the report: {resp.status} {await resp.text()}")
+        self.adopting_pass()
+
+    def adopting_pass(self) -> None:
+        """One reconcile pass that adopts what nodes report, as the pass ending a settling window does.
+
+        A settled controller adopts nothing it did not place on a node
+        (reconciler.adoption); these tests make replicas the controller's by
+        reporting them, so each such pass runs as if the controller had just
+        restarted. The window, 0 s here, is over again by the end of the pass.
+        """
+        self.controller.reconciler.settled = False
         self.controller.reconciler.reconcile_once()
 
     @property

@@ -22,7 +22,7 @@ from ..aio import follow_file, sleep_unless
 from ..backoff import Backoff
 from ..contracts import AgentReport, ReplicaSpec
 from .desired import DesiredFile, parse_replicas
-from .errors import ControllerError, DesiredError
+from .errors import ControllerError, DesiredError, RateLimited
 
 log = logging.getLogger("llmgw.agent.controller")
 
@@ -50,6 +50,12 @@ FILE_RECHECK = 10.0
 # A chunk of engine log (agent.logs): the controller may hold it up to 10 s for
 # a slow reader before it answers (control.logs.DELIVER_TIMEOUT); 20 s covers that.
 LOGS_TIMEOUT = 20.0
+# A 429's Retry-After is followed within these bounds: at least a tenth of a
+# second (a 0 would make the next report hit the same empty bucket at once),
+# at most 30 s (RETRY_CAP) whatever a controller says, so a node never goes
+# quiet for long on one answer. The controller counts a refused report as a
+# sign of life, so waiting it out keeps the node reachable.
+RATE_LIMIT_MIN, RATE_LIMIT_MAX = 0.1, RETRY_CAP
 
 
 class DesiredSink(Protocol):
@@ -86,12 +92,25 @@ class ControllerClient:
             log.warning("POST %s: %s; that log stream ends", url, exc or type(exc).__name__)
             return False
 
-    async def post_report(self, body: dict[str, Any]) -> None:
+    async def post_report(self, body: dict[str, Any]) -> tuple[str, ...]:
+        """POST the report; what the controller took but refused of it (claims beyond the node's token).
+
+        RateLimited on a 429, ControllerError on anything else that is not a success.
+        """
         try:
             async with self.session.post(self.base + "/report", json=body, headers=self.headers,
                                          timeout=aiohttp.ClientTimeout(total=REPORT_TIMEOUT)) as resp:
+                if resp.status == 429:
+                    raise RateLimited(f"POST {self.base}/report: HTTP 429: {(await resp.text())[:200]}",
+                                      _retry_after(resp.headers.get("Retry-After")))
                 if resp.status >= 300:
                     raise ControllerError(f"POST {self.base}/report: HTTP {resp.status}: {(await resp.text())[:200]}")
+                try:
+                    answer = await resp.json(content_type=None)
+                except ValueError:
+                    return ()
+                refused = answer.get("refused") if isinstance(answer, dict) else None
+                return tuple(str(x)[:500] for x in refused[:20]) if isinstance(refused, list) else ()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise ControllerError(f"POST {self.base}/report: {exc or type(exc).__name__}") from None
 
@@ -139,11 +158,21 @@ async def report_loop(client: ControllerClient, report: Callable[[], AgentReport
     # is down no more than this agent's heartbeats cost it when it is up.
     initial, cap = min(RETRY_INITIAL, heartbeat), min(RETRY_CAP, heartbeat)
     retry = Backoff(initial=initial, cap=cap)
-    failing = False
+    failing = limited = False
+    refused_before: tuple[str, ...] = ()
     while not stop.is_set():
         changed.clear()
         try:
-            await client.post_report(report().to_dict())
+            refused = await client.post_report(report().to_dict())
+        except RateLimited as exc:
+            # Not a failure: the controller is up and heard us. Wait what it
+            # asks (changes meanwhile are sent together after it), then send
+            # the state as it is then; nothing is lost, only later.
+            if not limited:
+                log.info("%s; sending the node's state again in %.1f s", exc, exc.retry_after)
+            limited = True
+            await sleep_unless(exc.retry_after, stop)
+            continue
         except ControllerError as exc:
             delay = retry.failure()
             if not failing:
@@ -155,9 +184,24 @@ async def report_loop(client: ControllerClient, report: Callable[[], AgentReport
             continue
         if failing:
             log.info("controller reachable again: report delivered")
-        failing = False
+        if refused and refused != refused_before:
+            log.warning("the controller took this node's report without what its token does not allow: %s",
+                        "; ".join(refused))
+        failing = limited = False
+        refused_before = refused
         retry.reset()
         await sleep_unless(heartbeat, stop, changed)
+
+
+def _retry_after(header: str | None) -> float:
+    """A 429's Retry-After in seconds (RFC 9110: whole seconds; a date or junk is read as 1), within bounds."""
+    try:
+        seconds = float(header) if header is not None else 1.0
+    except ValueError:
+        seconds = 1.0
+    if seconds != seconds:      # NaN
+        seconds = 1.0
+    return max(RATE_LIMIT_MIN, min(RATE_LIMIT_MAX, seconds))
 
 
 async def desired_loop(client: ControllerClient, agent: DesiredSink, stop: asyncio.Event) -> None:

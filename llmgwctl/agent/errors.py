@@ -7,7 +7,9 @@
      │                           the agent keeps the last good desired list and says why
      ├ StateLockedError          another live agent holds this --state-dir; the agent does not start
      └ ControllerError           the controller could not be reached or did not answer as the protocol says
-                                 (a 409: another agent process speaks for this node)
+        │                        (a 409: another agent process speaks for this node)
+        └ RateLimited            a 429: the node sends changed reports faster than the controller takes them;
+                                 wait `retry_after` and send the state as it is then
 
 The first four name what to change; waiting does not fix them. A
 ControllerError is the one waiting can fix: the loops back off and retry it,
@@ -43,3 +45,11 @@ class StateLockedError(AgentError):
 
 class ControllerError(AgentError):
     """The controller could not be reached or did not answer as the protocol says; retrying may help."""
+
+
+class RateLimited(ControllerError):
+    """The controller takes this node's changed reports no faster than it said (429): try again in `retry_after` s."""
+
+    def __init__(self, message: str, retry_after: float):
+        super().__init__(message)
+        self.retry_after = retry_after

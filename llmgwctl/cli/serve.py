@@ -62,12 +62,19 @@ def _control_origins(ctx, param, values):
               callback=_control_origins,
               help="Let browser pages from ORIGIN (https://admin.example.com) call the control API (repeatable; "
                    "no *). Default: only the console's own origin.")
+@click.option("--node-revocations", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Node tokens refused: one 'NODE [SERIAL]' line each (tokens of NODE below SERIAL; all without one); "
+                   "followed for edits.")
+@click.option("--legacy-node-tokens", is_flag=True, default=False,
+              help="Let node tokens from before claims (llmgwn.NODE.MAC) claim any pool, GPU count and advertise host, "
+                   "while a fleet gets new tokens.")
 @router_options
 @log_format_option
 @log_level_options
 def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node, ports, max_cpu_replicas, settle, drain_grace,
             node_timeout, replace_after, token_file, agent_token_file, api_keys, control_connections_per_client,
-            allow_engines, control_cors_origins, log_format, log_level, verbose, router_config):
+            allow_engines, control_cors_origins, node_revocations, legacy_node_tokens, log_format, log_level,
+            verbose, router_config):
     """Serve the catalogs in DIR: place replicas, route OpenAI requests, follow every edit."""
     from ..catalog import CatalogError
     from ..control.auth import TokenError, check_bind, read_token_file
@@ -81,6 +88,9 @@ def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node
     if max_cpu_replicas is not None and not local_agent:
         raise click.UsageError("--max-cpu-replicas is the local agent's: it does nothing with --no-local-agent "
                                "(give it to each `llmgwctl agent` instead)")
+    if (node_revocations or legacy_node_tokens) and not agent_token_file:
+        raise click.UsageError("--node-revocations and --legacy-node-tokens are about node tokens, which need "
+                               "--agent-token-file (the secret they are signed with)")
     if agent_token_file and not token_file:
         raise click.UsageError("--agent-token-file needs --token-file: without an admin token every other route would be open")
     try:
@@ -94,7 +104,8 @@ def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node
                       pools=tuple(pools), ports=str(ports), max_cpu_replicas=max_cpu_replicas, settle=settle, drain_grace=drain_grace,
                       node_timeout=node_timeout, replace_after=replace_after, token=token, agent_token=agent_token,
                       api_keys=api_keys, router=router_config, allow_engines=allow_engines,
-                      control_cors_origins=tuple(control_cors_origins))
+                      control_cors_origins=tuple(control_cors_origins), legacy_node_tokens=legacy_node_tokens,
+                      node_revocations=node_revocations)
     if state_dir is not None:
         cfg.state_dir = state_dir
     if control_connections_per_client is not None:

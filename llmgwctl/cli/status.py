@@ -163,7 +163,7 @@ def render(status: dict, now: float | None = None, events: int = 8, wide: bool =
         out.extend(_wrap(f"{len(nodes):,} nodes: {_tally(nodes)}; GPUs used "
                          f"{sum(n['gpus_used'] for n in nodes):,}/{sum(n['gpus'] for n in nodes):,}"))
         out.append("  those not ready (or refusing a second agent) below; -o wide lists every one")
-        nodes = [n for n in nodes if n["state"] != "ready" or n.get("conflict")]
+        nodes = [n for n in nodes if n["state"] != "ready" or n.get("conflict") or n.get("refused")]
     if nodes:
         out.append("")
         out.append(table(("NODE", "STATE", "POOLS", "GPUS USED", "ENGINES", "LAST SEEN"), [
@@ -173,6 +173,8 @@ def render(status: dict, now: float | None = None, events: int = 8, wide: bool =
         for n in nodes:
             if n.get("conflict"):
                 out.extend(_wrap(f"{n['name']} conflict: {n['conflict']}"))
+            for refused in n.get("refused") or ():
+                out.extend(_wrap(f"{n['name']} refused: {refused}"))
     if status.get("events") and events:
         out.append("")
         out.append("RECENT EVENTS")

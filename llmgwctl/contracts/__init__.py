@@ -11,6 +11,7 @@ the agent protocol and the control API have always sent.
     spec       ReplicaSpec (controller -> agent), LoadReading (engine -> router)
     endpoint   Endpoint (reconciler / static file / watch -> router)
     modelstate ModelState, ModelCondition (reconciler / watch -> router: starting, or cannot be placed and why)
+    claims     NodeClaims (node token -> inventory: what a node may claim)
     report     AgentReport, ReportedReplica, Gpu, CpuCapacity, EngineAvailability (agent -> inventory)
     usage      Usage, UsageSource, LoadSource, ConcurrencySource, UsageReport (router -> reconciler)
     status     ControlStatus and its parts (controller -> control API, metrics, `llmgwctl status`)
@@ -21,6 +22,7 @@ import (no aiohttp): the reconciler, the agent and the router all load it.
 """
 from __future__ import annotations
 
+from .claims import UNBOUNDED, NodeClaims
 from .endpoint import Endpoint
 from .errors import ContractError, EndpointError, ModelStateError, ReportError, UsageError
 from .modelstate import ModelCondition, ModelState
@@ -34,7 +36,7 @@ from .usage import ConcurrencySource, LoadSource, Usage, UsageReport, UsageSnaps
 __all__ = [
     "AGENT_STATES", "AgentReport", "CatalogStatus", "ConcurrencySource", "ContractError", "ControlStatus", "Endpoint", "EndpointError",
     "CpuCapacity", "EngineAvailability", "Event", "FleetStatus", "Gpu", "GpuStatus", "LoadReading", "LoadSource", "ModelCondition", "ModelState",
-    "ModelStateError", "ModelStatus", "NodeStatus",
+    "ModelStateError", "ModelStatus", "NodeClaims", "NodeStatus", "UNBOUNDED",
     "ReplicaSpec", "ReplicaState", "ReplicaStatus", "ReportError", "ReportedReplica", "Usage", "UsageError",
     "UsageReport", "UsageSnapshot", "UsageSource", "WatcherStatus",
 ]

@@ -26,6 +26,11 @@ from .states import AGENT_STATES, ReplicaState
 # Log lines kept per replica in a report: what `llmgwctl status` shows of a
 # crash; more would make every heartbeat of a crash-looping node heavy.
 LAST_LOG_LINES = 20
+# What the report schema bounds a reason and a log line to (its descriptions
+# say why): cut here when the report is built, so an engine's long error
+# text never makes a node's whole report refused.
+MAX_REASON = 4096
+MAX_LOG_LINE = 16384
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +137,8 @@ class ReportedReplica:
             "id": self.id, "spec_hash": self.spec_hash, "model": self.model, "profile": self.profile,
             "engine": self.engine, "gpu_indices": list(self.gpu_indices), "port": self.port, "pid": self.pid,
             "state": self.state.value, "restarts": self.restarts, "last_exit": self.last_exit,
-            "last_log": list(self.last_log), "url": self.url, "reason": self.reason,
+            "last_log": [line[:MAX_LOG_LINE] for line in self.last_log[-LAST_LOG_LINES:]], "url": self.url,
+            "reason": self.reason[:MAX_REASON],
             "spec": self.spec.to_dict() if self.spec is not None else None,
         }
 
@@ -199,7 +205,7 @@ class AgentReport:
             "node": self.node, "instance_id": self.instance_id, "boot_id": self.boot_id,
             "previous_instance_id": self.previous_instance_id, "agent_version": self.agent_version,
             "pools": list(self.pools),
-            "engines": {name: {"available": e.available, "reason": e.reason}
+            "engines": {name: {"available": e.available, "reason": e.reason[:MAX_REASON]}
                         for name, e in sorted(self.engines.items())},
             "gpus": [g.to_dict() for g in self.gpus],
             "replicas": [r.to_dict() for r in self.replicas],

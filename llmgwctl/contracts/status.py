@@ -210,6 +210,10 @@ class NodeStatus:
     # keeps trying; None when no other agent claims it (see inventory.ConflictError).
     conflict: str | None = None
     gpu_list: tuple[GpuStatus, ...] = ()
+    # What its last report claimed beyond its token (dropped: contracts.claims),
+    # and "legacy" when its token is from before claims (llmgwctl token node).
+    refused: tuple[str, ...] = ()
+    token: str = ""
     _json: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     @property
@@ -222,7 +226,8 @@ class NodeStatus:
             a, c = _split({"name": self.name, "state": self.state, "pools": list(self.pools), "gpus": self.gpus,
                            "gpus_used": self.gpus_used, "gpu_models": list(self.gpu_models),
                            "engines": list(self.engines), "engines_missing": dict(self.engines_missing)},
-                          {"conflict": self.conflict, "gpu_list": [g.to_dict() for g in self.gpu_list]})
+                          {"conflict": self.conflict, "gpu_list": [g.to_dict() for g in self.gpu_list],
+                           "refused": list(self.refused), "token": self.token})
             self._json.append((a + ',"last_seen_seconds":', ',"reports":', c + "}"))
         return self._json[0]
 
@@ -231,7 +236,8 @@ class NodeStatus:
                 "gpus_used": self.gpus_used, "gpu_models": list(self.gpu_models), "engines": list(self.engines),
                 "engines_missing": dict(self.engines_missing), "last_seen_seconds": last_seen_seconds,
                 "reports": reports, "conflict": self.conflict,
-                "gpu_list": [g.to_dict() for g in self.gpu_list]}
+                "gpu_list": [g.to_dict() for g in self.gpu_list],
+                "refused": list(self.refused), "token": self.token}
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,10 @@
     GET  /api/v1/catalog                   {"version", "directory", "catalog": Catalog.to_dict()}
     POST /api/v1/catalog[?dry_run=1]       {"filename": "x.yaml", "content": "<yaml>"} -> plan; 422 with
                                            {"errors": ["file:line:col: path: message", ...]} when invalid
-    POST /api/v1/agents/{node}/report      an agent's report (see llmgwctl.agent.core.Agent.report); 409 when
-                                           another agent process speaks for the node
+    POST /api/v1/agents/{node}/report      an agent's report (see llmgwctl.agent.core.Agent.report), cut to what
+                                           the node's token claims ({"ok", "refused"}); 409 when another agent
+                                           process speaks for the node; 429 + Retry-After when its changed
+                                           reports come faster than reportlimit takes them
     GET  /api/v1/agents/{node}/desired?after=V[&instance=ID]   long-poll: {"version", "replicas": [ReplicaSpec...]};
                                            204 if not yet known; 409 for an agent that is not the node's
     GET  /api/v1/watch/endpoints?after=V[&delta=1]   long-poll: {"version", "catalog", "endpoints", "models"};
@@ -49,6 +51,7 @@ import hashlib
 import ipaddress
 import json
 import logging
+import math
 import os
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
@@ -57,7 +60,7 @@ from aiohttp import web
 
 from ..catalog import CatalogError
 from ..httporigin import BrowserGuard
-from ..contracts import ReportError
+from ..contracts import UNBOUNDED, AgentReport, NodeClaims, ReportError
 from ..inventory import ConflictError
 from ..observability.metrics import CONTENT_TYPE_LATEST, ControlMetrics
 from ..reconciler import LONG_POLL
@@ -68,6 +71,7 @@ from .auth import ControlAuth
 from .controller import Controller
 from .usage import TooManyRouters
 from .logs import FIRST_ANSWER, FOLLOW_SILENCE, LogRelayError
+from .reportlimit import ReportLimiter, retry_after
 from .watchlog import WatchLog
 from .webui import Console
 
@@ -250,19 +254,62 @@ def _host(value: str) -> str:
         return host.rstrip(".")
 
 
-def replica_url_problem(body: Any, remote: str | None) -> str | None:
+# Where a cloud machine's instance metadata (and its credentials) is served:
+# no replica URL may point there, whoever advertises it -- the router would
+# send clients' requests, and return the answers, to it. Link-local addresses
+# (169.254.0.0/16, fe80::/10) hold every provider's metadata service; these
+# are the names some of them also answer to.
+METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata.goog", "metadata", "instance-data",
+                            "instance-data.ec2.internal", "metadata.azure.internal"})
+
+
+def forbidden_host(host: str) -> str | None:
+    """Why no replica may be served from `host` (already `_host`-normalized), or None."""
+    if host in METADATA_HOSTS:
+        return "a cloud metadata service's name"
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_link_local:
+        return "link-local, where cloud metadata services answer"
+    if ip.is_unspecified or ip.is_multicast:
+        return "not a host's address"
+    return None
+
+
+def replica_url_problem(body: Any, remote: str | None, claims: NodeClaims = UNBOUNDED) -> str | None:
     """Why a report's replica URLs cannot be trusted, naming the field; None when every one is fine.
 
-    Each must be http(s) on the host the node advertises (`advertise_host`) or,
-    when it advertises none, the address the report came from, and on the
+    Each must be http(s) on the address the report came from, and on the
     port it reports: a node may offer traffic to its own engines only, never
-    point the router at another machine. (Run after the schema check.)
+    point the router at another machine (a cloud's metadata service least of
+    all: `forbidden_host`, refused whoever asks). The node's `advertise_host`
+    is used instead only when its token allows exactly that host
+    (`claims.advertise_host`; the operator's own credentials allow any):
+    a node cannot vouch for an address by naming it in the same report.
+    (Run after the schema check.)
     """
     if not isinstance(body, Mapping) or not isinstance(body.get("replicas"), list):
         return None
     advertised = body.get("advertise_host") or ""
-    expected = _host(advertised) if advertised else _host(remote or "")
-    where = f"the node's advertise_host {advertised!r}" if advertised else f"the address the report came from ({remote})"
+    allowed = claims.advertise_host
+    honoured = bool(advertised) and isinstance(advertised, str) and (
+        allowed is None or (bool(allowed) and _host(advertised) == _host(allowed)))
+    if honoured:
+        expected = _host(advertised)
+        where = f"the node's advertise_host {advertised!r}"
+    else:
+        expected = _host(remote or "")
+        where = f"the address the report came from ({remote})"
+        if advertised:
+            where += (f"; its advertise_host {str(advertised)[:100]!r} is not honoured, since its token does not allow "
+                      "that host (llmgwctl token node NAME --advertise-host HOST)")
+    bad_host = forbidden_host(expected)
+    if bad_host and any(isinstance(rep, Mapping) and rep.get("url") is not None for rep in body["replicas"]):
+        return f"replicas: {where} is {bad_host}; no replica may be served from there"
     for i, rep in enumerate(body["replicas"]):
         if not isinstance(rep, Mapping) or rep.get("url") is None:
             continue
@@ -299,11 +346,71 @@ def _url_wrong(url: Any, reported: Any, expected: str) -> str | None:
     return None
 
 
+# Reports larger than this are parsed and checked in a worker thread: a node's
+# usual report (8 GPUs, a few replicas) is a few KB and parsed faster than the
+# thread hop; one of hundreds of replicas takes milliseconds of the loop.
+OFF_LOOP_BYTES = 64 * 1024
+# The most of one schema problem a 400 says: the path and the bound, and a
+# glimpse of the value.
+MAX_PROBLEM = 300
+
+
+def _checked_report(raw: bytes, node: str, remote: str | None, claims: NodeClaims) -> AgentReport | str:
+    """A report's bytes parsed and checked (JSON, finite numbers, schema, URLs, contract); else why not (the 400)."""
+    odd: list[str] = []
+
+    def number(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            odd.append(text)
+        return value
+
+    def constant(name: str) -> float:
+        odd.append(name)
+        return float("nan")
+
+    try:
+        body = json.loads(raw, parse_float=number, parse_constant=constant)
+    except (ValueError, UnicodeDecodeError):
+        return "report must be a JSON object"
+    if odd:
+        return (f"{_non_finite_path(body)}: {odd[0][:40]} is not a finite number (a JSON number past a float's range "
+                "reads as infinity, and NaN and Infinity are not JSON)")
+    wrong = schemas.problems("agent-report", body)
+    if wrong:
+        # Each cut: a bound's message quotes the value, and a list 10,000 long is megabytes of it.
+        return "report does not follow schemas/api/agent-report.schema.json: " + "; ".join(
+            p if len(p) <= MAX_PROBLEM else p[:MAX_PROBLEM] + "..." for p in wrong)
+    wrong_url = replica_url_problem(body, remote, claims)
+    if wrong_url:
+        return wrong_url
+    try:
+        return AgentReport.from_dict(body, node=node)
+    except ReportError as exc:
+        return str(exc)
+
+
+def _non_finite_path(doc: Any) -> str:
+    """Where in `doc` the first non-finite number is, as `a.b[2].c` (the report's field for the 400)."""
+    stack: list[tuple[str, Any]] = [("", doc)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return path or "report"
+        if isinstance(value, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in reversed(list(value.items())))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+    return "report"
+
+
 class ControlAPI:
     def __init__(self, controller: Controller, *, auth: ControlAuth | None = None,
-                 metrics: ControlMetrics | None = None):
+                 metrics: ControlMetrics | None = None, limiter: ReportLimiter | None = None):
         self.c = controller
         self.auth = auth or ControlAuth()
+        # Changed reports per node (reportlimit); heartbeats are never counted.
+        self.limiter = limiter or ReportLimiter()
         self.metrics = metrics or ControlMetrics(controller.state)
         # Encoded answers, kept while what they say holds (see _encoded, desired).
         self._answers: dict[str, tuple[tuple, bytes]] = {}
@@ -448,31 +555,49 @@ class ControlAPI:
     async def report(self, request: web.Request) -> web.Response:
         node = request.match_info["node"]
         raw = await request.read()
+        authorization = request.headers.get("Authorization") or ""
         # A heartbeat is the node's last report again, byte for byte (an agent
         # encodes the same state the same way): a digest of the bytes stands
         # for the schema check, the URL check and the parse it already passed.
-        # Checked against the same peer, since the URL check reads the
-        # address a report came from. At 5,000 nodes this is 500 a second.
-        digest = hashlib.blake2b(raw, digest_size=16).digest()
-        if self._reports.get(node) == (digest, request.remote) and self.c.agent_heartbeat(node):
+        # Checked against the same peer and the same credentials, since the URL
+        # check reads the address a report came from and the claims read its
+        # token. At 5,000 nodes this is 500 a second.
+        digest = hashlib.blake2b(raw, digest_size=16)
+        digest.update(authorization.encode("utf-8", "surrogateescape"))
+        seen = digest.digest()
+        if self._reports.get(node) == (seen, request.remote) and self.c.agent_heartbeat(node):
             return web.Response(body=_OK, content_type="application/json")
+        # A changed report costs its parse and a pass over its node: limited per
+        # node (reportlimit), before any of it is paid. The node is still heard:
+        # a live agent sending too much is not a silent one, and keeps its replicas.
+        wait = self.limiter.take(node, len(raw))
+        if wait is not None:
+            self.c.agent_heartbeat(node)
+            resp = _error(429, f"node {node!r} sends changed reports faster than {self.limiter.rate:g} a second "
+                               f"(bursts of {self.limiter.burst:g}); send its state again in {wait:.1f} s",
+                          kind="rate_limit_error")
+            resp.headers["Retry-After"] = retry_after(wait)
+            return resp
+        claims = self.auth.claims(authorization)
+        # Parsed and checked in a worker thread when large, so a big report (a
+        # full node's, or a hostile one's) does not hold the loop from chat,
+        # /healthz and every other node while it is read.
+        if len(raw) > OFF_LOOP_BYTES:
+            checked = await asyncio.to_thread(_checked_report, raw, node, request.remote, claims)
+        else:
+            checked = _checked_report(raw, node, request.remote, claims)
+        if isinstance(checked, str):
+            return _error(400, checked)
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            return _error(400, "report must be a JSON object")
-        wrong = schemas.problems("agent-report", body)
-        if wrong:
-            return _error(400, "report does not follow schemas/api/agent-report.schema.json: " + "; ".join(wrong))
-        wrong_url = replica_url_problem(body, request.remote)
-        if wrong_url:
-            return _error(400, wrong_url)
-        try:
-            self.c.agent_reported(node, body)
+            refused = self.c.agent_reported(node, checked, claims)
         except ConflictError as exc:
             return _error(409, str(exc), kind="conflict_error")
         except ReportError as exc:
             return _error(400, str(exc))
-        self._reports[node] = (digest, request.remote)
+        self._reports[node] = (seen, request.remote)
+        if refused:
+            # Taken, without what its token does not allow: the agent logs why.
+            return web.json_response({"ok": True, "refused": list(refused)})
         return web.Response(body=_OK, content_type="application/json")
 
     async def desired(self, request: web.Request) -> web.Response:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ..aio import Flag
 from ..catalog import Catalog, Live
 from ..catalog.watcher import CatalogWatcher
-from ..contracts import CatalogStatus, ControlStatus, WatcherStatus
+from ..contracts import UNBOUNDED, AgentReport, CatalogStatus, ControlStatus, NodeClaims, WatcherStatus
 from ..inventory import ConflictError, Inventory
 from ..reconciler import DesiredStore, Reconciler
 from ..reconciler import run as run_reconciler
@@ -98,12 +98,15 @@ class Controller:
         self.urgent_event.set()
         self.wake_event.set()
 
-    def agent_reported(self, node: str, body: dict) -> None:
-        """Take a report (ReportError if malformed, ConflictError if another agent speaks for the node)."""
+    def agent_reported(self, node: str, body: dict | AgentReport, claims: NodeClaims = UNBOUNDED) -> tuple[str, ...]:
+        """Take a report, bounded by what the node's token `claims` (ReportError if malformed, ConflictError if
+        another agent speaks for the node). Returns what was refused of it (`NodeClaims.bound`)."""
         known = self.inventory.get(node)
         before = known.revision if known is not None else None
+        refused_before = known.refused if known is not None else ()
+        legacy_before = known.claims.legacy if known is not None else False
         try:
-            reported, came_back = self.inventory.report(node, body)
+            reported, came_back = self.inventory.report(node, body, claims)
         except ConflictError as exc:
             if exc.first:
                 self.reconciler.event("node-conflict", str(exc))
@@ -114,9 +117,36 @@ class Controller:
         # the last one needs none (its node's last_seen is all it moves, which the
         # next tick's pass reads). At 5,000 nodes heartbeating every 10 s, waking on
         # each was 500 passes asked for a second, each over the whole fleet.
+        if reported.refused and reported.refused != refused_before:
+            self.reconciler.event("node-claims-refused", f"node {node} claims more than its token allows, "
+                                  f"dropped: {'; '.join(reported.refused)}")
+        if reported.claims.legacy and not legacy_before:
+            bound = "claims what it reports (serve --legacy-node-tokens)" if reported.claims.unbounded else \
+                "may claim no pool and 8 GPUs"
+            self.reconciler.event("node-legacy-token", f"node {node} reports with a token from before claims: it "
+                                  f"{bound}; mint it one with llmgwctl token node {node} --pools ... --max-gpus N")
         if reported.revision != before:
             self.status_changed.bump()
             self.wake_event.set()
+        return reported.refused
+
+    def revocations_changed(self, revoked: Mapping[str, int | None]) -> None:
+        """The revocation list changed: a node whose last report came with a token it now revokes is lost at once.
+
+        Its agent's next report is refused (401), so it would be lost at its
+        node timeout anyway; a revoked node is likely a compromised one, and
+        its replicas leave the router in the next pass instead.
+        """
+        for name, lowest in revoked.items():
+            node = self.inventory.get(name)
+            if node is None or node.claims is UNBOUNDED or (lowest is not None and node.claims.serial >= lowest):
+                continue
+            if self.inventory.revoke(name):
+                self.reconciler.event("node-revoked", f"node {name}'s token (serial {node.claims.serial}) is revoked; "
+                                      "its replicas leave the router and are replaced")
+                self.status_changed.bump()
+                self.urgent_event.set()
+                self.wake_event.set()
 
     def agent_heartbeat(self, node: str) -> bool:
         """The node's last accepted report, sent again unchanged: True if taken as a heartbeat (no wake)."""

@@ -28,7 +28,8 @@ def validator(name: str):
 # check, so the compiled one can never accept what jsonschema would refuse.
 FAST_KEYWORDS = frozenset({"$id", "title", "description", "type", "properties", "required", "additionalProperties",
                            "items", "enum", "const", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-                           "minLength", "maxLength", "pattern", "minItems", "maxItems", "default", "examples"})
+                           "minLength", "maxLength", "pattern", "minItems", "maxItems", "default", "examples",
+                           "maxProperties", "propertyNames"})
 
 
 def _keywords(schema: Any) -> set[str]:

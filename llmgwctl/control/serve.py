@@ -24,6 +24,7 @@ moment open, and followed for edits.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import os
@@ -40,7 +41,8 @@ from ..httporigin import BrowserGuard
 from ..httpserver import ConnectionGuard, bound_port, json_errors, server_options
 from ..engines.custom import NOTHING_ALLOWED, AllowedEngines
 from .api import ControlAPI
-from .auth import ControlAuth, check_bind, node_token
+from . import revocations
+from .auth import MAX_TOKEN_GPUS, ControlAuth, check_bind, node_token
 from .controller import Controller
 from .errors import ControlError
 
@@ -115,6 +117,9 @@ class ServeConfig:
     # none by default, as nothing but the console and the CLI has reason to.
     # The Host names it answers to are the router's (`router.allowed_hosts`).
     control_cors_origins: tuple[str, ...] = ()
+    # Node tokens from before claims claim what their reports say (auth): for the upgrade of a fleet only.
+    legacy_node_tokens: bool = False
+    node_revocations: str | None = None     # NODE [SERIAL] lines, followed (control.revocations); None: none revoked
 
 
 class Server:
@@ -149,7 +154,16 @@ class Server:
         from ..router.server import start as start_router
 
         check_bind(self.cfg.control[0], self.cfg.token)      # TokenError before anything binds
-        auth = ControlAuth(self.cfg.token, self.cfg.agent_token)
+        auth = ControlAuth(self.cfg.token, self.cfg.agent_token, legacy_node_tokens=self.cfg.legacy_node_tokens)
+        if self.cfg.node_revocations:
+            # Read before the control API listens, so a revoked token is never
+            # taken for a moment; a list that cannot be read stops the start
+            # (RevocationFileError), as an invalid catalog does.
+            auth.revocations = await asyncio.to_thread(revocations.load, self.cfg.node_revocations)
+            self._tasks.append(asyncio.create_task(
+                revocations.follow_revocations(auth, self.cfg.node_revocations, self.stop_event,
+                                               on_change=self.controller.revocations_changed),
+                name="node-revocations"))
         metrics = ControlMetrics(self.controller.state)
         self.controller.reconciler.on_pass = metrics.observe_pass
         catalog = await asyncio.to_thread(self.controller.load)
@@ -212,11 +226,17 @@ class Server:
         host = self.cfg.control[0] if self.cfg.control[0] not in ("0.0.0.0", "::", "") else "127.0.0.1"
         # In-process, but it speaks the agent protocol like any other agent: as
         # its node, with the node token the agent secret mints for it.
-        token = node_token(self.cfg.agent_token, self.cfg.node) if self.cfg.agent_token else self.cfg.token
         cfg = AgentConfig(node=self.cfg.node, state_dir=Path(self.cfg.state_dir), ports=PortRange.parse(self.cfg.ports),
                           gpus=self.cfg.gpus, pools=tuple(self.cfg.pools),
-                          controller=f"http://{host}:{self.control_port}", token=token,
+                          controller=f"http://{host}:{self.control_port}",
                           allow_engines=self.cfg.allow_engines, max_cpu_replicas=self.cfg.max_cpu_replicas)
+        # Its claims are what serve was told of this machine: its pools, any
+        # GPU count (the local agent finds them itself), and the host its
+        # engines bind to, which is not the address its reports come from
+        # when the control API listens on another of this machine's addresses.
+        cfg = dataclasses.replace(cfg, token=node_token(self.cfg.agent_token, self.cfg.node, pools=tuple(self.cfg.pools),
+                                                        max_gpus=MAX_TOKEN_GPUS, advertise_host=cfg.host)
+                                  if self.cfg.agent_token else self.cfg.token)
         try:
             await run_agent(cfg, self._agent_stop)
         except StateLockedError as exc:

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from ..contracts import AgentReport, EngineAvailability, Gpu, ReportedReplica, ReportError
+from ..contracts import UNBOUNDED, AgentReport, EngineAvailability, Gpu, NodeClaims, ReportedReplica, ReportError
 
 # Agents report every 5 s (agent.controller.HEARTBEAT). Three missed reports
 # make a node unreachable: one late report on a busy machine is not a failure,
@@ -52,6 +52,10 @@ class Node:
     # (issue 19: at 1,000 nodes every heartbeat woke a pass over the fleet).
     revision: int = 0
     last_report: AgentReport | None = field(default=None, repr=False)
+    # What the token of its last report lets it claim, and what that report
+    # claimed beyond it (dropped, one line each: shown in its status row).
+    claims: NodeClaims = UNBOUNDED
+    refused: tuple[str, ...] = ()
 
     _available: tuple[Any, frozenset[str]] = field(default=(None, frozenset()), init=False, repr=False, compare=False)
 
@@ -98,22 +102,27 @@ class Inventory:
         self.unreachable_after = unreachable_after
         self._nodes: dict[str, Node] = {}
 
-    def report(self, node_name: str, body: Mapping[str, Any] | AgentReport) -> tuple[Node, bool]:
+    def report(self, node_name: str, body: Mapping[str, Any] | AgentReport,
+               claims: NodeClaims = UNBOUNDED) -> tuple[Node, bool]:
         """Take one agent report (parsed here when given as JSON; ReportError if it breaks the protocol).
 
-        Returns the node and whether it came back from unreachable; `node.revision`
-        moves when the report differs from the node's last one.
+        Only what `claims` allows is kept (`NodeClaims.bound`: pools and GPUs
+        beyond them are dropped, and said in `node.refused`). Returns the node
+        and whether it came back from unreachable; `node.revision` moves when
+        the report (as kept) differs from the node's last one.
         """
         report = body if isinstance(body, AgentReport) else AgentReport.from_dict(body, node=node_name)
         if report.node != node_name:
             raise ReportError(f"report for node {report.node!r} sent to node {node_name!r}")
+        report, refused = claims.bound(report)
         now = self._clock()
         node = self._nodes.get(node_name)
         if node is None:
             node = self._nodes[node_name] = Node(node_name, first_seen=now)
         self._claim(node, report, now)
         came_back = not node.reachable
-        if report != node.last_report:
+        if report != node.last_report or refused != node.refused or claims != node.claims:
+            node.claims, node.refused = claims, refused
             # Compared whole: the contract's records are frozen dataclasses, and
             # an agent builds the same report for the same state (sorted replicas,
             # sorted engines), so equal means nothing changed on the node.
@@ -214,6 +223,19 @@ class Inventory:
         """Whether `check()` would mark a node unreachable now: a cheap look, marking nothing."""
         now = self._clock()
         return any(node.overdue(now, self.unreachable_after) for node in self._nodes.values())
+
+    def revoke(self, name: str) -> bool:
+        """The node's token was revoked: unreachable now, as if it had missed its reports (True if it was reachable).
+
+        Its agent's reports are refused from here on, so it stays so; the
+        next pass takes its replicas out of the router and replaces them.
+        """
+        node = self._nodes.get(name)
+        if node is None or not node.reachable:
+            return False
+        node.reachable, node.unreachable_since = False, self._clock()
+        node.revision += 1
+        return True
 
     def forget(self, name: str) -> None:
         self._nodes.pop(name, None)

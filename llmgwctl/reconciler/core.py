@@ -39,6 +39,7 @@ from ..contracts import (ConcurrencySource, Endpoint, Event, FleetStatus, LoadRe
 from ..contracts.usage import UNUSED
 from ..inventory import Inventory, Node
 from ..placement import Memo, NodeView, Running, Unplaceable, place
+from .adoption import Refusals, adoption_problem
 from .autoscale import Autoscaler, signal
 from .desired import DesiredStore
 from .modelstates import model_states
@@ -333,9 +334,15 @@ class Reconciler:
         self.replicas = Records(self._changed)
         # Each node's desired list as its records make it (see _publish), non-empty ones only.
         self._node_specs: dict[str, tuple[ReplicaSpec, ...]] = {}
-        # Ids of replicas given up on (their node was lost too long): if the node
-        # comes back still running them, they are not adopted again but stopped.
-        self._forgotten: set[str] = set()
+        # Replicas given up on (their node was lost too long), by id, with that
+        # node: if it comes back still running them they may be adopted again
+        # (`_adopt`), by that node only.
+        self._forgotten: dict[str, str] = {}
+        # Adoptions refused, each said once (adoption.py); and the models that
+        # adopted a replica since the last plan, whose surplus, if any, is
+        # trimmed keeping the elder (_trim_returned).
+        self._refusals = Refusals(self.event)
+        self._adopted_models: set[str] = set()
         # (replica id, node) pairs already said to be claimed by a second node.
         self._double_claims: set[tuple[str, str]] = set()
         self._scale: dict[str, _ModelScale] = {}
@@ -560,6 +567,7 @@ class Reconciler:
                                                      if self.replicas.get(rid) is rec])
             else:
                 merged.pop(node.name, None)
+            self._refusals.say(node.name)
             # Its own writes in this merge are what it merged, not news for the next one.
             unmerged.discard(node.name)
             if self.desired.get(node.name) is None and self.settled:
@@ -591,14 +599,23 @@ class Reconciler:
                        f"{rec.node}; not adopted twice (is a state directory shared or copied?)")
 
     def _adopt(self, catalog: Catalog, node: Node, rep: ReportedReplica, now: float) -> Replica | None:
-        """A replica an agent runs that we have no record of: keep it if the catalog still has a place for it."""
+        """A replica an agent runs that we have no record of: keep it if the catalog still has a place for it,
+        and the node may add it (adoption.py: after the window only what returns; within it, only what fits)."""
+        returned = self._forgotten.get(rep.id) == node.name
+        if self.settled and not returned:
+            self._refusals.refuse(rep, node.name, "the settling window is over and this controller did not place it there")
+            return None
         model = catalog.resolve(rep.model)
-        if model is None or model.name != rep.model or _profile(model, rep.profile) is None:
+        profile = _profile(model, rep.profile)
+        if model is None or model.name != rep.model or profile is None:
             return None  # not desired: absent from the node's list, so its agent stops it
         spec = rep.spec
         if spec is None:
             return None
-        returned = rep.id in self._forgotten
+        why = adoption_problem(node, profile, spec, rep, (r.spec for _, r in self.replicas.of(node.name)))
+        if why is not None:
+            self._refusals.refuse(rep, node.name, why)
+            return None
         if returned:
             # Given up while its node was lost, and back: a healthy engine of
             # the current spec is worth more than a new start (its model may
@@ -606,7 +623,8 @@ class Reconciler:
             if rep.state not in (ReplicaState.READY, ReplicaState.STARTING) or \
                     spec.spec_hash != self._expected_hashes(catalog).get((model.name, rep.profile)):
                 return None
-            self._forgotten.discard(rep.id)
+            self._forgotten.pop(rep.id, None)
+        self._adopted_models.add(model.name)
         rec = Replica(spec=spec, node=node.name, created=now, state=rep.state, reported=rep, adopted=True, seen=True,
                       returned=returned, ready_since=now if rep.state == ReplicaState.READY else None)
         self.replicas[rep.id] = rec
@@ -638,7 +656,7 @@ class Reconciler:
                 # with nothing ready is replaced at the node timeout.
                 if waited >= self.replace_after or rec.spec.model not in serving:
                     del self.replicas[rid]
-                    self._forgotten.add(rid)
+                    self._forgotten[rid] = node.name
                     why = "no other replica serves it" if waited < self.replace_after else \
                         f"unreachable for {waited:.0f} s"
                     self.event("replica-replaced", f"{rid} ({rec.spec.model}) on lost node {node.name} given up "
@@ -859,16 +877,23 @@ class Reconciler:
         self.model_states = model_states(catalog, live, self.unplaceable_detail, self.inventory.nodes())
 
     def _trim_returned(self, catalog: Catalog, wanted: Mapping[str, int], now: float) -> None:
-        """A node came back with replicas replaced meanwhile: keep `wanted` of the model, drain the rest.
+        """A node came back with replicas replaced meanwhile, or adoption left a model more than it wants:
+        keep `wanted` of the model, drain the rest.
 
         Placement would stop a surplus too, but by its own order (newest id
-        first, and ids are random); here the order is the one that costs
-        clients least: ready before not ready, the best profile, then ready
-        longest -- the replacement that served through the outage before the
-        replica that just reappeared. Nothing is stopped where nothing is
-        surplus: a returning engine that had nowhere else to go just stays.
+        first, and ids are random -- or, for an adopted replica, chosen by
+        whoever reported it); here the order is the one that costs clients
+        least: ready before not ready, the best profile, then ready longest --
+        the replacement that served through the outage before the replica that
+        just reappeared. "Ready since" is this controller's own clock (an
+        adopted replica is ready from its adoption), never a node's word, so
+        among adopted replicas the one adopted first is kept over a newcomer,
+        whatever ids it reports (adoption.py). Nothing is stopped where nothing
+        is surplus: a returning engine that had nowhere else to go just stays.
         """
-        models = {rec.spec.model for rec in self.replicas.values() if rec.returned}
+        returning = {rec.spec.model for rec in self.replicas.values() if rec.returned}
+        models = returning | self._adopted_models
+        self._adopted_models = set()
         if not models:
             return
         expected = self._expected_hashes(catalog)
@@ -890,7 +915,8 @@ class Reconciler:
                                                         r.created))
             for rec in keep_first[len(current) - surplus:]:
                 rec.state, rec.drain_since = ReplicaState.DRAINING, now
-                rec.drain_reason = f"surplus once its node came back ({wanted.get(name)} wanted)"
+                rec.drain_reason = (f"surplus once its node came back ({wanted.get(name)} wanted)" if name in returning
+                                    else f"surplus of what was adopted ({wanted.get(name)} wanted)")
                 self.event("replica-draining", f"{rec.spec.id} ({name} on {rec.node}): {rec.drain_reason}")
 
     def _placement_input(self, catalog: Catalog) -> tuple[list[Running], list[NodeView]]:

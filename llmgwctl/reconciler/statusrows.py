@@ -143,6 +143,7 @@ class StatusRows:
             gpu_models=tuple(sorted({g.name for g in node.gpus if g.name})),
             engines=tuple(sorted(node.available_engines)),
             engines_missing={n: why for n, (ok, why) in sorted(node.engines.items()) if not ok},
-            conflict=conflict,
+            conflict=conflict, refused=node.refused,
+            token="legacy" if node.claims.legacy else "",
             gpu_list=tuple(GpuStatus(g.index, g.name, g.memory_mib, held.get(g.index))
                            for g in sorted(node.gpus, key=lambda g: g.index)))

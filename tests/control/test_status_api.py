@@ -41,7 +41,7 @@ async def started(tmp_path) -> ControlPlane:
     c.agent_reported("n1", report_of(c.live.current, "n1", [endpoint("a-1", "a", 9001),
                                                             endpoint("a-2", "a", 9002)]).to_dict())
     c.agent_reported("n2", report_of(c.live.current, "n2", [endpoint("b-1", "b", 9003)]).to_dict())
-    c.reconciler.reconcile_once()
+    plane.adopting_pass()
     return plane
 
 

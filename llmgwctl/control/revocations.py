@@ -1,0 +1,132 @@
+"""Following `serve --node-revocations FILE`: which node tokens are refused, within two seconds of an edit.
+
+The file lists `NODE [SERIAL]` lines (see `auth.parse_revocations`); each
+good read swaps `ControlAuth.revocations` whole, and tells the controller so
+it can take a revoked node's replicas out of the router at once rather than
+at its node timeout. What the file does to the follower, it cannot do to the
+control API: the file is opened without blocking (a FIFO renamed over it
+opens and reads nothing), only a regular file is read, at most
+MAX_REVOCATIONS_BYTES of it, in a worker thread. A read that fails (the file
+is gone, unreadable, too big, not a list) keeps the last list in force --
+removing the file or breaking it never un-revokes a node -- and is logged
+once per distinct problem; the loop itself never dies of one.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import stat
+from typing import Callable, Mapping
+
+from ..aio import sleep_unless
+from .auth import ControlAuth, TokenError, parse_revocations
+
+log = logging.getLogger("llmgw.control.revocations")
+
+# A revocation list is a line per revoked node: 1 MiB holds tens of thousands,
+# and bounds what a file replaced by something huge can make serve read.
+MAX_REVOCATIONS_BYTES = 1024 * 1024
+# One stat a second: a revoked token is refused within about two seconds of
+# the edit (one look sees it change, the next that it holds still), for one
+# system call a second (inotify would miss edits made on another
+# NFS client or through a ConfigMap's symlink swap; a stat sees both).
+RECHECK = 1.0
+
+
+class RevocationFileError(TokenError):
+    """The revocation file cannot be read as a list; the message names the file and why."""
+
+
+def read_bounded(path: str, limit: int = MAX_REVOCATIONS_BYTES) -> str:
+    """The text of regular file `path`, at most `limit` bytes; RevocationFileError otherwise. Never blocks on open.
+
+    Kept small and alone so it can give way to one shared bounded reader.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise RevocationFileError(f"{path}: cannot open: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise RevocationFileError(f"{path}: not a regular file")
+        if info.st_size > limit:
+            raise RevocationFileError(f"{path}: {info.st_size} bytes, more than the {limit} a revocation list may hold")
+        chunks, total = [], 0
+        while total <= limit:
+            try:
+                chunk = os.read(fd, min(65536, limit + 1 - total))
+            except OSError as exc:
+                if exc.errno == errno.EAGAIN:
+                    break
+                raise RevocationFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > limit:
+            raise RevocationFileError(f"{path}: grew past the {limit} bytes a revocation list may hold")
+    finally:
+        os.close(fd)
+    try:
+        return b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError:
+        raise RevocationFileError(f"{path}: not UTF-8 text") from None
+
+
+def load(path: str) -> Mapping[str, int | None]:
+    """Read and parse the list (RevocationFileError, naming the file and line, when it is not one)."""
+    text = read_bounded(path)
+    try:
+        return parse_revocations(text, origin=path)
+    except TokenError as exc:
+        raise RevocationFileError(str(exc)) from None
+
+
+def _signature(path: str) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+async def follow_revocations(auth: ControlAuth, path: str, stop: asyncio.Event,
+                             on_change: Callable[[Mapping[str, int | None]], None] = lambda revoked: None,
+                             recheck: float = RECHECK) -> None:
+    """Keep `auth.revocations` what `path` says, until `stop`. The first read is the caller's (serve refuses a bad file)."""
+    seen = await asyncio.to_thread(_signature, path)
+    pending: tuple | None = None
+    problem: str | None = None
+    while not stop.is_set():
+        await sleep_unless(recheck, stop)
+        if stop.is_set():
+            return
+        try:
+            now = await asyncio.to_thread(_signature, path)
+            if now == seen:
+                pending = None
+                continue        # unchanged: in force, or still the problem already logged
+            if now != pending:
+                # Changed since the last look: read it once it holds still for one
+                # look more. An editor writing in place truncates first, and the
+                # empty file read then would un-revoke every node for a moment.
+                pending = now
+                continue
+            revoked = await asyncio.to_thread(load, path)
+        except RevocationFileError as exc:
+            if str(exc) != problem:
+                log.error("%s; the last revocation list read stays in force", exc,
+                          extra={"event": "revocations-unreadable"})
+            problem, seen = str(exc), now
+            continue
+        except Exception:   # noqa: BLE001 -- a bug here must not end the follower: revocations would stop applying
+            log.exception("reading the revocation list %s failed unexpectedly; trying again", path)
+            continue
+        seen, problem = now, None
+        if revoked != auth.revocations:
+            auth.revocations = revoked
+            log.info("revocation list %s: %d node(s) listed", path, len(revoked), extra={"event": "revocations-read"})
+            on_change(revoked)
