@@ -48,8 +48,9 @@ class AgentConfig:
     start_timeout: float = START_TIMEOUT
     tick: float = TICK
     heartbeat: float = HEARTBEAT
-    # No catalog-defined engine unless the node's operator allows it: the
-    # catalog's writers decide the model list, not what executes on this machine.
+    # No catalog-defined engine, and no engine option that runs code, unless the
+    # node's operator allows it: the catalog's writers decide the model list,
+    # not what executes on this machine.
     allow_engines: AllowedEngines = NOTHING_ALLOWED
 
 
@@ -83,9 +84,12 @@ async def _run(cfg: AgentConfig, stop: asyncio.Event) -> None:
                       start_timeout=cfg.start_timeout, grace=cfg.grace, on_change=changed.set)
         log.info("agent %s: %d GPU(s), engines available: %s", cfg.node, len(gpus),
                  ", ".join(n for n, (ok, _) in sorted(engines.items()) if ok) or "none")
-        if cfg.allow_engines:
+        if cfg.allow_engines.pins:
             log.info("agent %s: catalog engines allowed here: %s", cfg.node,
                      ", ".join(f"{n}={p}" for n, p in cfg.allow_engines.pins.items()))
+        if cfg.allow_engines.args:
+            log.info("agent %s: engine options that run code allowed here: %s", cfg.node,
+                     ", ".join(f"--{name}" for name in sorted(cfg.allow_engines.args)))
         await agent.adopt()
         tasks = []
         logs: LogSender | None = None
