@@ -37,6 +37,23 @@ allow_engine_option = click.option(
          "repeatable. Without it no catalog-defined engine runs on this node.")
 
 
+def _allow_engine_args(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]):
+    from ..engines.codeargs import normalize_option
+    try:
+        return tuple(normalize_option(v) for v in value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+# Nothing by default: an option such as --trust-remote-code makes the engine
+# run code the catalog's writers choose, and what runs on a node is its
+# operator's choice (llmgwctl-agent(1) lists them and why).
+allow_engine_arg_option = click.option(
+    "--allow-engine-arg", "allow_engine_args", multiple=True, metavar="OPTION", callback=_allow_engine_args,
+    help="Let profiles pass the engine option OPTION, one that makes an engine run code (such as "
+         "--trust-remote-code); repeatable. Without it a replica passing one is refused.")
+
+
 # Defaults and why: the node name is the host name because it is what an
 # operator sees in `ssh` and the GPU dashboards, and it survives restarts; the
 # port range 20000-20999 sits below Linux's ephemeral range (32768+), so
@@ -68,10 +85,11 @@ allow_engine_option = click.option(
 @click.option("--heartbeat", type=click.FloatRange(min=0.1), default=HEARTBEAT, show_default=True,
               help="Seconds between reports to the controller when nothing changes.")
 @allow_engine_option
+@allow_engine_arg_option
 @log_level_options
 @log_format_option
 def command(controller, node, gpus, pools, state_dir, advertise_host, ports, desired_file, token_file, grace,
-            start_timeout, heartbeat, allow_engines, log_level, verbose, log_format) -> None:
+            start_timeout, heartbeat, allow_engines, allow_engine_args, log_level, verbose, log_format) -> None:
     """Run the node agent: start, watch and stop this machine's engines."""
     from ..agent import AgentConfig, StateLockedError, main
 
@@ -85,6 +103,7 @@ def command(controller, node, gpus, pools, state_dir, advertise_host, ports, des
     try:
         main(AgentConfig(node=node, state_dir=state_dir, ports=ports, gpus=gpus, pools=tuple(pools),
                          host=advertise_host, controller=controller, desired_file=desired_file, token=token,
-                         grace=grace, start_timeout=start_timeout, heartbeat=heartbeat, allow_engines=allow_engines))
+                         grace=grace, start_timeout=start_timeout, heartbeat=heartbeat,
+                         allow_engines=allow_engines.with_args(allow_engine_args)))
     except StateLockedError as exc:
         raise click.ClickException(str(exc)) from None

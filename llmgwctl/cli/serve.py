@@ -6,7 +6,7 @@ from pathlib import Path
 import click
 
 from .. import aio
-from .agent import allow_engine_option
+from .agent import allow_engine_arg_option, allow_engine_option
 from .common import PORT_RANGE, host_port, log_format_option, log_level_options, raise_fd_limit, router_options, setup_logging
 
 
@@ -45,12 +45,13 @@ from .common import PORT_RANGE, host_port, log_format_option, log_level_options,
               help="Open control API connections one client address may hold (each agent holds two); 0: no limit "
                    "[default: 4096].")
 @allow_engine_option
+@allow_engine_arg_option
 @router_options
 @log_format_option
 @log_level_options
 def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node, ports, settle, drain_grace,
             node_timeout, replace_after, token_file, agent_token_file, api_keys, control_connections_per_client,
-            allow_engines, log_format, log_level, verbose, router_config):
+            allow_engines, allow_engine_args, log_format, log_level, verbose, router_config):
     """Serve the catalogs in DIR: place replicas, route OpenAI requests, follow every edit."""
     from ..catalog import CatalogError
     from ..control.auth import TokenError, check_bind, read_token_file
@@ -58,9 +59,10 @@ def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node
     from ..control.serve import ServeConfig, serve
     from ..router.auth import KeyFileError
 
-    if allow_engines and not local_agent:
-        raise click.UsageError("--allow-engine is for the local agent; with --no-local-agent give it to each "
-                               "node's llmgwctl agent")
+    for given, flag in ((allow_engines, "--allow-engine"), (allow_engine_args, "--allow-engine-arg")):
+        if given and not local_agent:
+            raise click.UsageError(f"{flag} is for the local agent; with --no-local-agent give it to each "
+                                   "node's llmgwctl agent")
     if agent_token_file and not token_file:
         raise click.UsageError("--agent-token-file needs --token-file: without an admin token every other route would be open")
     try:
@@ -73,7 +75,8 @@ def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node
     cfg = ServeConfig(catalogs=catalogs, listen=listen, control=control, local_agent=local_agent, gpus=gpus,
                       pools=tuple(pools), ports=str(ports), settle=settle, drain_grace=drain_grace,
                       node_timeout=node_timeout, replace_after=replace_after, token=token, agent_token=agent_token,
-                      api_keys=api_keys, router=router_config, allow_engines=allow_engines)
+                      api_keys=api_keys, router=router_config,
+                      allow_engines=allow_engines.with_args(allow_engine_args))
     if state_dir is not None:
         cfg.state_dir = state_dir
     if control_connections_per_client is not None:
