@@ -142,7 +142,9 @@ class Refusal:
     arg: str            # as the profile wrote it
 
     def __str__(self) -> str:
-        return f"{self.arg!r} ({self.option.flag}) {self.option.reason}"
+        # Name the option too when the profile spelled it otherwise (-cc, an abbreviation, a_b).
+        spelled = "" if self.arg.partition("=")[0] == self.option.flag else f" ({self.option.flag})"
+        return f"{self.arg!r}{spelled} {self.option.reason}"
 
 
 def code_options(engine: str, args: Sequence[str], allowed: Iterable[str] = ()) -> list[Refusal]:

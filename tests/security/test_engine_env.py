@@ -100,7 +100,8 @@ def test_the_catalog_docs_example_env_still_loads():
     ("llamacpp", ["--video-ffmpeg-dir", "/tmp/evil"]),
 ])
 def test_args_that_run_code_are_found(engine, args):
-    assert code_options(engine, args)
+    found = code_options(engine, args)
+    assert len(found) == 1 and found[0].option.reason in str(found[0])
 
 
 @pytest.mark.parametrize("engine, args", [
@@ -220,7 +221,7 @@ def test_serve_refuses_an_engine_option_that_runs_code_and_status_says_how_to_al
                          json={"filename": "tools.yaml", "content": tools}).status_code == 200
     replica = wait_until(lambda: (r := fleet.replicas("env-tools", "failed")) and r[0], "the replica refused")
     assert replica["reason"].startswith("refused: ")
-    assert "'--tools' (--tools) lets clients run shell commands" in replica["reason"]
+    assert "'--tools' lets clients run shell commands" in replica["reason"]
     assert "llmgwctl agent --allow-engine-arg --tools" in replica["reason"]
     assert fleet.chat("env-base").status_code == 200
 
