@@ -18,10 +18,12 @@ Safety rules that shape it:
 - A controller that goes away changes nothing here: the last desired holds.
 - Nothing is signalled unless it is provably ours (procs.group_is_ours).
 - What runs is the node's choice: `driver_for` refuses a catalog engine its
-  operator did not allow (EngineNotAllowed), and that refusal stands whatever
-  the desired list says -- the replica is failed with the reason, and an
-  adopted engine the node no longer allows is stopped even before a desired
-  list arrives.
+  operator did not allow (EngineNotAllowed), and a replica whose env or args
+  would load other code into its engine (SpecNotAllowed: LD_PRELOAD,
+  --trust-remote-code...) unless the operator allowed that option. Either
+  refusal (a NotAllowed) stands whatever the desired list says -- the replica
+  is failed with the reason, and an adopted engine the node no longer allows
+  is stopped even before a desired list arrives.
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ import aiohttp
 
 from .. import __version__
 from ..contracts import AgentReport, CpuCapacity, EngineAvailability, Gpu, ReplicaSpec, ReplicaState, ReportedReplica
-from ..engines.errors import EngineError, EngineNotAllowed, LaunchError
+from ..engines.errors import EngineError, LaunchError, NotAllowed
 from ..engines.spec import Driver
 from . import procs, state
 from .state import Record
@@ -377,7 +379,7 @@ class Agent:
         r.next_start, r.reason = None, ""
         try:
             driver = self.driver_for(spec)
-        except EngineNotAllowed as exc:   # the node operator's verdict: nothing a retry (or the controller) changes
+        except NotAllowed as exc:   # the node operator's verdict: nothing a retry (or the controller) changes
             return self._fail(r, f"refused: {exc}", retry=False)
         except EngineError as exc:   # an unknown engine: nothing a retry changes
             return self._fail(r, f"no driver for engine {spec.engine!r}: {exc}", retry=False)
@@ -424,7 +426,7 @@ class Agent:
         """Why this node refuses to run `spec`'s engine at all, or "" (a lookup that fails otherwise is _start's to report)."""
         try:
             self.driver_for(spec)
-        except EngineNotAllowed as exc:
+        except NotAllowed as exc:
             return f"refused: {exc}"
         except Exception:   # noqa: BLE001 - not a refusal; _start reports it when it tries
             pass

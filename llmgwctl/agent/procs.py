@@ -13,7 +13,9 @@ out the next one.
 """
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +114,22 @@ class Spawned:
     start_time: int
 
 
+def resolve_program(program: str) -> str:
+    """The file `program` (an engine's argv[0]) runs: itself if it is a path, else found on the agent's own PATH.
+
+    Never on the engine's PATH: Python's subprocess looks a bare name up on
+    the PATH of the environment it is given, which holds the replica's env,
+    and that is the catalog's to write. Where the engine's program is found is
+    the node's choice; FileNotFoundError if this node has none.
+    """
+    if os.sep in program:
+        return program
+    found = shutil.which(program, path=os.environ.get("PATH", os.defpath))
+    if found is None:
+        raise FileNotFoundError(errno.ENOENT, "not found on the agent's PATH", program)
+    return os.path.abspath(found)
+
+
 def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path | None = None) -> Spawned:
     """Start argv in its own session (so its own process group) with output to log_path.
 
@@ -120,11 +138,12 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path
     is opened O_APPEND so that after rotate_log truncates it the engine's next
     write lands at the new end instead of leaving a hole of zeros.
     """
+    program = resolve_program(argv[0])
     log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     # 0600: an engine's log holds what it prints about requests (prompts, in
     # some engines' debug output) and tracebacks; only the agent's user reads it.
     with open(log_path, "ab", buffering=0, opener=_private) as out:
-        popen = subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=out,
+        popen = subprocess.Popen(list(argv), executable=program, env=dict(env), stdin=subprocess.DEVNULL, stdout=out,
                                  stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
                                  cwd=cwd)
     started = start_time(popen.pid)

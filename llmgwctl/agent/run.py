@@ -49,8 +49,9 @@ class AgentConfig:
     start_timeout: float = START_TIMEOUT
     tick: float = TICK
     heartbeat: float = HEARTBEAT
-    # No catalog-defined engine unless the node's operator allows it: the
-    # catalog's writers decide the model list, not what executes on this machine.
+    # No catalog-defined engine, and no engine option that runs code, unless the
+    # node's operator allows it: the catalog's writers decide the model list,
+    # not what executes on this machine.
     allow_engines: AllowedEngines = NOTHING_ALLOWED
     # The most replicas with no GPU placement puts here; None: the default
     # from the machine's cores and memory (agent.capacity).
@@ -89,9 +90,12 @@ async def _run(cfg: AgentConfig, stop: asyncio.Event) -> None:
         log.info("agent %s: %d GPU(s), %d core(s), at most %d CPU replica(s); engines available: %s", cfg.node,
                  len(gpus), cpu.cores, cpu.max_replicas,
                  ", ".join(n for n, (ok, _) in sorted(engines.items()) if ok) or "none")
-        if cfg.allow_engines:
+        if cfg.allow_engines.pins:
             log.info("agent %s: catalog engines allowed here: %s", cfg.node,
                      ", ".join(f"{n}={p}" for n, p in cfg.allow_engines.pins.items()))
+        if cfg.allow_engines.args:
+            log.info("agent %s: engine options that run code allowed here: %s", cfg.node,
+                     ", ".join(f"--{name}" for name in sorted(cfg.allow_engines.args)))
         await agent.adopt()
         tasks = []
         logs: LogSender | None = None

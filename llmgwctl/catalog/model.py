@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping
 
 from .durations import format_duration
 from .sizes import format_size_mib
+from .engine_env import env_refusal
 from .errors import CatalogError, Problem, format_path
 
 API_VERSION = "llmgw/v1"
@@ -552,6 +553,16 @@ def _check_model(model: Model, engines: Mapping[str, EngineSpec]) -> Iterable[Pr
                           "give each profile of a model its own name (an unnamed profile is named after its engine)")
         else:
             seen[profile.name] = i
+        for path, message in _check_env(profile):
+            yield Problem(file, base + ("profiles", i) + path, message)
+
+
+def _check_env(profile: Profile) -> Iterable[tuple[tuple[str | int, ...], str]]:
+    """No env key that loads code into the engine (engine_env.py): the catalog describes models, not node code."""
+    for key in profile.env:
+        why = env_refusal(key)
+        if why:
+            yield ("env", key), why
 
 
 def _check_engine(spec: EngineSpec) -> Iterable[tuple[tuple[str | int, ...], str]]:

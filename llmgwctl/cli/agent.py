@@ -37,6 +37,23 @@ allow_engine_option = click.option(
          "repeatable. Without it no catalog-defined engine runs on this node.")
 
 
+def _allow_engine_args(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]):
+    from ..engines.codeargs import normalize_option
+    try:
+        return tuple(normalize_option(v) for v in value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+# Nothing by default: an option such as --trust-remote-code makes the engine
+# run code the catalog's writers choose, and what runs on a node is its
+# operator's choice (llmgwctl-agent(1) lists them and why).
+allow_engine_arg_option = click.option(
+    "--allow-engine-arg", "allow_engine_args", multiple=True, metavar="OPTION", callback=_allow_engine_args,
+    help="Let profiles pass the engine option OPTION, one that makes an engine run code (such as "
+         "--trust-remote-code); repeatable. Without it a replica passing one is refused.")
+
+
 # Defaults and why: the node name is the host name because it is what an
 # operator sees in `ssh` and the GPU dashboards, and it survives restarts; the
 # port range 20000-20999 sits below Linux's ephemeral range (32768+), so
@@ -71,10 +88,12 @@ allow_engine_option = click.option(
 @click.option("--max-cpu-replicas", type=click.IntRange(min=0, max=1000), default=None, metavar="N",
               help="The most replicas with no GPU (gpus: 0) placed on this node; at most the size of --ports "
                    "[default: 4 per core, less on a machine with under 256 MiB per replica].")
+@allow_engine_arg_option
 @log_level_options
 @log_format_option
 def command(controller, node, gpus, pools, state_dir, advertise_host, ports, desired_file, token_file, grace,
-            start_timeout, heartbeat, allow_engines, max_cpu_replicas, log_level, verbose, log_format) -> None:
+            start_timeout, heartbeat, allow_engines, max_cpu_replicas, allow_engine_args, log_level, verbose,
+            log_format) -> None:
     """Run the node agent: start, watch and stop this machine's engines."""
     from ..agent import AgentConfig, StateLockedError, main
 
@@ -88,7 +107,7 @@ def command(controller, node, gpus, pools, state_dir, advertise_host, ports, des
     try:
         main(AgentConfig(node=node, state_dir=state_dir, ports=ports, gpus=gpus, pools=tuple(pools),
                          host=advertise_host, controller=controller, desired_file=desired_file, token=token,
-                         grace=grace, start_timeout=start_timeout, heartbeat=heartbeat, allow_engines=allow_engines,
-                         max_cpu_replicas=max_cpu_replicas))
+                         grace=grace, start_timeout=start_timeout, heartbeat=heartbeat,
+                         allow_engines=allow_engines.with_args(allow_engine_args), max_cpu_replicas=max_cpu_replicas))
     except StateLockedError as exc:
         raise click.ClickException(str(exc)) from None

@@ -6,7 +6,7 @@ from pathlib import Path
 import click
 
 from .. import aio
-from .agent import allow_engine_option
+from .agent import allow_engine_arg_option, allow_engine_option
 from .common import PORT_RANGE, host_port, log_format_option, log_level_options, raise_fd_limit, router_options, setup_logging
 from .output import visible
 
@@ -68,13 +68,14 @@ def _control_origins(ctx, param, values):
 @click.option("--legacy-node-tokens", is_flag=True, default=False,
               help="Let node tokens from before claims (llmgwn.NODE.MAC) claim any pool, GPU count and advertise host, "
                    "while a fleet gets new tokens.")
+@allow_engine_arg_option
 @router_options
 @log_format_option
 @log_level_options
 def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node, ports, max_cpu_replicas, settle, drain_grace,
             node_timeout, replace_after, token_file, agent_token_file, api_keys, control_connections_per_client,
-            allow_engines, control_cors_origins, node_revocations, legacy_node_tokens, log_format, log_level,
-            verbose, router_config):
+            allow_engines, control_cors_origins, node_revocations, legacy_node_tokens, allow_engine_args, log_format,
+            log_level, verbose, router_config):
     """Serve the catalogs in DIR: place replicas, route OpenAI requests, follow every edit."""
     from ..catalog import CatalogError
     from ..control.auth import TokenError, check_bind, read_token_file
@@ -82,9 +83,10 @@ def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node
     from ..control.serve import ServeConfig, serve
     from ..router.auth import KeyFileError
 
-    if allow_engines and not local_agent:
-        raise click.UsageError("--allow-engine is for the local agent; with --no-local-agent give it to each "
-                               "node's llmgwctl agent")
+    for given, flag in ((allow_engines, "--allow-engine"), (allow_engine_args, "--allow-engine-arg")):
+        if given and not local_agent:
+            raise click.UsageError(f"{flag} is for the local agent; with --no-local-agent give it to each "
+                                   "node's llmgwctl agent")
     if max_cpu_replicas is not None and not local_agent:
         raise click.UsageError("--max-cpu-replicas is the local agent's: it does nothing with --no-local-agent "
                                "(give it to each `llmgwctl agent` instead)")
@@ -103,7 +105,7 @@ def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node
     cfg = ServeConfig(catalogs=catalogs, listen=listen, control=control, local_agent=local_agent, gpus=gpus,
                       pools=tuple(pools), ports=str(ports), max_cpu_replicas=max_cpu_replicas, settle=settle, drain_grace=drain_grace,
                       node_timeout=node_timeout, replace_after=replace_after, token=token, agent_token=agent_token,
-                      api_keys=api_keys, router=router_config, allow_engines=allow_engines,
+                      api_keys=api_keys, router=router_config, allow_engines=allow_engines.with_args(allow_engine_args),
                       control_cors_origins=tuple(control_cors_origins), legacy_node_tokens=legacy_node_tokens,
                       node_revocations=node_revocations)
     if state_dir is not None:

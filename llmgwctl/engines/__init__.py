@@ -18,7 +18,9 @@ or the router; the fake engine's server (`fake_server.py`) is imported only by
     available_engines(allowed=...)                          -> {name: (ok, reason)}
 
 A replica of a catalog-defined engine gets a driver only from the node's
-`AllowedEngines` (custom.py): with none given, no catalog engine runs.
+`AllowedEngines` (custom.py): with none given, no catalog engine runs. No
+replica gets one whose env loads code or whose args run code the node does
+not allow (codeargs.py).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from typing import Iterable, Mapping
 
 from ..catalog import EngineSpec
 from .custom import NOTHING_ALLOWED, AllowedEngines, TemplateDriver, allow_hint, parse_any
-from .errors import EngineError, EngineNotAllowed, LaunchError, UnknownEngine
+from .errors import EngineError, EngineNotAllowed, LaunchError, NotAllowed, SpecNotAllowed, UnknownEngine
 from .fake import FakeDriver
 from .llamacpp import LlamacppDriver
 from .sglang import SglangDriver
@@ -41,7 +43,7 @@ BUILTIN_DRIVERS: Mapping[str, Driver] = MappingProxyType({
 
 __all__ = [
     "AllowedEngines", "BUILTIN_DRIVERS", "Driver", "EngineError", "EngineNotAllowed", "Launch", "LaunchError",
-    "NOTHING_ALLOWED", "TemplateDriver", "UnknownEngine", "allow_hint", "available_engines", "driver_for", "parse_load",
+    "NOTHING_ALLOWED", "NotAllowed", "SpecNotAllowed", "TemplateDriver", "UnknownEngine", "allow_hint", "available_engines", "driver_for", "parse_load",
 ]
 
 
@@ -49,8 +51,10 @@ def driver_for(spec_or_engine: ReplicaSpec | str, allowed: AllowedEngines = NOTH
     """The driver for a replica (a catalog engine's template travels in its spec) or a built-in name.
 
     A catalog engine's replica runs only as `allowed` permits (EngineNotAllowed
-    otherwise), whatever its spec says: the spec comes from the controller,
-    the allowance from the node's operator.
+    otherwise), and no replica runs with env or args that would load other code
+    into its engine unless `allowed` permits the option (SpecNotAllowed),
+    whatever its spec says: the spec comes from the controller, the allowance
+    from the node's operator.
     """
     if isinstance(spec_or_engine, str):
         try:
@@ -59,6 +63,9 @@ def driver_for(spec_or_engine: ReplicaSpec | str, allowed: AllowedEngines = NOTH
             raise UnknownEngine(f"no built-in engine {spec_or_engine!r} (built in: {', '.join(BUILTIN_DRIVERS)}); "
                                 "a catalog-defined engine needs its replica spec, which carries its command") from None
     spec = spec_or_engine
+    # Before any driver: env that loads code and options that run it are
+    # refused for every engine, built-in ones included (SpecNotAllowed).
+    allowed.check(spec)
     if spec.engine in BUILTIN_DRIVERS:
         return BUILTIN_DRIVERS[spec.engine]
     if not spec.command:

@@ -37,7 +37,8 @@ from typing import Iterable, Mapping, Sequence
 from ..catalog.model import BUILTIN_ENGINES, shell_strings
 
 from .base import replica_env
-from .errors import EngineNotAllowed, LaunchError
+from .codeargs import normalize_option, spec_refusal
+from .errors import EngineNotAllowed, LaunchError, SpecNotAllowed
 from .llamacpp import parse_llamacpp
 from .sglang import parse_sglang
 from ..contracts import LoadReading, ReplicaSpec
@@ -98,16 +99,20 @@ def allow_hint(name: str, program: str = "PROGRAM") -> str:
 
 
 class AllowedEngines:
-    """The catalog-defined engines one node runs, each pinned to the one program it may execute.
+    """What one node's operator allows engines to run beyond the built-in defaults.
 
-    Empty by default: a node runs the built-in engines and no catalog-defined
-    one until its operator allows it by name and program.
+    The catalog-defined engines the node runs, each pinned to the one program
+    it may execute, and the engine options that run code (codeargs.py, such
+    as --trust-remote-code) the node lets a profile pass. Empty by default: a
+    node runs the built-in engines, no catalog-defined one and no such option,
+    until its operator allows them.
     """
 
-    __slots__ = ("_pins",)
+    __slots__ = ("_pins", "_args")
 
-    def __init__(self, pins: Mapping[str, str] | None = None):
+    def __init__(self, pins: Mapping[str, str] | None = None, args: Iterable[str] = ()):
         self._pins: Mapping[str, str] = MappingProxyType(dict(sorted((pins or {}).items())))
+        self._args: frozenset[str] = frozenset(args)
 
     @classmethod
     def parse(cls, values: Iterable[str]) -> "AllowedEngines":
@@ -133,15 +138,30 @@ class AllowedEngines:
             pins[name] = program
         return cls(pins)
 
+    def with_args(self, values: Iterable[str]) -> "AllowedEngines":
+        """These allowances plus the engine options `values` (`--trust-remote-code`); ValueError names one that is not refused."""
+        return AllowedEngines(self._pins, self._args | {normalize_option(v) for v in values})
+
     @property
     def pins(self) -> Mapping[str, str]:
         return self._pins
 
+    @property
+    def args(self) -> frozenset[str]:
+        """The code-running engine options allowed here, by name (`trust-remote-code`)."""
+        return self._args
+
     def __bool__(self) -> bool:
-        return bool(self._pins)
+        return bool(self._pins or self._args)
 
     def __repr__(self) -> str:
-        return f"AllowedEngines({dict(self._pins)!r})"
+        return f"AllowedEngines({dict(self._pins)!r}, args={sorted(self._args)!r})"
+
+    def check(self, spec: ReplicaSpec) -> None:
+        """SpecNotAllowed if the replica's env or args would make its engine run code this node does not allow."""
+        why = spec_refusal(spec.engine, spec.args, spec.env, self._args)
+        if why:
+            raise SpecNotAllowed(f"replica {spec.id} (profile {spec.profile!r}) {why}")
 
     def driver(self, spec: ReplicaSpec) -> TemplateDriver:
         """The driver for a catalog engine's replica, running the pinned program; EngineNotAllowed if it may not run here."""

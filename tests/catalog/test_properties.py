@@ -6,6 +6,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from llmgwctl.catalog import Catalog, CatalogError, load_text
+from llmgwctl.catalog.engine_env import env_refusal
 from llmgwctl.catalog.diff import diff
 from llmgwctl.cli import main
 
@@ -23,7 +24,8 @@ def profile_doc(draw, name):
     for key, strategy in (("gpus", st.integers(0, 8)), ("priority", st.integers(-5, 20)),
                           ("weight", st.floats(0.01, 100, allow_nan=False)),
                           ("args", st.lists(arg, max_size=4)),
-                          ("env", st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,8}", fullmatch=True), arg, max_size=3))):
+                          ("env", st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,8}", fullmatch=True)
+                                                  .filter(lambda key: env_refusal(key) is None), arg, max_size=3))):
         if draw(st.booleans()):
             doc[key] = draw(strategy)
     return doc

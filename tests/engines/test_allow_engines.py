@@ -7,8 +7,8 @@ import stat
 import pytest
 
 from llmgwctl.contracts import ReplicaSpec
-from llmgwctl.engines import (AllowedEngines, EngineNotAllowed, TemplateDriver, UnknownEngine, available_engines,
-                              driver_for)
+from llmgwctl.engines import (AllowedEngines, EngineNotAllowed, SpecNotAllowed, TemplateDriver, UnknownEngine,
+                              available_engines, driver_for)
 
 
 def spec(engine: str = "mylmdeploy", command=("lmdeploy", "serve", "{source}", "--port", "{port}"), **kw) -> ReplicaSpec:
@@ -51,9 +51,12 @@ def test_an_allowed_engine_runs_its_pinned_program_by_its_resolved_path(lmdeploy
     assert isinstance(driver, TemplateDriver)
     argv = driver.launch(spec(), host="127.0.0.1", port=20001).argv
     assert argv == (str(lmdeploy), "serve", "org/m", "--port", "20001")
-    # The catalog may name the same file by its path; the node's PATH decides, not a profile's env.
-    by_path = spec(command=(str(lmdeploy), "serve", "{source}"), env={"PATH": "/tmp/elsewhere"})
+    # The catalog may name the same file by its path; the node's PATH decides, not a profile's env
+    # (which may not set PATH at all: the agent refuses such a spec before any lookup).
+    by_path = spec(command=(str(lmdeploy), "serve", "{source}"))
     assert driver_for(by_path, allowed).launch(by_path, host="127.0.0.1", port=1).argv[0] == str(lmdeploy)
+    with pytest.raises(SpecNotAllowed, match="PATH"):
+        driver_for(spec(command=(str(lmdeploy), "serve", "{source}"), env={"PATH": "/tmp/elsewhere"}), allowed)
 
 
 def test_an_allowed_name_with_another_program_is_refused(lmdeploy):
