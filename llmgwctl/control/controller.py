@@ -8,6 +8,7 @@ endpoints arrive), then the reconciler is woken to move replicas.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any, Callable
@@ -140,8 +141,11 @@ class Controller:
             swaps=w.swaps, rejections=w.rejections, directory_valid=w.directory_valid,
             last_rejection=w.last_rejection.to_dict() if w.last_rejection else None,
             failures=w.failures, degraded=w.degraded, last_failure=w.last_failure)
-        return ControlStatus(catalog=catalog, routers=self.usage.routers(),
-                             fleet=self.reconciler.fleet_status(self.usage.usage_snapshot()),
+        fleet = self.reconciler.fleet_status(self.usage.usage_snapshot())
+        problems = self.usage.endpoint_problems()
+        if problems:
+            fleet = dataclasses.replace(fleet, router=problems)
+        return ControlStatus(catalog=catalog, routers=self.usage.routers(), fleet=fleet,
                              log_streams=self.logs.open_streams())
 
     def status(self) -> dict:
