@@ -316,8 +316,11 @@ class Router:
         # The poller's scrapes, one a second per engine, stay on aiohttp.
         connector = aiohttp.TCPConnector(limit=cfg.connections_total, keepalive_timeout=cfg.keepalive_timeout)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout)
+        # Its headers held to the caps the router's own server and its upstream client hold peers to.
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
-                                              skip_auto_headers=("Accept-Encoding", "User-Agent"))
+                                              skip_auto_headers=("Accept-Encoding", "User-Agent"),
+                                              max_line_size=cfg.max_header_bytes, max_field_size=cfg.max_header_bytes,
+                                              max_headers=cfg.max_headers)
         self.poller = LoadPoller(self.balancer, self._session, interval=cfg.poll_interval, parse=self._parse_load,
                                  max_bytes=cfg.max_metrics_bytes,
                                  on_refused=lambda code: self.metrics.engine_refusals.labels(code).inc())
