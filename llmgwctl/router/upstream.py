@@ -286,7 +286,9 @@ class _Connection(asyncio.Protocol):
         self.counted = True         # in the pool's count of open connections to its engine
         self.keep_alive = False     # the last answer allows another request on this connection
         self.body_until_close = False   # no length, not chunked: the body ends when the connection does
-        self.head_bytes = 0         # bytes received while the answer's headers are not complete
+        # Bytes received since the last body byte: the head, and after it only
+        # chunked framing and trailers, which are a few bytes between chunks.
+        self.head_bytes = 0
         self.header_lines = 0
         self.head_timer: asyncio.TimerHandle | None = None
         self.headers_timeout = 0.0
@@ -305,9 +307,7 @@ class _Connection(asyncio.Protocol):
         self.got_bytes = True
         if self.timer is not None:
             self.last_read = self.loop.time()
-        in_head = self.headers_in is not None
-        if in_head:
-            self.head_bytes += len(data)
+        self.head_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -319,9 +319,10 @@ class _Connection(asyncio.Protocol):
             self._fail(cause if isinstance(cause, UpstreamError) else
                        UpstreamBroken(f"the engine's answer is not valid HTTP: {exc}"))
         else:
-            if in_head and self.headers_in is not None and self.head_bytes > _MAX_HEAD:
+            if self.head_bytes > _MAX_HEAD and not self.closed:
                 # One read more than the bound at most reaches the parser: what
-                # it holds of a head that never ends stays under _MAX_HEAD plus a read.
+                # it holds of a head (or of trailers after a chunked body) that
+                # never ends stays under _MAX_HEAD plus a read.
                 self._fail(OutOfBounds("headers_too_large", f"sent more than {_MAX_HEAD} bytes of headers"))
 
     def eof_received(self) -> bool:
@@ -395,6 +396,7 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(None)
 
     def on_body(self, body: bytes) -> None:
+        self.head_bytes = 0
         self.response.feed(body)  # type: ignore[union-attr]  # set: see above on_message_begin
 
     def on_message_complete(self) -> None:

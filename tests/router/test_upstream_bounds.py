@@ -158,3 +158,31 @@ async def test_a_whole_answer_that_never_starts_ends_at_the_headers_timeout():
     async with Raw(silent) as server, pooled(headers_timeout=0.3) as pool:
         with pytest.raises(UpstreamTimeout):
             await within(pool.post(server.url, "/v1/x", b"{}"))       # no idle timeout: a whole answer
+
+
+async def test_trailers_without_end_after_a_chunked_body_are_refused_at_the_bound():
+    async def trails(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"5\r\nhello\r\n0\r\nX-Trailer: ")
+        try:
+            while True:
+                writer.write(b"a" * 512)
+                await writer.drain()
+                await asyncio.sleep(0)
+        except ConnectionError:
+            pass
+
+    async with Raw(trails) as server, pooled() as pool:
+        r = await _post(pool, server.url)
+        got: list[bytes] = []
+
+        async def consume():
+            async for chunk in r.chunks():
+                got.append(chunk)
+        try:
+            with pytest.raises(OutOfBounds, match="bytes of headers"):
+                await within(consume())
+            assert b"".join(got) == b"hello"
+        finally:
+            r.release()
