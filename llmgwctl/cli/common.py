@@ -83,7 +83,8 @@ def controller_headers() -> dict[str, str]:
 # `llmgwctl serve`: an operator tuning one expects the other to take the same flags.
 # Each default is RouterConfig's, where its reason is given.
 _ROUTER_FIELDS = ("poll_interval", "cold_timeout", "cold_queue", "max_body_bytes", "max_connections_per_client",
-                  "upstream_idle_timeout", "access_log", "cold_keepalive", "cors_origins", "allowed_hosts")
+                  "upstream_idle_timeout", "upstream_headers_timeout", "max_answer_bytes", "max_metrics_bytes",
+                  "access_log", "cold_keepalive", "cors_origins", "allowed_hosts")
 
 
 def _router_options() -> tuple:
@@ -107,6 +108,14 @@ def _router_options() -> tuple:
                      show_default=True,
                      help="Seconds a stream's engine may send nothing before the stream ends (504, or an error "
                           "event); 0: never."),
+        click.option("--upstream-headers-timeout", type=click.FloatRange(min=0), default=d.upstream_headers_timeout,
+                     show_default=True,
+                     help="Seconds an engine may take to send an answer's headers, for every request (504); a "
+                          "whole answer's come when it is done. 0: never."),
+        click.option("--max-answer-bytes", type=click.IntRange(min=1), default=d.max_answer_bytes, show_default=True,
+                     help="Larger whole (non-stream) engine answers get 502 and the replica is ejected for a while."),
+        click.option("--max-metrics-bytes", type=click.IntRange(min=1), default=d.max_metrics_bytes,
+                     show_default=True, help="Larger engine /metrics pages are not read (no load reading)."),
         click.option("--access-log/--no-access-log", default=d.access_log, show_default=True,
                      help="One line per router request on the llmgw.access log (at info level)."),
         click.option("--cold-keepalive", type=click.FloatRange(min=0), default=d.cold_keepalive, show_default=True,

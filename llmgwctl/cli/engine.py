@@ -54,6 +54,14 @@ def command() -> None:
 @click.option("--batch-slowdown", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Share of a decode step each further running request adds (0.1: a batch of 11 is half speed).")
 # -- end of the cache and cost model options --
+# -- misbehaving on purpose, for tests and benches of what the router bounds (see engines/fake_faults.py) --
+@click.option("--fault", type=click.Choice(("huge-length", "endless-body", "endless-headers", "growing-header",
+                                            "no-headers", "redirect")), default=None,
+              help="Answer every POST under /v1/ as a hostile engine would: a 10 GB Content-Length, a body "
+                   "without end, headers without end, a header growing without end, no answer, or a 302.")
+@click.option("--metrics-fault", type=click.Choice(("many-series", "huge-page", "redirect")), default=None,
+              help="Serve /metrics with 1,000,000 extra series, 100 MB of padding, or a 302.")
+@click.option("--redirect-to", default="", metavar="URL", help="Where the redirect faults send.")
 def fake(**options: Any) -> None:
     """Serve a fake vLLM: OpenAI routes, /health, /metrics, no GPU."""
     from ..engines.fake_server import FakeConfig, run

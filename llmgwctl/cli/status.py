@@ -145,6 +145,8 @@ def render(status: dict, now: float | None = None, events: int = 8, wide: bool =
         if any(r.get("fallback") for r in replicas):
             out.append("  * a fallback profile: moved back to the best one when it fits")
         for r in replicas:
+            if r.get("router"):
+                out.extend(_wrap(f"{r['id']} {r['state']}: {r['router']}"))
             if r["state"] == "ready":
                 continue
             why = r.get("reason") or ""

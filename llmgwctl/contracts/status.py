@@ -25,7 +25,7 @@ an unchanged row costs a string join, not a dict and an encode.
         ├ models: ModelStatus...     min, max, desired, ready, priority, why unplaceable (and if for good),
         │                            load against target
         ├ replicas: ReplicaStatus... state, node, GPUs, url, in flight, idle, last exit and last log lines,
-        │                            on a fallback profile
+        │                            on a fallback profile, what the router holds against its engine
         ├ nodes: NodeStatus...       reachable, pools, GPUs (each with memory and whether used), engines
         │                            (missing ones with why), conflict
         └ events: Event...
@@ -60,6 +60,8 @@ def _num(value: float | int | None) -> str:
 # reuses. The tuple is held, so its identity cannot be taken by another; the
 # reconciler hands out the same tuple while no row changed.
 _PLAIN: list = [(), ""]
+# A row's last member when no router holds anything against its engine: most rows.
+_NO_ROUTER = ',"router":null'
 
 
 def _plain_rows(rows: tuple[ReplicaStatus, ...]) -> str | None:
@@ -154,7 +156,7 @@ class ReplicaStatus:
     _json: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     def fragments(self) -> tuple[str, str, str]:
-        """Its JSON as `A inflight B idle_seconds C starting_seconds }` (built once: the record is immutable)."""
+        """Its JSON as `A inflight B idle_seconds C starting_seconds ,"router": ... }` (built once: the record is immutable)."""
         if not self._json:
             a, c = _split({"id": self.id, "model": self.model, "profile": self.profile, "engine": self.engine,
                            "node": self.node, "gpus": list(self.gpus), "state": self.state.value, "url": self.url,
@@ -168,16 +170,16 @@ class ReplicaStatus:
     def plain(self) -> str:
         """Its JSON when unused and not starting: in flight 0, both ages null."""
         a, b, c = self.fragments()
-        return f"{a}0{b}null{c}null}}"
+        return f"{a}0{b}null{c}null{_NO_ROUTER}}}"
 
     def to_dict(self, inflight: int = 0, idle_seconds: float | None = None,
-                starting_seconds: float | None = None) -> dict[str, Any]:
+                starting_seconds: float | None = None, router: str | None = None) -> dict[str, Any]:
         return {"id": self.id, "model": self.model, "profile": self.profile, "engine": self.engine,
                 "node": self.node, "gpus": list(self.gpus), "state": self.state.value, "url": self.url,
                 "pid": self.pid, "restarts": self.restarts, "last_exit": self.last_exit, "adopted": self.adopted,
                 "inflight": inflight, "idle_seconds": idle_seconds, "reason": self.reason,
                 "spec_hash": self.spec_hash, "last_log": list(self.last_log), "fallback": self.fallback,
-                "starting_seconds": starting_seconds}
+                "starting_seconds": starting_seconds, "router": router}
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +267,11 @@ class FleetStatus:
     usage: Mapping[str, Usage] = field(default_factory=lambda: _EMPTY)
     seen_at: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
     reports_of: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
+    # Per replica id, what the router holds against its engine now: ejected
+    # for a cause (what it did, and for how long), or why its /metrics gives
+    # no reading (router.ejection, router.poller); absent: nothing. Read per
+    # read like usage: an ejection runs out without any record changing.
+    router: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
 
     def inflight(self, r: ReplicaStatus) -> int:
         return self.usage.get(r.id, UNUSED)[1]
@@ -296,7 +303,8 @@ class FleetStatus:
                            models=tuple(m for m in self.models if m.name == model), replicas=replicas,
                            nodes=tuple(n for n in self.nodes if n.name in on), events=self.events,
                            failures=self.failures, degraded=self.degraded, last_failure=self.last_failure,
-                           now=self.now, usage=self.usage, seen_at=self.seen_at, reports_of=self.reports_of)
+                           now=self.now, usage=self.usage, seen_at=self.seen_at, reports_of=self.reports_of,
+                           router=self.router)
 
     def _tail(self) -> dict[str, Any]:
         # Like the catalog part's `watcher`, `failures`, `last_failure`: which loop is degraded and why.
@@ -305,8 +313,8 @@ class FleetStatus:
 
     def to_dict(self) -> dict[str, Any]:
         return {"settled": self.settled, "passes": self.passes, "models": [m.to_dict() for m in self.models],
-                "replicas": [r.to_dict(self.inflight(r), self.idle_seconds(r), self.starting_seconds(r))
-                             for r in self.replicas],
+                "replicas": [r.to_dict(self.inflight(r), self.idle_seconds(r), self.starting_seconds(r),
+                                       self.router.get(r.id)) for r in self.replicas],
                 "nodes": [n.to_dict(self.last_seen_seconds(n), self.reports(n)) for n in self.nodes],
                 "events": [e.to_dict() for e in self.events], **self._tail()}
 
@@ -315,20 +323,22 @@ class FleetStatus:
         out = [f'"settled":{_compact(self.settled)},"passes":{self.passes},"models":',
                _compact([m.to_dict() for m in self.models]), ',"replicas":[']
         add = out.append
-        usage, now = self.usage, self.now
-        if not any(last is not None or inflight for last, inflight in usage.values()):
+        usage, now, router = self.usage, self.now, self.router
+        if not router and not any(last is not None or inflight for last, inflight in usage.values()):
             plain = _plain_rows(self.replicas)
             if plain is not None:
                 add(plain)          # an idle fleet with nothing loading: the rows' join of the last read
         for r in self.replicas if len(out) == 3 else ():
             a, b, c = r.fragments()
             last, inflight = usage.get(r.id, UNUSED)
+            held = router.get(r.id) if router else None
+            tail = _NO_ROUTER if held is None else ',"router":' + _compact(held)
             if last is None and not inflight and r.starting_since is None:
-                add(f"{a}0{b}null{c}null}}")      # most of a fleet: no use to show and no load under way
+                add(f"{a}0{b}null{c}null{tail}}}")      # most of a fleet: no use to show and no load under way
                 continue
             idle = "null" if last is None else _num(round(now - last, 1))
             starting = "null" if r.starting_since is None else _num(round(now - r.starting_since, 1))
-            add(f"{a}{_num(inflight)}{b}{idle}{c}{starting}}}")
+            add(f"{a}{_num(inflight)}{b}{idle}{c}{starting}{tail}}}")
         seen_at, reports_of = self.seen_at, self.reports_of
         nodes = []
         for n in self.nodes:
@@ -344,7 +354,8 @@ class FleetStatus:
         usage = self.usage
         return (self.settled, self.models, self.replicas, self.nodes, self.events, self.failures, self.degraded,
                 self.last_failure, tuple(usage.get(r.id, UNUSED)[1] for r in self.replicas),
-                tuple(self.starting_seconds(r) for r in self.replicas if r.starting_since is not None))
+                tuple(self.starting_seconds(r) for r in self.replicas if r.starting_since is not None),
+                tuple(sorted(self.router.items())))
 
 
 @dataclass(frozen=True, slots=True)

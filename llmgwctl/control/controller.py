@@ -8,6 +8,7 @@ endpoints arrive), then the reconciler is woken to move replicas.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any, Callable, Mapping
@@ -177,8 +178,11 @@ class Controller:
             failures=w.failures, degraded=w.degraded, last_failure=w.last_failure, problem=w.problem,
             followed=w.followed)
         watchers = tuple(WatcherStatus(**row()) for row in (w.watcher_status, *self.followed))
-        return ControlStatus(catalog=catalog, routers=self.usage.routers(),
-                             fleet=self.reconciler.fleet_status(self.usage.usage_snapshot()),
+        fleet = self.reconciler.fleet_status(self.usage.usage_snapshot())
+        problems = self.usage.endpoint_problems()
+        if problems:
+            fleet = dataclasses.replace(fleet, router=problems)
+        return ControlStatus(catalog=catalog, routers=self.usage.routers(), fleet=fleet,
                              log_streams=self.logs.open_streams(), watchers=watchers)
 
     def status(self) -> dict:

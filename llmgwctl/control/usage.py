@@ -229,6 +229,15 @@ class UsageBoard:
                 merged.setdefault(rid, reading)
         return merged
 
+    def endpoint_problems(self) -> dict[str, str]:
+        """{replica id: what the in-process router holds against its engine now} (see Router.endpoint_problems).
+
+        Only the in-process router's: a standalone router's ejections show on
+        its own /metrics (`llmgw_router_endpoint_ejected`), not in its usage reports.
+        """
+        local = getattr(self.local, "endpoint_problems", None)
+        return dict(local()) if local is not None else {}
+
     def inflight_seconds(self) -> dict[str, float]:
         """Per replica, request-seconds in flight through every router: the in-process router's counter plus
         the board's own for standalone routers (a ConcurrencySource; see the module docstring).

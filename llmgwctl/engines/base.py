@@ -8,6 +8,10 @@ format's corners (escaping, timestamps, `# EOF`, histograms out of order as
 SGLang's multiprocess mode prints them) are not ours to get right. Adapters
 pick samples by *sample* name, not family name: the parser strips `_total`
 and friends from family names, never from sample names.
+
+Only the lines of the wanted samples reach the parser: a page is an
+engine's to fill, and a million series of families no adapter reads must
+cost a scan for a few names (`str.find`, in C), not a million parsed lines.
 """
 from __future__ import annotations
 
@@ -38,15 +42,47 @@ def replica_env(spec: ReplicaSpec, *, check_gpus: bool = True) -> Mapping[str, s
     return MappingProxyType(env)
 
 
+# Sample lines of the wanted names a page may hold: vLLM prints one per engine
+# core and SGLang one per rank, a few dozen at most even with data
+# parallelism across a large node. More is not a page to weigh a pick by.
+MAX_SAMPLE_LINES = 4096
+
+
+def sample_lines(text: str, names: Iterable[str], limit: int = MAX_SAMPLE_LINES) -> list[str] | None:
+    """The lines of `text` that are samples of `names` (the name, then `{`, a space or a tab), in
+    page order; None past `limit` of them. Comments and every other family are skipped unread."""
+    page = "\n" + text        # every line, the first too, starts after a newline
+    starts: list[int] = []
+    for name in set(names):
+        needle = "\n" + name
+        follow = len(needle)
+        at = page.find(needle)
+        while at >= 0:
+            if page[at + follow:at + follow + 1] in ("{", " ", "\t"):
+                starts.append(at + 1)
+                if len(starts) > limit:
+                    return None
+            at = page.find(needle, at + follow)
+    starts.sort()
+    lines = []
+    for at in starts:
+        end = page.find("\n", at)
+        lines.append(page[at:end if end >= 0 else len(page)].rstrip("\r"))
+    return lines
+
+
 def samples(text: str, names: Iterable[str]) -> dict[str, list[tuple[dict[str, str], float]]] | None:
-    """Every sample of the wanted names, with labels; None if the page does not parse.
+    """Every sample of the wanted names, with labels; None if their lines do not parse, or are past MAX_SAMPLE_LINES.
 
     NaN samples are dropped: a gauge not yet set says nothing about load.
     """
     wanted = set(names)
     found: dict[str, list[tuple[dict[str, str], float]]] = {}
+    lines = sample_lines(text, wanted)
+    if lines is None:
+        return None
     try:
-        for family in text_string_to_metric_families(text):
+        for family in text_string_to_metric_families("\n".join(lines) + "\n"):
             for sample in family.samples:
                 if sample.name in wanted and not math.isnan(sample.value):
                     found.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))

@@ -34,6 +34,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from .. import aio
+from . import fake_faults
 from .fake_replies import (BadRequest, Chunks, Generation, count_prompt_tokens, embedding_vector,
                            parse_generation)
 
@@ -88,6 +89,10 @@ class FakeConfig:
     # How much each further running request slows a decode step, as a share of
     # one request's step: 0.1 makes a batch of 11 decode at half speed.
     batch_slowdown: float = 0.0
+    # -- misbehaving on purpose (fake_faults.py): None = off, the default --
+    fault: str | None = None
+    metrics_fault: str | None = None
+    redirect_to: str = ""       # where the redirect modes send
 
 
 # Compact like vLLM's pydantic output: fewer bytes per reply on the hot path.
@@ -558,6 +563,8 @@ class FakeEngine:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        fake_faults.install(app, self.config.fault, self.config.metrics_fault, self.config.redirect_to,
+                            self.metrics_text)
         return app
 
 

@@ -34,6 +34,12 @@ Router (hot path first):
                                                               (both also on the control API's /metrics)
     llmgw_router_endpoint_info{endpoint,model,profile,replica,url}  gauge, 1 per endpoint in the list: which
                                                               replica holds a slot now (join on `endpoint`)
+    llmgw_router_engine_refusals_total{reason}                counter, engine answers or /metrics pages refused
+                                                              for breaking a bound (answer_too_large,
+                                                              headers_too_large, redirect, metrics_too_large,
+                                                              metrics_redirect)
+    llmgw_router_endpoint_ejected{endpoint,reason}            gauge, 1 per endpoint kept out of picks for a
+                                                              cause (router/ejection.py), reason as above
     llmgw_build_info{version,python}                          gauge, 1 (on both /metrics)
 
 Control plane (all read at scrape from `Controller.state()`, a typed
@@ -259,13 +265,15 @@ class RouterProbe:
     states(): objects with replica_id, endpoint.model, inflight and load_at
               (the balancer's EndpointState);
     waiting(): {model: requests waiting for a cold start};
-    catalog(): (version, model names).
+    catalog(): (version, model names);
+    ejected(): {replica id: the code it is ejected for} (router/ejection.py).
     """
 
     states: Callable[[], Iterable[Any]]
     waiting: Callable[[], Mapping[str, int]]
     catalog: Callable[[], tuple[str, Iterable[str]]]
     clock: Callable[[], float] = time.monotonic
+    ejected: Callable[[], Mapping[str, str]] = dict
 
 
 class _Count:
@@ -467,6 +475,8 @@ class RouterMetrics:
         self.key_reloads = Counter("llmgw_router_api_keys_reloads", "API key file reloads.", ("result",), registry=r)
         self._watchers = _Watchers()
         r.register(self._watchers)
+        self.engine_refusals = Counter("llmgw_router_engine_refusals", "Engine answers and /metrics pages refused "
+                                       "for breaking a bound the router holds engines to.", ("reason",), registry=r)
         self._models: dict[str, _ModelMetrics] = {}
         self._endpoints: dict[tuple[str, str], EndpointMetrics] = {}
         self._unrouted: dict[tuple[str, int], Any] = {}
@@ -563,6 +573,10 @@ class _RouterCollector:
         endpoint_info = GaugeMetricFamily("llmgw_router_endpoint_info", "The replica holding an endpoint slot now "
                                           "(1 per endpoint in the list).",
                                           labels=("endpoint", "model", "profile", "replica", "url"))
+        ejected = GaugeMetricFamily("llmgw_router_endpoint_ejected", "Endpoints kept out of picks for a cause, "
+                                    "by what the engine did (1 while it lasts).", labels=("endpoint", "reason"))
+        for rid, code in p.ejected().items():
+            ejected.add_metric((self.slot(rid), code), 1)
         ready: dict[str, int] = {}
         for st in p.states():
             ep = st.endpoint
@@ -588,7 +602,7 @@ class _RouterCollector:
         info = GaugeMetricFamily("llmgw_router_catalog_info", "The catalog version the router resolves against.",
                                  labels=("version",))
         info.add_metric((version,), 1)
-        return [inflight, age, running, queued, kv, endpoint_info, ready_g, queue, info]
+        return [inflight, age, running, queued, kv, endpoint_info, ejected, ready_g, queue, info]
 
 
 class ControlMetrics:

@@ -209,6 +209,10 @@ class Balancer:
     def states(self) -> tuple[EndpointState, ...]:
         return tuple(self._states.values())
 
+    def state_of(self, replica_id: str) -> EndpointState | None:
+        """The state of the endpoint listed under `replica_id` now; None if it is not listed."""
+        return self._states.get(replica_id)
+
     def usage_snapshot(self) -> dict[str, Usage]:
         snapshot = {rid: Usage(st.last_used, st.inflight) for rid, st in self._states.items()}
         # A withdrawn endpoint still carrying requests is what the controller's
@@ -401,6 +405,11 @@ class Balancer:
         duration = min(self._eject_base * 2 ** (state.failures - 1), self._eject_max)
         state.ejected_until = self._clock() + duration
         return duration
+
+    def keep_out(self, state: EndpointState, until: float) -> None:
+        """Keep `state` out of picks until `until` (this balancer's clock), whatever its failure count says:
+        an ejection for a cause decided elsewhere (see ejection.py)."""
+        state.ejected_until = max(state.ejected_until, until)
 
     @staticmethod
     def succeeded(state: EndpointState) -> None:

@@ -62,9 +62,31 @@ class RouterConfig:
     max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT
     # A stream whose engine sends no byte for this long ends (504 before its
     # first byte, an error event after): a long prefill sends nothing until the
-    # first token, and 10 minutes is past any real one. Whole (non-stream)
-    # replies are bounded by their clients instead (see Router._on_startup).
+    # first token, and 10 minutes is past any real one. A whole (non-stream)
+    # reply sends nothing until it is done: it is bounded by the next one.
     upstream_idle_timeout: float = 600.0
+    # The wait for an engine's headers, for every request, from the moment it
+    # is sent. vLLM, SGLang and llama.cpp send a whole (non-stream) answer's
+    # headers with its body, when the generation ends, so this bounds a whole
+    # generation: 30 minutes is 32k tokens at under 20 tokens/s, past what
+    # any client waits for without streaming (OpenAI's SDKs give up at 10
+    # minutes and disconnect, which frees the slot at once). It is what ends a
+    # request to an engine that never answers, or trickles header bytes
+    # forever, for a client that never gives up. 0: no bound.
+    upstream_headers_timeout: float = 1800.0
+    # A whole (non-stream) answer is held to be counted and passed on; past
+    # this it is refused (502) and its engine ejected for a while. The largest
+    # real answers are embeddings of a big batch: 2,048 inputs (OpenAI's cap
+    # per request) of 1,024 floats as JSON text (~20 bytes each) are ~40 MiB,
+    # and a long completion with top logprobs is a few MiB. 64 MiB holds both,
+    # and bounds what one engine can make the router hold per request. A
+    # stream is passed through as it arrives and is not capped.
+    max_answer_bytes: int = 64 * 1024 * 1024
+    # An engine's /metrics page at most, read per poll: real pages are 10-80 KB
+    # (a vLLM V1 page with every histogram ~75 KB); 4 MiB is fifty times
+    # that, and reading and scanning it each second costs a few ms of a
+    # worker thread. A larger page is not read: no reading, counted, shown.
+    max_metrics_bytes: int = 4 * 1024 * 1024
     # A streaming client that reads nothing for this long is cut off and the
     # engine's slot freed: a stranger must not hold a GPU slot by not reading.
     # 60 s is far past any pause a live reader makes (a mobile client changing

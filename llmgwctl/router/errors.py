@@ -120,6 +120,12 @@ def upstream_failed(model: str, detail: str) -> web.Response:
                     "upstream_unavailable")
 
 
+def engine_out_of_bounds(model: str, replica: str, detail: str) -> web.Response:
+    """502 for an answer the router refused to pass on (too large, a redirect, headers without end): the replica named."""
+    return response(502, f"replica {replica} of model {model!r} {detail}; the router refused its answer and "
+                    "sends it no requests for a while", "upstream_error", "upstream_out_of_bounds")
+
+
 def not_found(path: str) -> web.Response:
     return response(404, f"no route for {path}", "invalid_request_error", "not_found")
 

@@ -6,10 +6,20 @@ must not know any engine's metric names -- those belong to the drivers.
 
 A failed poll stores nothing: the last reading ages past `stale_after` and the
 balancer then treats the endpoint as unknown, not as idle.
+
+An engine is a peer the router does not trust, and its page is read where it
+cannot stall the router: at most `max_bytes` of it (a larger page is not read
+at all, and the refusal is counted and kept in `problems`, which status shows
+as the replica's reason), never following a redirect (a 302 to an internal
+URL would make the router fetch it every second), within the poll interval,
+and parsed on one worker thread of the poller's own, not on the event loop.
+The adapters themselves look only at the lines of the families they use
+(`engines.base.samples`).
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 from typing import Callable
 
@@ -35,22 +45,40 @@ class LoadPoller:
     """Reads every endpoint's /metrics each `interval`; `poll_once()` is one pass, for tests."""
 
     def __init__(self, balancer: Balancer, session: aiohttp.ClientSession, *,
-                 interval: float = DEFAULTS.poll_interval, parse: ParseLoad = parse_with_drivers):
+                 interval: float = DEFAULTS.poll_interval, parse: ParseLoad = parse_with_drivers,
+                 max_bytes: int = DEFAULTS.max_metrics_bytes, on_refused: Callable[[str], None] = lambda code: None):
         self._balancer = balancer
         self._session = session
         self.interval = interval
         self._parse = parse
+        self.max_bytes = max_bytes
+        self._on_refused = on_refused
         # A poll that takes longer than the interval is as good as missing; the
         # timeout keeps a wedged engine from holding up the pass for the others.
         self._timeout = aiohttp.ClientTimeout(total=interval)
         self._resync = asyncio.Event()
+        # One thread: parsing is Python holding the GIL, so a second thread
+        # would only contend with the first and with the loop; pages queue for
+        # it, and a pass waits for its own before sleeping, so they never pile up.
+        self._worker: concurrent.futures.ThreadPoolExecutor | None = None
+        # replica id -> why its page gives no reading (too large, a redirect), until one does
+        self.problems: dict[str, str] = {}
 
     def resync(self) -> None:
         """The endpoint list changed: poll now, so a new endpoint gets a reading without waiting a tick."""
         self._resync.set()
 
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown(wait=False, cancel_futures=True)
+            self._worker = None
+
     async def poll_once(self) -> None:
         states = [st for st in self._balancer.states() if st.endpoint.metrics_path is not None]
+        if self.problems:
+            listed = {st.replica_id for st in states}
+            for rid in [r for r in self.problems if r not in listed]:
+                del self.problems[rid]
         if states:
             await asyncio.gather(*(self._poll(st) for st in states))
 
@@ -60,18 +88,60 @@ class LoadPoller:
             return      # poll_once passes only endpoints with one; an engine without metrics is not polled
         sent = st.inflight      # ours when the engine counted: the balancer subtracts it (Balancer.record)
         try:
-            async with self._session.get(ep.url + ep.metrics_path, timeout=self._timeout) as resp:
+            async with self._session.get(ep.url + ep.metrics_path, timeout=self._timeout,
+                                         allow_redirects=False) as resp:
+                if 300 <= resp.status < 400:
+                    self._refuse(st, "metrics_redirect", f"/metrics answered {resp.status}, a redirect, which the "
+                                 "router never follows")
+                    return
                 if resp.status != 200:
                     return
-                text = await resp.text()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                data = await self._read(resp)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+            return      # ValueError: aiohttp refusing a header line past its limits
+        if data is None:
+            self._refuse(st, "metrics_too_large", f"/metrics is larger than the router reads ({self.max_bytes} "
+                         "bytes); no load reading")
             return
+        if self._worker is None:
+            self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="llmgw-metrics")
         try:
-            reading = self._parse(ep.engine, text)
+            reading = await asyncio.get_running_loop().run_in_executor(self._worker, self._read_page, ep.engine, data)
+        except RuntimeError:
+            return      # the worker was shut down: the router is stopping
         except Exception:   # an adapter bug must not stop polling the other endpoints
             log.exception("reading %s metrics from %s", ep.engine, ep.url)
             return
+        if reading is not None:
+            self.problems.pop(st.replica_id, None)
         self._balancer.record(st, reading, sent)
+
+    async def _read(self, resp: aiohttp.ClientResponse) -> bytes | None:
+        """The page, or None when it is larger than max_bytes: refused by its length unread, else cut off
+        as soon as what arrived passes the cap; either way the connection is closed, not read on."""
+        if resp.content_length is not None and resp.content_length > self.max_bytes:
+            resp.close()
+            return None
+        parts: list[bytes] = []
+        got = 0
+        async for chunk in resp.content.iter_any():
+            got += len(chunk)
+            if got > self.max_bytes:
+                resp.close()
+                return None
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def _read_page(self, engine: str, data: bytes) -> LoadReading | None:
+        # On the worker thread: decoding a few MiB is work too.
+        return self._parse(engine, data.decode("utf-8", "replace"))
+
+    def _refuse(self, st: EndpointState, code: str, reason: str) -> None:
+        self._on_refused(code)
+        if self.problems.get(st.replica_id) != reason:
+            log.warning("endpoint %s: %s", st.replica_id, reason,
+                        extra={"event": "metrics-refused", "endpoint": st.replica_id, "reason": code})
+        self.problems[st.replica_id] = reason
 
     async def run(self) -> None:
         while True:

@@ -54,7 +54,9 @@ from .config import DEFAULTS, RouterConfig
 from .limits import DepthError, PathError, check_depth, check_target
 from .poller import LoadPoller, ParseLoad, parse_with_drivers
 from .prefix import DEFAULT_POLICY, LEAST_LOAD, Policies
-from .upstream import BadEndpointURL, ConnectFailed, Pool, Response, UpstreamError, UpstreamTimeout, parse_target
+from .ejection import Ejector
+from .upstream import (BadEndpointURL, ConnectFailed, OutOfBounds, Pool, Response, UpstreamError, UpstreamTimeout,
+                       parse_target)
 
 log = logging.getLogger("llmgw.router")
 access_log = logging.getLogger("llmgw.access")
@@ -155,6 +157,9 @@ class Router:
         # A reading older than three polls is unknown: one missed scrape is noise,
         # three mean the engine is not answering.
         self.balancer = Balancer(clock=clock, stale_after=3 * config.poll_interval)
+        # Endpoints kept out for what their engines did (a 10 GB answer, a
+        # redirect), with the reason status shows.
+        self.ejector = Ejector(self.balancer, clock=clock)
         self.policies = Policies(self.balancer)
         self.cold = ColdStart(waker, max_waiting=config.cold_queue, timeout=config.cold_timeout, clock=clock)
         self._view = _View(catalog if catalog is not None else Catalog())
@@ -174,7 +179,7 @@ class Router:
             states=self.balancer.states,
             waiting=lambda: {m.name: self.cold.waiting(m.name) for m in self._view.catalog.models},
             catalog=lambda: (self._view.version, [m.name for m in self._view.catalog.models]),
-            clock=clock))
+            clock=clock, ejected=lambda: {rid: e.code for rid, e in self.ejector.current().items()}))
 
     # -- the control plane's side ------------------------------------------------
 
@@ -273,6 +278,14 @@ class Router:
         """{replica_id: in flight integrated over time}, for the autoscaler (a ConcurrencySource)."""
         return self.balancer.inflight_seconds()
 
+    def endpoint_problems(self) -> dict[str, str]:
+        """{replica_id: what this router holds against its engine now}, for status: an ejection for a
+        cause (see ejection.py), else why its /metrics gives no reading; absent: nothing."""
+        poller = self.poller
+        out = dict(poller.problems) if poller is not None else {}
+        out.update((rid, e.describe()) for rid, e in self.ejector.current().items())
+        return out
+
     # -- lifecycle ------------------------------------------------------------------
 
     def app(self, bind_host: str | None = None) -> web.Application:
@@ -310,13 +323,19 @@ class Router:
         # per request). The pool sends no Accept-Encoding, so engines answer
         # uncompressed and the router never decompresses.
         self._pool = Pool(connect_timeout=cfg.connect_timeout, keepalive_timeout=cfg.keepalive_timeout,
+                          headers_timeout=cfg.upstream_headers_timeout,
                           limit_per_endpoint=cfg.connections_per_endpoint, limit_total=cfg.connections_total)
         # The poller's scrapes, one a second per engine, stay on aiohttp.
         connector = aiohttp.TCPConnector(limit=cfg.connections_total, keepalive_timeout=cfg.keepalive_timeout)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout)
+        # Its headers held to the caps the router's own server and its upstream client hold peers to.
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
-                                              skip_auto_headers=("Accept-Encoding", "User-Agent"))
-        self.poller = LoadPoller(self.balancer, self._session, interval=cfg.poll_interval, parse=self._parse_load)
+                                              skip_auto_headers=("Accept-Encoding", "User-Agent"),
+                                              max_line_size=cfg.max_header_bytes, max_field_size=cfg.max_header_bytes,
+                                              max_headers=cfg.max_headers)
+        self.poller = LoadPoller(self.balancer, self._session, interval=cfg.poll_interval, parse=self._parse_load,
+                                 max_bytes=cfg.max_metrics_bytes,
+                                 on_refused=lambda code: self.metrics.engine_refusals.labels(code).inc())
         self._poll_task = asyncio.get_running_loop().create_task(self.poller.run())
 
     async def _on_cleanup(self, app: web.Application) -> None:
@@ -328,6 +347,8 @@ class Router:
                 pass
         if self._session is not None:
             await self._session.close()
+        if self.poller is not None:
+            self.poller.close()
         if self._pool is not None:
             await self._pool.close()
 
@@ -623,6 +644,8 @@ class Router:
                         # short (client gone, error) closes, so the engine sees the
                         # disconnect and frees the slot.
                         upstream.release()
+            except OutOfBounds as exc:
+                raise _Refused(self._out_of_bounds(call, state, exc)) from None
             except UpstreamError as exc:
                 raise _Refused(errors.upstream_failed(
                     model, f"{state.replica_id}: {exc or type(exc).__name__}")) from None
@@ -686,7 +709,19 @@ class Router:
     # -- the request path: the engine's answer back ---------------------------------------
 
     async def _respond(self, call: _Call, upstream: Response, state: EndpointState) -> web.StreamResponse:
-        """Pass the engine's answer on: an event stream as it arrives, anything else whole."""
+        """Pass the engine's answer on: an event stream as it arrives, anything else whole (up to max_answer_bytes).
+
+        OutOfBounds (the caller answers 502 and ejects the replica, see
+        `_out_of_bounds`) for a redirect: the router never follows one, and
+        passing it on would send the client to wherever the engine says,
+        with the client's credentials in a browser's case.
+        """
+        status = upstream.status
+        if 300 <= status < 400:
+            location = upstream.headers.get("location", "")
+            log.warning("endpoint %s answered %d to %s (Location %r); refused, never followed", state.replica_id,
+                        status, call.request.path, location[:200])
+            raise OutOfBounds("redirect", f"answered {status}, a redirect, which the router never follows")
         ctype = upstream.headers.get("content-type", "application/json")
         headers = {"Content-Type": ctype, "x-llmgw-replica": state.replica_id,
                    "x-llmgw-catalog-version": call.view.version}
@@ -703,7 +738,9 @@ class Router:
                           headers: dict[str, str]) -> web.Response:
         r0 = perf_counter()
         try:
-            data = await upstream.read()
+            data = await upstream.read(self.config.max_answer_bytes)
+        except OutOfBounds:
+            raise       # the caller's: answered 502, the replica ejected (_out_of_bounds)
         except UpstreamError as exc:
             self.balancer.eject(state)
             raise _Refused(errors.upstream_failed(
@@ -718,6 +755,15 @@ class Router:
         # its last leave together (first=0: at the end).
         self._served(call, state, status, 0.0, overhead, usage)
         return web.Response(status=status, body=data, headers=headers)
+
+    def _out_of_bounds(self, call: _Call, state: EndpointState, exc: OutOfBounds) -> web.Response:
+        """An engine broke a bound (its answer too large, a redirect, headers without end): eject it for a
+        while with the reason, count it, log it; the 502 for the client, naming the replica."""
+        ejection = self.ejector.eject(state, exc.code, str(exc))
+        self.metrics.engine_refusals.labels(exc.code).inc()
+        log.warning("endpoint %s of %r %s; ejected for %.0f s", state.replica_id, call.model, exc, ejection.seconds,
+                    extra={"event": "endpoint-ejected", "endpoint": state.replica_id, "reason": exc.code})
+        return errors.engine_out_of_bounds(call.model, state.replica_id, str(exc))
 
     async def _pass_stream(self, call: _Call, upstream: Response, state: EndpointState,
                            headers: dict[str, str]) -> web.StreamResponse:
@@ -858,8 +904,13 @@ class Router:
 
     async def _pass_whole_in_stream(self, call: _Call, upstream: Response, state: EndpointState) -> web.StreamResponse:
         """An engine's whole (non-stream) answer to a stream already opened: an error, as the last event."""
+        status = upstream.status
         try:
-            data = await upstream.read()
+            data = await upstream.read(self.config.max_answer_bytes)
+        except OutOfBounds as exc:
+            refusal = self._out_of_bounds(call, state, exc)
+            assert isinstance(refusal.body, bytes)      # our refusals are JSON bytes
+            data, status, detail = refusal.body, refusal.status, ""
         except UpstreamError as exc:
             self.balancer.eject(state)
             data = b""
@@ -877,7 +928,7 @@ class Router:
         except ConnectionError:
             self._served(call, state, 499, 0.0, perf_counter() - call.t0 - call.waited, None)
             return resp
-        self._served(call, state, upstream.status, 0.0, perf_counter() - call.t0 - call.waited, None)
+        self._served(call, state, status, 0.0, perf_counter() - call.t0 - call.waited, None)
         return resp
 
 

@@ -16,14 +16,27 @@ Errors say whether sending the request elsewhere is safe:
     UpstreamError         (a RouterError, see errors.py)
      ├── ConnectFailed    refused, reset or closed before any byte of the answer:
      │                    the engine did not answer, another endpoint may
-     ├── UpstreamTimeout  no byte for `idle_timeout` (only when one is given): the
-     │                    engine took the request and may be running it, no retry
+     ├── UpstreamTimeout  no byte for `idle_timeout` (only when one is given), or
+     │                    no complete headers within `headers_timeout`: the engine
+     │                    took the request and may be running it, no retry
      └── UpstreamBroken   the answer started, then the connection failed or the
-                          engine sent something that is not HTTP: no retry
+          │               engine sent something that is not HTTP: no retry
+          └── OutOfBounds the engine broke a bound the router holds every peer to
+                          (its headers too long or too many, a whole answer past
+                          the cap): not a blip but a broken or hostile engine,
+                          which the router keeps out for a while (ejection.py)
 
     BadEndpointURL        (a ValueError, not an UpstreamError) the URL cannot be
                           an engine's: a configuration error, found by
                           `parse_target` when the endpoint is set, never sent
+
+An engine is a peer the router does not trust (a GPU node can be
+compromised, an engine can be buggy): nothing it sends is held without a
+bound. Its headers are capped as the router's own server caps a client's
+(MAX_HEADER_BYTES a line, MAX_HEADERS lines, and `_MAX_HEAD` bytes in all),
+the wait for them is bounded for every request (`headers_timeout`), a whole
+answer is read up to a cap given by the caller (`Response.read(limit)`), and
+nothing is ever followed: a redirect is just a status the caller refuses.
 
 The three classes talk through methods: the pool hands out connections and is
 told when one is idle or closed (`put_idle`, `forget`); a connection feeds its
@@ -41,6 +54,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from ..httpserver import MAX_HEADER_BYTES, MAX_HEADERS
 from .config import DEFAULTS
 from .errors import RouterError
 
@@ -60,6 +74,14 @@ class UpstreamTimeout(UpstreamError):
 
 class UpstreamBroken(UpstreamError):
     """The answer started and did not finish."""
+
+
+class OutOfBounds(UpstreamBroken):
+    """The engine's answer broke one of the bounds on what a peer may send; `code` names which (a metric label)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
 
 
 class BadEndpointURL(ValueError):
@@ -100,6 +122,13 @@ _TARGETS_KEPT = 1024
 # growing. 256 KiB is a few thousand SSE events.
 _HIGH_WATER = 256 * 1024
 _LOW_WATER = 64 * 1024
+# An engine's whole answer head (status line and header lines) at most: a
+# real one is a few hundred bytes (vLLM: status, date, server, length, type).
+# The bound is also what keeps the parser cheap: httptools joins a header's
+# pieces as they arrive (a `bytes +=` per read), so a line trickled in tiny
+# reads costs the square of its length, and 64 KiB keeps that square small
+# while leaving room for eight header lines of the longest the router takes.
+_MAX_HEAD = 64 * 1024
 
 
 class Response:
@@ -129,11 +158,31 @@ class Response:
         """Reading from the engine is paused because the body is not read fast enough."""
         return self._paused
 
-    async def read(self) -> bytes:
-        """The whole body."""
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole body; with `limit`, OutOfBounds as soon as it is known to be longer than that.
+
+        A Content-Length past the limit is refused before a byte of the body
+        is read, and a body without one is refused when what arrived passes
+        the limit: a `Content-Length: 10 GB` costs nothing, an endless body at
+        most `limit` bytes, let go at once. The caller releases the answer,
+        which closes its connection.
+        """
+        if limit is not None:
+            declared = self.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                raise OutOfBounds("answer_too_large", f"answered {declared} bytes, more than the router's limit of "
+                                  f"{limit} bytes for a whole answer")
         parts: list[bytes] = []
+        got = 0
         while True:
             if self._chunks:
+                if limit is not None:
+                    got += self._buffered
+                    if got > limit:
+                        self._chunks.clear()
+                        parts.clear()
+                        raise OutOfBounds("answer_too_large", f"sent more than the router's limit of {limit} "
+                                          "bytes for a whole answer")
                 parts.extend(self._chunks)
                 self._chunks.clear()
                 self._buffered = 0
@@ -217,7 +266,7 @@ class _Connection(asyncio.Protocol):
 
     __slots__ = ("pool", "key", "loop", "transport", "parser", "response", "headers_in", "closed",
                  "idle_since", "reused", "got_bytes", "last_read", "timer", "idle_timeout", "counted",
-                 "keep_alive", "body_until_close")
+                 "keep_alive", "body_until_close", "head_bytes", "header_lines", "head_timer", "headers_timeout")
 
     def __init__(self, pool: "Pool", key: str, loop: asyncio.AbstractEventLoop):
         self.pool = pool
@@ -237,6 +286,12 @@ class _Connection(asyncio.Protocol):
         self.counted = True         # in the pool's count of open connections to its engine
         self.keep_alive = False     # the last answer allows another request on this connection
         self.body_until_close = False   # no length, not chunked: the body ends when the connection does
+        # Bytes received since the last body byte: the head, and after it only
+        # chunked framing and trailers, which are a few bytes between chunks.
+        self.head_bytes = 0
+        self.header_lines = 0
+        self.head_timer: asyncio.TimerHandle | None = None
+        self.headers_timeout = 0.0
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -252,12 +307,23 @@ class _Connection(asyncio.Protocol):
         self.got_bytes = True
         if self.timer is not None:
             self.last_read = self.loop.time()
+        self.head_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(UpstreamBroken("the engine switched protocols"))
+        except UpstreamError as exc:
+            self._fail(exc)         # a bound a callback found broken (on_header, on_message_begin)
         except httptools.HttpParserError as exc:
-            self._fail(UpstreamBroken(f"the engine's answer is not valid HTTP: {exc}"))
+            cause = exc.__cause__ or exc.__context__
+            self._fail(cause if isinstance(cause, UpstreamError) else
+                       UpstreamBroken(f"the engine's answer is not valid HTTP: {exc}"))
+        else:
+            if self.head_bytes > _MAX_HEAD and not self.closed:
+                # One read more than the bound at most reaches the parser: what
+                # it holds of a head (or of trailers after a chunked body) that
+                # never ends stays under _MAX_HEAD plus a read.
+                self._fail(OutOfBounds("headers_too_large", f"sent more than {_MAX_HEAD} bytes of headers"))
 
     def eof_received(self) -> bool:
         return False        # close our side too
@@ -302,6 +368,12 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         # Called per header line: no assert here or in on_body, per chunk (the
         # invariant above holds; this is the hot path and costs what it did).
+        # The caps are the router's own server's (httpserver.py): a peer is held to what a client is.
+        self.header_lines += 1
+        if self.header_lines > MAX_HEADERS or len(name) + len(value) > MAX_HEADER_BYTES:
+            raise OutOfBounds("headers_too_large", f"sent more than {MAX_HEADERS} header lines"
+                              if self.header_lines > MAX_HEADERS else
+                              f"sent a header line longer than {MAX_HEADER_BYTES} bytes")
         self.response.headers[name.decode("latin-1").lower()] = value.decode("latin-1")  # type: ignore[union-attr]
 
     def on_headers_complete(self) -> None:
@@ -317,10 +389,14 @@ class _Connection(asyncio.Protocol):
             headers.clear()
             return
         waiter, self.headers_in = self.headers_in, None
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
     def on_body(self, body: bytes) -> None:
+        self.head_bytes = 0
         self.response.feed(body)  # type: ignore[union-attr]  # set: see above on_message_begin
 
     def on_message_complete(self) -> None:
@@ -334,8 +410,12 @@ class _Connection(asyncio.Protocol):
 
     # -- the pool's side -------------------------------------------------------------
 
-    def send(self, head: bytes, body: bytes, idle_timeout: float | None) -> Response:
+    def send(self, head: bytes, body: bytes, idle_timeout: float | None, headers_timeout: float | None = None,
+             ) -> Response:
         """Send one request; ConnectFailed, with the connection closed, if it is found closed.
+
+        `headers_timeout`: the answer's headers must be complete within it
+        from now, however the engine paces its bytes (UpstreamTimeout).
 
         A connection can be closed before it knows: the engine died (SIGKILL)
         while it sat idle, the transport saw the reset and closed, and the
@@ -352,6 +432,10 @@ class _Connection(asyncio.Protocol):
         self.got_bytes = False
         self.keep_alive = False
         self.body_until_close = False
+        self.head_bytes = self.header_lines = 0
+        if headers_timeout:
+            self.headers_timeout = headers_timeout
+            self.head_timer = self.loop.call_later(headers_timeout, self._headers_late)
         if idle_timeout:
             self.idle_timeout = idle_timeout
             self.last_read = self.loop.time()
@@ -385,10 +469,22 @@ class _Connection(asyncio.Protocol):
             self.response.fail(error)
         self.close()
 
+    def _headers_late(self) -> None:
+        # A deadline, not a silence: an engine trickling header bytes keeps
+        # the idle timer from firing but not this one.
+        self.head_timer = None
+        if self.headers_in is not None and not self.headers_in.done():
+            self.headers_in.set_exception(UpstreamTimeout(
+                f"sent no complete headers within {self.headers_timeout:g} s"))
+            self.close()
+
     def _stop_timer(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
 
     def _fail(self, error: UpstreamError) -> None:
         if self.headers_in is not None and not self.headers_in.done():
@@ -442,11 +538,13 @@ class Pool:
     # The defaults are RouterConfig's, where each one's reason is given.
     def __init__(self, *, connect_timeout: float = DEFAULTS.connect_timeout,
                  keepalive_timeout: float = DEFAULTS.keepalive_timeout,
+                 headers_timeout: float = DEFAULTS.upstream_headers_timeout,
                  limit_per_endpoint: int = DEFAULTS.connections_per_endpoint,
                  limit_total: int = DEFAULTS.connections_total,
                  clock: Callable[[], float] = time.monotonic):
         self.connect_timeout = connect_timeout
         self.keepalive_timeout = keepalive_timeout
+        self.headers_timeout = headers_timeout
         self.limit_per_endpoint = limit_per_endpoint
         self.limit_total = limit_total
         self._total = 0
@@ -465,7 +563,9 @@ class Pool:
         """POST `body` (JSON) to base_url + path; return once the answer's headers are in.
 
         With `idle_timeout`, the engine may not go silent for longer than that
-        (before the headers or between chunks). Call `release()` on the answer.
+        (before the headers or between chunks). Whatever the request, its
+        headers must be complete within the pool's `headers_timeout` (0: no
+        bound). Call `release()` on the answer.
         BadEndpointURL, before anything is sent, if `base_url` cannot be an
         engine's (check it with `parse_target` when the endpoint is set).
         """
@@ -482,7 +582,7 @@ class Pool:
         while True:
             conn = await self._acquire(base_url, target)
             try:
-                response = conn.send(head, body, idle_timeout)
+                response = conn.send(head, body, idle_timeout, self.headers_timeout)
             except ConnectFailed:
                 self.forget(conn)
                 if conn.reused:

@@ -173,3 +173,19 @@ def test_the_status_table_of_a_big_fleet_counts_the_ready_and_lists_the_rest():
     assert sum(line.split()[0] in ids for line in wide if line and not line.startswith(" ")) == SUMMARY_ABOVE + 10
     every = render(status, now=w.clock.now, every=True).splitlines()      # as `status --model` renders
     assert sum(line.split()[0] in ids for line in every if line and not line.startswith(" ")) == SUMMARY_ABOVE + 10
+
+
+def test_what_the_router_holds_against_a_replica_is_in_its_row_and_in_the_table():
+    from llmgwctl.cli.status import render
+
+    w = fleet()
+    rid = sorted(w.rec.replicas)[0]
+    plain = control(w)
+    assert [r["router"] for r in json.loads(plain.to_json())["replicas"]] == [None, None]
+    held = dataclasses.replace(plain, fleet=dataclasses.replace(
+        plain.fleet, router={rid: "ejected by the router for 30 s: answered 302, a redirect"}))
+    doc = json.loads(held.to_json())
+    assert doc == held.to_dict()
+    assert {r["id"]: r["router"] for r in doc["replicas"]}[rid].endswith("answered 302, a redirect")
+    assert held.unaged() != plain.unaged()          # the console's stream shows it at once
+    assert f"{rid} ready: ejected by the router for 30 s: answered 302, a redirect" in render(doc)

@@ -45,3 +45,62 @@ def test_a_poll_subtracts_our_count_as_it_was_when_sent_not_when_answered():
             assert st.others == 0, "the engine's 3 were ours: no other router's load on it"
 
     asyncio.run(asyncio.wait_for(run(), 30))
+
+
+async def _poll_page(handler, **options):
+    """One poll of a page served by `handler`; (the endpoint's state, the poller, the codes it refused with).
+    Nothing may reach /followed, where the redirect points."""
+    balancer = Balancer()
+    refused: list[str] = []
+    followed: list[str] = []
+    app = web.Application()
+    app.router.add_get("/metrics", handler)
+
+    async def target(request):
+        followed.append(request.path)
+        return web.Response(text=PAGE)
+    app.router.add_get("/followed", target)
+    async with local_server(app) as url:
+        balancer.set_endpoints([Endpoint(replica_id="r", model="m", profile="p", engine="vllm", url=url)])
+        async with aiohttp.ClientSession() as session:
+            poller = LoadPoller(balancer, session, on_refused=refused.append, **options)
+            try:
+                await poller.poll_once()
+            finally:
+                poller.close()
+    assert not followed
+    return balancer.states()[0], poller, refused
+
+
+def test_a_redirecting_page_is_never_followed_and_says_so():
+    async def run():
+        async def redirect(request):
+            raise web.HTTPFound("/followed")
+        st, poller, refused = await _poll_page(redirect)
+        assert st.load is None and refused == ["metrics_redirect"]
+        assert "302, a redirect" in poller.problems["r"]
+    asyncio.run(asyncio.wait_for(run(), 30))
+
+
+def test_a_page_past_the_cap_is_not_read_by_its_length_or_as_it_arrives():
+    async def run():
+        big = PAGE + "x 1\n" * 1000
+
+        async def sized(request):
+            return web.Response(text=big)
+
+        async def chunked(request):
+            resp = web.StreamResponse()
+            await resp.prepare(request)
+            for _ in range(100):
+                await resp.write(b"# padding\n" * 100)
+            await resp.write_eof()
+            return resp
+
+        for handler in (sized, chunked):
+            st, poller, refused = await _poll_page(handler, max_bytes=1000)
+            assert st.load is None and refused == ["metrics_too_large"], handler
+            assert "larger than the router reads (1000 bytes)" in poller.problems["r"]
+        st, poller, refused = await _poll_page(sized, max_bytes=len(big))
+        assert st.load is not None and st.load.running == 3 and not refused and not poller.problems
+    asyncio.run(asyncio.wait_for(run(), 30))

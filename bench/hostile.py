@@ -1,0 +1,310 @@
+"""Normal traffic beside a hostile engine and hostile clients, against the same traffic alone, in one run.
+
+    python bench/hostile.py [--quiet 15] [--hostile 30] [--after 10] [--concurrency 4]
+
+Starts `llmgwctl serve` (local agent, fake engines) on 127.0.0.1 with one
+well-behaved model, `good`, and measures four phases from an aiohttp client
+in this process:
+
+  quiet    normal traffic alone: non-stream chats to `good` from
+           --concurrency clients, each pausing 20 ms between requests, and
+           GET /healthz on both ports every 50 ms
+  engines  the same, while a second catalog file adds models whose fake
+           engines misbehave (`llmgwctl engine fake --fault/--metrics-fault`):
+           a 10 GB Content-Length, a body without end, header lines without
+           end, a header growing without end, headers never sent, a
+           redirect, a /metrics page of a million series, one of 100 MB, and
+           a redirecting one; --hostile-clients clients keep sending requests
+           to each of them
+  clients  the same, and those clients also send a 30 MB model name, a JSON
+           body of 1,000,000 keys and a gzip body inflating to the router's
+           cap, over and over
+  after    the hostile traffic stopped and the hostile models removed: does
+           serve's memory come back
+
+Printed per phase: normal requests' p50/p99 and errors, /healthz's worst
+latency, serve's RSS (peak and at the end); then the ratios against the quiet
+phase and what status says about the hostile replicas.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import http.server
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+GOOD = ("apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n"
+        "  - name: good\n    replicas: 1\n    profiles: [{name: cpu, engine: fake, gpus: 0}]\n")
+CHAT = json.dumps({"model": "good", "messages": [{"role": "user", "content": "Hello! How are you today?"}],
+                   "max_tokens": 16}).encode()
+
+
+def hostile_catalog(redirect_to: str) -> tuple[str, list[str], list[str]]:
+    """The catalog of misbehaving models; the models whose answers and whose pages are hostile."""
+    answers = {"huge": "huge-length", "endless": "endless-body", "headers": "endless-headers",
+               "grow": "growing-header", "silent": "no-headers", "redirect": "redirect"}
+    pages = {"series": "many-series", "page": "huge-page", "metrics-redirect": "redirect"}
+    text = "apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n"
+    for name, fault in answers.items():
+        text += (f"  - name: {name}\n    replicas: 1\n    profiles: [{{name: cpu, engine: fake, gpus: 0, "
+                 f"args: ['--fault', '{fault}', '--redirect-to', '{redirect_to}']}}]\n")
+    for name, fault in pages.items():
+        text += (f"  - name: {name}\n    replicas: 1\n    profiles: [{{name: cpu, engine: fake, gpus: 0, "
+                 f"args: ['--metrics-fault', '{fault}', '--redirect-to', '{redirect_to}']}}]\n")
+    return text, list(answers), list(pages)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+class Target:
+    """Where the redirects point; counts what reaches it (the router must follow none)."""
+
+    def __init__(self) -> None:
+        hits = self.hits = [0]
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                hits[0] += 1
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_POST = do_GET
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/followed"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+class Phase:
+    def __init__(self, name: str):
+        self.name = name
+        self.latencies: list[float] = []
+        self.errors = 0
+        self.health_max = 0.0
+        self.health_n = 0
+        self.rss_peak = 0.0
+        self.rss_end = 0.0
+        self.hostile_sent = 0
+
+
+async def normal(session, url: str, stop: float, phase: Phase) -> None:
+    while time.perf_counter() < stop:
+        t0 = time.perf_counter()
+        try:
+            async with session.post(url, data=CHAT, headers={"Content-Type": "application/json"}) as r:
+                await r.read()
+                ok = r.status == 200
+        except Exception:
+            ok = False
+        if ok:
+            phase.latencies.append(time.perf_counter() - t0)
+        else:
+            phase.errors += 1
+        await asyncio.sleep(0.02)
+
+
+async def health(session, urls: tuple[str, ...], stop: float, phase: Phase) -> None:
+    while time.perf_counter() < stop:
+        for url in urls:
+            t0 = time.perf_counter()
+            try:
+                async with session.get(url) as r:
+                    await r.read()
+            except Exception:
+                pass
+            phase.health_max = max(phase.health_max, time.perf_counter() - t0)
+            phase.health_n += 1
+        await asyncio.sleep(0.05)
+
+
+async def memory(pid: int, stop: float, phase: Phase) -> None:
+    while time.perf_counter() < stop:
+        phase.rss_peak = max(phase.rss_peak, rss_mb(pid))
+        await asyncio.sleep(0.2)
+    phase.rss_end = rss_mb(pid)
+
+
+async def hostile(session, router: str, bodies: list[tuple[str, bytes, dict]], stop: float, phase: Phase) -> None:
+    """One client going round the hostile requests: to misbehaving engines, and with hostile bodies."""
+    import aiohttp
+    i = 0
+    while time.perf_counter() < stop:
+        path, body, headers = bodies[i % len(bodies)]
+        i += 1
+        try:
+            async with session.post(router + path, data=body, headers=headers, allow_redirects=False,
+                                    timeout=aiohttp.ClientTimeout(total=30)) as r:
+                await r.read()
+        except Exception:
+            pass
+        phase.hostile_sent += 1
+        await asyncio.sleep(0.05)
+
+
+def hostile_bodies(answers: list[str], pages: list[str]) -> list[tuple[str, bytes, dict]]:
+    json_h = {"Content-Type": "application/json"}
+    return [("/v1/chat/completions", json.dumps({"model": m, "messages": [{"role": "user", "content": "x"}]}).encode(),
+             json_h) for m in answers + pages]
+
+
+def hostile_client_bodies(max_body: int) -> list[tuple[str, bytes, dict]]:
+    json_h = {"Content-Type": "application/json"}
+    out = []
+    # A 30 MB model name, under the 32 MiB body cap.
+    out.append(("/v1/chat/completions", b'{"model": "' + b"m" * 30_000_000 + b'", "messages": []}', json_h))
+    # 1,000,000 keys, about 17 MB, naming a real model (by its canonical name).
+    keys = b",".join(b'"k%d":0' % i for i in range(1_000_000))
+    out.append(("/v1/chat/completions", b'{"model":"good","messages":[{"role":"user","content":"x"}],' + keys + b"}",
+                json_h))
+    # A gzip body that inflates to just under the cap.
+    pad = max_body - 100
+    raw = b'{"model":"good","messages":[{"role":"user","content":"x"}],"pad":"' + b" " * pad + b'"}'
+    out.append(("/v1/chat/completions", gzip.compress(raw, 9), {**json_h, "Content-Encoding": "gzip"}))
+    return out
+
+
+async def run_phase(name: str, seconds: float, args, router: str, control: str, pid: int,
+                    bodies: list | None = None) -> Phase:
+    import aiohttp
+    phase = Phase(name)
+    stop = time.perf_counter() + seconds
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(timeout=timeout) as s, aiohttp.ClientSession(timeout=timeout) as h, \
+            aiohttp.ClientSession(timeout=timeout) as bad:
+        tasks = [normal(s, router + "/v1/chat/completions", stop, phase) for _ in range(args.concurrency)]
+        tasks.append(health(h, (router + "/healthz", control + "/healthz"), stop, phase))
+        tasks.append(memory(pid, stop, phase))
+        if bodies:
+            tasks += [hostile(bad, router, bodies[k::args.hostile_clients], stop, phase)
+                      for k in range(args.hostile_clients)]
+        await asyncio.gather(*tasks)
+    return phase
+
+
+def status(control: str) -> dict:
+    import requests
+    return requests.get(control + "/api/v1/status", timeout=10).json()
+
+
+def wait_ready(control: str, n: int, seconds: float = 180) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if len([r for r in status(control)["replicas"] if r["state"] == "ready"]) == n:
+                return
+        except Exception:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"{n} replicas did not become ready in {seconds:g} s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quiet", type=float, default=15.0, help="seconds of normal traffic alone")
+    ap.add_argument("--hostile", type=float, default=30.0, help="seconds with hostile engines and clients")
+    ap.add_argument("--after", type=float, default=10.0, help="seconds after the hostile traffic stopped")
+    ap.add_argument("--concurrency", type=int, default=4, help="normal clients")
+    ap.add_argument("--hostile-clients", type=int, default=2, help="clients going round the hostile requests")
+    args = ap.parse_args()
+
+    tmp = tempfile.mkdtemp(prefix="llmgw-hostile-")
+    cat = os.path.join(tmp, "catalogs")
+    os.mkdir(cat)
+    with open(os.path.join(cat, "good.yaml"), "w") as f:
+        f.write(GOOD)
+    target = Target()
+    text, answers, pages = hostile_catalog(target.url)
+    rport, cport = free_port(), free_port()
+    router, control = f"http://127.0.0.1:{rport}", f"http://127.0.0.1:{cport}"
+    base = 30000 + os.getpid() % 1000 * 20
+    log = open(os.path.join(tmp, "serve.log"), "wb")
+    serve = subprocess.Popen([sys.executable, "-m", "llmgwctl", "serve", "--catalogs", cat, "--listen",
+                              f"127.0.0.1:{rport}", "--control", f"127.0.0.1:{cport}", "--state-dir",
+                              os.path.join(tmp, "state"), "--ports", f"{base}-{base + 19}", "--gpus", "none",
+                              "--no-access-log", "--upstream-headers-timeout", "5"],
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    import uvloop
+    try:
+        wait_ready(control, 1)
+        from llmgwctl.router.config import DEFAULTS
+        bodies = hostile_bodies(answers, pages)
+        clients = hostile_client_bodies(DEFAULTS.max_body_bytes)
+        quiet = uvloop.run(run_phase("quiet", args.quiet, args, router, control, serve.pid))
+        with open(os.path.join(cat, "hostile.yaml"), "w") as f:
+            f.write(text)
+        wait_ready(control, 1 + len(answers) + len(pages))
+        bad = uvloop.run(run_phase("engines", args.hostile, args, router, control, serve.pid, bodies))
+        rows = status(control)["replicas"]
+        both = uvloop.run(run_phase("clients", args.hostile, args, router, control, serve.pid, bodies + clients))
+        os.unlink(os.path.join(cat, "hostile.yaml"))
+        after = uvloop.run(run_phase("after", args.after, args, router, control, serve.pid))
+    finally:
+        if serve.poll() is None:
+            serve.send_signal(signal.SIGTERM)
+            try:
+                serve.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(serve.pid, signal.SIGKILL)
+        target.server.shutdown()
+        log.close()
+
+    print(f"{os.cpu_count()} CPUs shared by the client, serve and 1-10 fake engines; normal traffic: "
+          f"{args.concurrency} clients, 20 ms apart\n")
+    hdr = (f"{'phase':<9}{'normal req':>11}{'errors':>8}{'p50 ms':>8}{'p99 ms':>8}{'health max ms':>15}"
+           f"{'RSS peak MB':>13}{'RSS end MB':>12}{'hostile req':>13}")
+    print(hdr)
+    print("-" * len(hdr))
+    for p in (quiet, bad, both, after):
+        print(f"{p.name:<9}{len(p.latencies):>11}{p.errors:>8}{pct(p.latencies, 0.5) * 1e3:>8.2f}"
+              f"{pct(p.latencies, 0.99) * 1e3:>8.2f}{p.health_max * 1e3:>15.1f}{p.rss_peak:>13.0f}"
+              f"{p.rss_end:>12.0f}{p.hostile_sent:>13}")
+    q99 = pct(quiet.latencies, 0.99)
+    for p in (bad, both):
+        p99 = pct(p.latencies, 0.99)
+        print(f"\n{p.name} vs quiet: p99 {p99 / q99:.2f}x ({p99 * 1e3:.1f} ms; target <= 2x and < 100 ms), "
+              f"RSS peak {p.rss_peak - quiet.rss_peak:+.0f} MB (target < 200), "
+              f"/health worst {p.health_max * 1e3:.1f} ms (target < 100)")
+    print(f"after: RSS {after.rss_end - quiet.rss_end:+.0f} MB against quiet; "
+          f"redirect target hit {target.hits[0]} times (target 0)")
+    print("\nwhat status said about the hostile replicas:")
+    for r in rows:
+        if r["model"] != "good":
+            print(f"  {r['model']:<17} {r['id']:<10} {r.get('router') or '-'}")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
