@@ -23,7 +23,7 @@ from typing import Awaitable, Iterable, TypeVar
 
 from aiohttp import web
 
-from . import errors
+from . import errors, routes
 from .headers import REQUEST_ID, new_id, valid_id
 
 log = logging.getLogger("llmgw.router")
@@ -63,13 +63,13 @@ def method_not_allowed(request: web.Request, *, cors: bool) -> web.Response | No
     path = request.path
     if path in _GET_PATHS or path.startswith("/v1/models/"):
         allow = "GET, HEAD"
-    elif path.startswith("/v1/") and len(path) > 4:
-        allow = "POST"      # every other /v1/ path is proxied, by POST (see Router.app)
+    elif path in routes.BY_PATH:
+        allow = ", ".join(routes.BY_PATH[path].methods)     # the routes the router proxies (routes.TABLE)
     else:
         return None
     if cors:
         allow += ", OPTIONS"
-    return errors.response(405, f"{request.method} is not allowed on {path}; it takes {allow}",
+    return errors.response(405, f"{request.method} is not allowed on {errors.quote(path)}; it takes {allow}",
                            "invalid_request_error", "method_not_allowed", headers={"Allow": allow})
 
 
@@ -105,7 +105,7 @@ def cors_preflight(origins: Iterable[str]):
             # Not a preflight: a plain OPTIONS, answered with what the path takes.
             return web.Response(status=204, headers={"Allow": "GET, HEAD, POST, OPTIONS"})
         if not allowed.allows(origin):
-            return errors.response(400, f"origin {origin!r} is not allowed (the router's --cors-origin)",
+            return errors.response(400, f"origin {errors.quote(origin)} is not allowed (the router's --cors-origin)",
                                    "invalid_request_error", "cors_origin_not_allowed")
         headers = {"Access-Control-Allow-Origin": "*" if allowed.any else origin,
                    "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
