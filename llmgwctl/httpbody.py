@@ -139,4 +139,6 @@ async def decode(data: bytes, encoding: str | None, limit: int, *, step: int = S
             await asyncio.sleep(0)      # the loop serves others between steps
     if admit is not None:
         admit(size)
-    return b"".join(_pieces(data, wbits, 0))
+    pieces = list(_pieces(data, wbits, 0))
+    # One gzip member (the usual body) is one piece: kept as it is, not copied by a join.
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)

@@ -59,8 +59,12 @@ class BodyRefused(RouterError, ValueError):
     """The body is not one the router forwards: not JSON, not an object, too deep. `code` is the error's code."""
 
     def __init__(self, message: str, code: str):
-        super().__init__(message)
+        # Both in args: it crosses from the worker process pickled, and is rebuilt from them.
+        super().__init__(message, code)
         self.code = code
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class WorkerBusy(RouterError):
@@ -254,15 +258,20 @@ def with_model(body: bytes, span: tuple[int, int], name: str) -> bytes:
 
 # A \u escape of a UTF-16 surrogate; which are paired is decided by `lone_surrogate`.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+# A surrogate written as UTF-8 bytes, which no valid UTF-8 holds (json.loads
+# reads it, with surrogatepass, as a lone surrogate however it is followed).
+_SURROGATE_BYTES = re.compile(rb"\xed[\xa0-\xbf]")
 
 
 def lone_surrogate(body: bytes) -> bool:
     """Whether `body` (valid JSON) spells a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape), which is not text.
 
-    Only escapes are looked at: one preceded by an odd run of backslashes is
-    not an escape but a literal backslash and text. Costs one search over a
+    An escape preceded by an odd run of backslashes is not an escape but a
+    literal backslash and text; a surrogate written as raw bytes is never text. Costs one search over a
     body without surrogate escapes, the usual case.
     """
+    if _SURROGATE_BYTES.search(body) is not None:
+        return True
     if _SURROGATE_ESCAPE.search(body) is None:
         return False
     pending_high = -1      # the end of a high surrogate escape not yet paired
