@@ -8,6 +8,9 @@ Exceptions, each defined beside the code that raises it:
      ├ WatchError (watch)        one round of the controller's watch failed; the loop backs off
      ├ DepthError (limits)       a request body nested deeper than the router parses (a 400)
      ├ PathError (limits)        a request target that is not a normalised path under /v1/ (a 400)
+     ├ BudgetFull (limits)       a large body past its client's or the router's budget (a 429 / 503)
+     ├ BodyRefused (jsonbody)    a body that is not a JSON object within the depth limit (a 400)
+     ├ WorkerBusy (jsonbody)     the off-loop parser holds as many bodies as it may (a 503)
      ├ QueueFull (coldstart)     a cold model's wait queue is full (a 429)
      ├ ColdTimeout (coldstart)   no replica of a cold model came up in time (a 503)
      └ UpstreamError (upstream)  talking to an engine failed; its own tree says when a retry is safe

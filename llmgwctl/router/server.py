@@ -1,8 +1,10 @@
 """The router's HTTP face: the OpenAI-compatible API, proxying to the chosen endpoint.
 
-Owns the request path -- read and parse the body once, resolve the model
-against the catalog taken once for the request, pick an endpoint, forward,
-pass the answer back (streams chunk by chunk, as bytes) -- and the three
+Owns the request path -- only for a route in the route table (`routes`) or
+one the catalog's engines add; read the body within its budget and parse it
+once (off the loop when costly, `jsonbody`), resolve the model against the
+catalog taken once for the request, pick an endpoint, forward, pass the
+answer back (streams chunk by chunk, as bytes) -- and the three
 narrow surfaces the control plane meets it through:
 
 - `set_endpoints(endpoints)`, `set_catalog(catalog)` and
