@@ -92,6 +92,9 @@ class Facts:
     prompt: str | None = None
     span: tuple[int, int] | None = None
     off_loop: bool = False
+    # Whether the body spells a lone surrogate (`lone_surrogate`), looked at
+    # off the loop too, where a large body's scan costs the loop nothing; None: not yet.
+    lone_surrogate: bool | None = None
 
 
 def heavy(body: bytes) -> bool:
@@ -129,7 +132,8 @@ def _parse_off_loop(body: bytes, key: str, prompt: PromptReader | None, max_dept
     user = doc.get("user")
     return Facts({"user": user} if type(user) is str else {}, model if type(model) is str else None,
                  facts.stream, prompt(doc) if prompt is not None else None,
-                 model_span(body, key) if type(model) is str else None, off_loop=True)
+                 model_span(body, key) if type(model) is str else None, off_loop=True,
+                 lone_surrogate=lone_surrogate(body) if type(model) is str else None)
 
 
 class OffLoop:

@@ -621,7 +621,10 @@ class Router:
 
     def _renamed(self, body: bytes, facts: jsonbody.Facts, key: str, name: str) -> bytes:
         """`body` naming the model `name` instead of the alias it was sent with: only the model's value changes."""
-        if jsonbody.lone_surrogate(body):
+        lone = facts.lone_surrogate
+        if lone is None:
+            lone = jsonbody.lone_surrogate(body)
+        if lone:
             # A lone surrogate ("\ud800"): JSON's escapes can spell it, UTF-8
             # cannot, and no engine could read it either. Refused by alias as
             # ever (a rewrite once re-encoded the body, which failed on it).

@@ -163,6 +163,9 @@ def test_a_body_of_many_values_is_parsed_right_off_the_loop(fleet_files):  # noq
     bad = requests.post(router.url + "/v1/chat/completions", timeout=120,
                         data=json.dumps({"model": "chat", "pad": pad}).encode()[:-1])
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
+    lone = requests.post(router.url + "/v1/chat/completions", timeout=120, data=json.dumps(
+        {"model": "chat", "messages": [{"role": "user", "content": "\ud800"}], "pad": pad}).encode())
+    assert lone.status_code == 400 and "surrogate" in lone.json()["error"]["message"], lone.text[:300]
 
 
 def test_bodies_inflating_to_just_under_the_limit_are_not_all_held_at_once(fleet_files, figure):  # noqa: F811
