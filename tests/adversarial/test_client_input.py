@@ -25,6 +25,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
 import requests
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -32,6 +33,7 @@ from hypothesis import strategies as st
 from llmgwctl.catalog import Catalog, Model, Profile
 from llmgwctl.contracts import Endpoint
 from llmgwctl.router import jsonbody
+from llmgwctl.router.limits import BodyBudget, BudgetFull
 
 from ..router.harness import make_router
 from ..support import wait_until
@@ -339,3 +341,19 @@ def test_an_alias_reaches_the_engine_byte_identical_but_for_its_name(routers, bo
     wait_until(lambda: len(_Capture.got) > before, timeout=10, what="the body at the upstream")
     sent = _Capture.got[-1]
     assert sent == aliased[:start] + b'"canon"' + aliased[end:]
+
+
+def test_the_large_body_budget_is_per_client_and_in_all_and_given_back():
+    budget = BodyBudget(large=10, per_client=100, total=150)
+    assert budget.take("a", 9) == 0                 # small: not counted
+    assert budget.take("a", 60) == 60
+    with pytest.raises(BudgetFull) as full:
+        budget.take("a", 50)
+    assert full.value.per_client
+    assert budget.take("b", 80) == 80
+    with pytest.raises(BudgetFull) as full:
+        budget.take("c", 20)
+    assert not full.value.per_client
+    budget.give_back("a", 60)
+    budget.give_back("b", 80)
+    assert budget.held() == 0 and budget.take("c", 100) == 100
