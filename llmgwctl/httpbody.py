@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from typing import Iterator
+from typing import Callable, Iterator
 
 # Output per inflate step of the counting pass: about a millisecond of CPU, so
 # other requests wait at most that long behind a bomb, and the memory one
@@ -114,11 +114,14 @@ def _pieces(data: bytes, wbits: int, step: int) -> Iterator[bytes]:
         raise BadEncoding(f"the request body does not decode as its Content-Encoding says: {exc}") from None
 
 
-async def decode(data: bytes, encoding: str | None, limit: int, *, step: int = STEP) -> bytes:
+async def decode(data: bytes, encoding: str | None, limit: int, *, step: int = STEP,
+                 admit: Callable[[int], None] | None = None) -> bytes:
     """`data`, sent with Content-Encoding `encoding` (None: none), decoded; never more than `limit` bytes of it.
 
     BodyTooLarge past `limit` (0: no limit), found while inflating; see the
-    module's docstring for what that costs and the other errors.
+    module's docstring for what that costs and the other errors. `admit` is
+    told the inflated size once it is known and before that much is held,
+    so the caller can refuse it (by raising) within a budget of its own.
     """
     if not encoding:
         return data
@@ -134,4 +137,8 @@ async def decode(data: bytes, encoding: str | None, limit: int, *, step: int = S
             raise BodyTooLarge(f"the request body inflates to more than the limit of {limit} bytes")
         if i:
             await asyncio.sleep(0)      # the loop serves others between steps
-    return b"".join(_pieces(data, wbits, 0))
+    if admit is not None:
+        admit(size)
+    pieces = list(_pieces(data, wbits, 0))
+    # One gzip member (the usual body) is one piece: kept as it is, not copied by a join.
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)

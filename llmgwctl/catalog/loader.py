@@ -644,7 +644,7 @@ def _load_file(file: str, data: bytes, limits: Limits = DEFAULT_LIMITS, node_bud
             continue
         engines.append(EngineSpec(
             name=name, command=tuple(raw["command"]), health=raw.get("health", "/health"),
-            metrics=raw.get("metrics"), origin=Origin(file, ("engines", name)),
+            metrics=raw.get("metrics"), routes=tuple(raw.get("routes", ())), origin=Origin(file, ("engines", name)),
         ))
     return _FileResult(tuple(models), tuple(engines), tuple(problems), positions, nodes)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import string
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -33,6 +34,17 @@ TEMPLATE_FIELDS = frozenset({"source", "port", "host", "model", "gpus"})
 # would otherwise run as a second command; everywhere else a placeholder only
 # ever fills one argv element, which no shell reads.
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox"})
+# Engine routes that change the engine for every client -- loading adapters,
+# sleeping, shutting down, dropping caches, profiling, swapping weights --
+# which an engine's `routes` may never name: the router never proxies them
+# (router.routes), and the catalog must not open them either. Matched on any
+# path segment, so `/v1/load_lora_adapter` and a future `/v2/sleep` both are.
+ADMIN_ROUTE_WORDS = ("lora", "adapter", "sleep", "wake", "shutdown", "reset", "flush", "cache", "profile",
+                     "weights", "collective_rpc", "rpc", "abort", "pause", "resume", "scale", "slots",
+                     "memory_occupation", "configure", "debug", "admin", "expert_distribution", "kill")
+# Client routes an engine may add: under /v1/ (where the router proxies), a
+# few plain segments, nothing the router answers itself.
+ENGINE_ROUTE = re.compile(r"/v1(/[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}){1,4}")
 
 
 def shell_strings(command: Iterable[str]) -> frozenset[int]:
@@ -143,12 +155,17 @@ class EngineSpec:
     health: str = "/health"
     metrics: str | None = None
     builtin: bool = False
+    # Client routes this engine serves beyond the router's own table
+    # (router.routes), e.g. /v1/score: POSTed with the model in the body.
+    routes: tuple[str, ...] = ()
     origin: Origin = field(default=Origin(), compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"command": list(self.command), "health": self.health}
         if self.metrics is not None:
             out["metrics"] = self.metrics
+        if self.routes:
+            out["routes"] = list(self.routes)
         return out
 
 
@@ -588,4 +605,23 @@ def _check_engine(spec: EngineSpec) -> Iterable[tuple[tuple[str | int, ...], str
         value = getattr(spec, key)
         if value is not None and not value.startswith("/"):
             yield (key,), f"expected a path starting with '/', got {value!r}"
+    for i, route in enumerate(spec.routes):
+        problem = engine_route_problem(route)
+        if problem is not None:
+            yield ("routes", i), problem
+
+
+def engine_route_problem(route: str) -> str | None:
+    """Why `route` cannot be a client route of an engine (see ENGINE_ROUTE, ADMIN_ROUTE_WORDS), or None."""
+    if not ENGINE_ROUTE.fullmatch(route):
+        return (f"{route[:100]!r} is not a client route: expected a path under /v1/ of plain segments "
+                "(letters, digits, . _ -), such as /v1/score")
+    segments = route.lower().split("/")[2:]
+    if segments[0] == "models":
+        return f"{route!r} is the router's own (GET /v1/models lists the catalog)"
+    for word in ADMIN_ROUTE_WORDS:
+        if any(word in seg for seg in segments):
+            return (f"{route!r} looks like an engine-admin route ({word!r}): those change the engine for "
+                    "every client, and clients never reach them")
+    return None
 

@@ -12,7 +12,9 @@ and reporting usage. Its modules:
     coldstart  the bounded wait for a cold model, and the Waker protocol
     errors     OpenAI-shaped error responses
     auth       optional API keys: 401 / 403 / 429, the key file and its watcher
-    limits     input limits only the router checks (JSON depth); the shared ones are in llmgwctl.httpserver
+    limits     input limits only the router checks (JSON depth, paths, large bodies held); the shared ones are in llmgwctl.httpserver
+    routes     the route table: the APIs proxied, and the routes a catalog's engines add
+    jsonbody   what the router reads out of a body, parsed off the loop when costly; the alias rewrite in place
     server     Router (set_endpoints, set_catalog, usage_snapshot) and its aiohttp app
     upstream   the keep-alive HTTP/1.1 client that carries requests to engines
     static     the static endpoint file (`llmgwctl router --endpoints FILE`)

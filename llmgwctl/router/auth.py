@@ -217,7 +217,7 @@ def unauthorized() -> Any:
 
 def forbidden(name: str) -> Any:
     # Same words whether or not the model exists: a key must not learn the catalog.
-    return errors.response(403, f"this API key may not use the model {name!r}", "invalid_request_error",
+    return errors.response(403, f"this API key may not use the model {errors.quote(name)}", "invalid_request_error",
                            "model_not_permitted")
 
 

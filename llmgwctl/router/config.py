@@ -50,6 +50,16 @@ class RouterConfig:
     # urls) and a tool's JSON schema rarely past 20; 64 leaves room for any real
     # schema while refusing the deeply nested bodies that make parsers recurse.
     max_json_depth: int = 64
+    # Large bodies held at once (limits.BodyBudget): a body of 1 MiB or more
+    # is a long prompt or images. While parsed and sent one costs the process
+    # about three times its size (the bytes, their decoded text, the parsed
+    # strings), so 32 MiB per client address (one body at the size limit, or
+    # six 5 MB images) and 128 MiB in all keep a burst of the largest bodies
+    # to a few hundred MB; a client past it hears 429 (503 when the router's
+    # whole budget is in use) before its body is read.
+    large_body_bytes: int = 1024 * 1024
+    large_bodies_per_client: int = 32 * 1024 * 1024
+    large_bodies_total: int = 128 * 1024 * 1024
     # Once the headers are in, the whole body must arrive within this: 32 MiB
     # at 1 MB/s (a slow link) takes 32 s; a client slower than that is holding
     # a connection, not sending a request.

@@ -20,7 +20,7 @@ from typing import Awaitable, TypeVar
 
 from aiohttp import web
 
-from . import errors
+from . import errors, routes
 from .headers import REQUEST_ID, new_id, valid_id
 
 log = logging.getLogger("llmgw.router")
@@ -60,13 +60,13 @@ def method_not_allowed(request: web.Request, *, cors: bool) -> web.Response | No
     path = request.path
     if path in _GET_PATHS or path.startswith("/v1/models/"):
         allow = "GET, HEAD"
-    elif path.startswith("/v1/") and len(path) > 4:
-        allow = "POST"      # every other /v1/ path is proxied, by POST (see Router.app)
+    elif path in routes.BY_PATH:
+        allow = ", ".join(routes.BY_PATH[path].methods)     # the routes the router proxies (routes.TABLE)
     else:
         return None
     if cors:
         allow += ", OPTIONS"
-    return errors.response(405, f"{request.method} is not allowed on {path}; it takes {allow}",
+    return errors.response(405, f"{request.method} is not allowed on {errors.quote(path)}; it takes {allow}",
                            "invalid_request_error", "method_not_allowed", headers={"Allow": allow})
 
 

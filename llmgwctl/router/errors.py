@@ -8,6 +8,9 @@ Exceptions, each defined beside the code that raises it:
      ├ WatchError (watch)        one round of the controller's watch failed; the loop backs off
      ├ DepthError (limits)       a request body nested deeper than the router parses (a 400)
      ├ PathError (limits)        a request target that is not a normalised path under /v1/ (a 400)
+     ├ BudgetFull (limits)       a large body past its client's or the router's budget (a 429 / 503)
+     ├ BodyRefused (jsonbody)    a body that is not a JSON object within the depth limit (a 400)
+     ├ WorkerBusy (jsonbody)     the off-loop parser holds as many bodies as it may (a 503)
      ├ QueueFull (coldstart)     a cold model's wait queue is full (a 429)
      ├ ColdTimeout (coldstart)   no replica of a cold model came up in time (a 503)
      └ UpstreamError (upstream)  talking to an engine failed; its own tree says when a retry is safe
@@ -45,6 +48,21 @@ RETRY_COLD_TIMEOUT = 10
 # replica ends or a lost node returns, which is tens of seconds, not one; 10 s
 # keeps an SDK's retries (it honours Retry-After up to 60 s) from hammering.
 RETRY_UNPLACEABLE = 10
+# the large request bodies in flight fill their budget: each is answered in
+# about one generation, so a second is a fair wait for room.
+RETRY_LARGE_BODIES = 1
+
+
+# The most of a client's own text an error quotes back: enough to recognise a
+# typo, never the 30 MB a client sent as a model name (nor a page of it).
+QUOTE_CHARS = 100
+
+
+def quote(text: str, limit: int = QUOTE_CHARS) -> str:
+    """`text`, as a client sent it, for an error message: repr'd, at most `limit` characters of it, and its length when cut."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
 
 
 def body(status: int, message: str, type_: str, code: str) -> bytes:
@@ -71,10 +89,44 @@ def missing_model() -> web.Response:
 
 
 def unknown_model(name: str, known: Iterable[str]) -> web.Response:
-    """404 for `name`, suggesting close names among `known` -- only names the caller may use (see server)."""
-    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
+    """404 for `name`, suggesting close names among `known` -- only names the caller may use (see server).
+
+    A name longer than any model name can be (`MAX_NAME_CHARS`) gets no
+    suggestion: difflib's cost grows with the name's length times each
+    candidate's, and no name that long is a typo of one in the catalog.
+    """
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5) if len(name) <= MAX_NAME_CHARS else []
     hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else "; GET /v1/models lists them"
-    return response(404, f"the model {name!r} does not exist{hint}", "invalid_request_error", "model_not_found")
+    return response(404, f"the model {quote(name)} does not exist{hint}", "invalid_request_error", "model_not_found")
+
+
+# The longest name or alias a catalog allows (its schema's `name` pattern):
+# a longer `model` cannot name anything, so it is refused before it is
+# looked up, matched against a key's patterns or compared for suggestions.
+MAX_NAME_CHARS = 128
+
+
+def name_too_long(name: str) -> web.Response:
+    return response(400, f"the model name {quote(name, 40)} is longer than any model's: names and aliases have "
+                    f"at most {MAX_NAME_CHARS} characters; GET /v1/models lists them",
+                    "invalid_request_error", "invalid_model")
+
+
+def no_such_route(method: str, path: str, model: str) -> web.Response:
+    """404 for a catalog-added route that `model`'s engines do not all serve."""
+    return response(404, f"model {model!r} is not served on {method} {quote(path)}: not every one of its "
+                    "engines lists that route (the catalog's engines.NAME.routes)", "invalid_request_error",
+                    "not_found")
+
+
+def large_bodies_busy(per_client: bool, limit: int) -> web.Response:
+    """The large bodies in flight already hold the router's budget for them (limits.BodyBudget)."""
+    if per_client:
+        return response(429, f"this client already has {limit} bytes of large request bodies in flight; "
+                        "retry when one is answered", "rate_limit_error", "too_many_large_bodies",
+                        headers={"Retry-After": str(RETRY_LARGE_BODIES)})
+    return response(503, f"the router holds its limit of {limit} bytes of large request bodies now; retry shortly",
+                    "service_unavailable", "too_many_large_bodies", headers={"Retry-After": str(RETRY_LARGE_BODIES)})
 
 
 def too_large(limit: int) -> web.Response:
@@ -127,7 +179,10 @@ def engine_out_of_bounds(model: str, replica: str, detail: str) -> web.Response:
 
 
 def not_found(path: str) -> web.Response:
-    return response(404, f"no route for {path}", "invalid_request_error", "not_found")
+    """404 for a route the router does not serve; `path` is the client's ("METHOD /path"), quoted shortened."""
+    return response(404, f"no route for {path[:QUOTE_CHARS]}{'...' if len(path) > QUOTE_CHARS else ''}; "
+                    "the router serves /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/models",
+                    "invalid_request_error", "not_found")
 
 
 def stream_error_event(detail: str) -> bytes:

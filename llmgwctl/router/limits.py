@@ -16,6 +16,14 @@ What bounds what (defaults and their reasons are in `RouterConfig`):
   normalised origin-form path is routed, and an engine gets that very target;
 - compressed bodies: inflated by `llmgwctl.httpbody`, stopping at
   `max_body_bytes` as they inflate (413), one step of memory at a time;
+- large bodies held at once: `BodyBudget`, per client address and in all
+  (429 / 503), charged before a declared body is read and before a
+  compressed one is inflated;
+- a body costly to parse (many values): parsed in a worker process, never on
+  the loop, a bounded number at a time (`jsonbody`);
+- the model name: at most `errors.MAX_NAME_CHARS` (400) before it is looked
+  up; an error quotes at most `errors.QUOTE_CHARS` of anything a client sent;
+- the routes: only those in `routes.TABLE` and the catalog's reach an engine;
 - connections per client address: `llmgwctl.httpserver.ConnectionGuard`,
   installed on the aiohttp server: the connection past the limit is answered
   429 and closed at once, so one address cannot hold every socket the router has;
@@ -44,6 +52,62 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import RouterError
+
+
+class BudgetFull(RouterError):
+    """A large body would take its client, or the router, past `BodyBudget`'s bytes; `per_client` says which."""
+
+    def __init__(self, per_client: bool, limit: int):
+        super().__init__(f"over the large-body budget of {limit} bytes{' for one client' if per_client else ''}")
+        self.per_client = per_client
+        self.limit = limit
+
+
+class BodyBudget:
+    """Bytes of large request bodies held by requests in flight, per client address and in all.
+
+    Only bodies of `large` bytes or more are counted: small ones are bounded
+    by the connection limit times their size, which is little. A request
+    holds its charge until it is answered (the body is kept for retries, and
+    aiohttp keeps it with the request), so sixteen bodies just under the size
+    limit cannot all be held at once; the one past the budget is refused
+    before it is read (when declared) or inflated.
+    """
+
+    __slots__ = ("large", "per_client", "total", "_held", "_by_client")
+
+    def __init__(self, large: int, per_client: int, total: int):
+        self.large = large
+        self.per_client = per_client
+        self.total = total
+        self._held = 0
+        self._by_client: dict[str, int] = {}
+
+    def take(self, client: str, size: int) -> int:
+        """Charge `size` bytes to `client` and return the charge (0 for a small body); BudgetFull if over."""
+        if size < self.large:
+            return 0
+        mine = self._by_client.get(client, 0)
+        if mine + size > self.per_client:
+            raise BudgetFull(True, self.per_client)
+        if self._held + size > self.total:
+            raise BudgetFull(False, self.total)
+        self._by_client[client] = mine + size
+        self._held += size
+        return size
+
+    def give_back(self, client: str, size: int) -> None:
+        if not size:
+            return
+        self._held -= size
+        left = self._by_client.get(client, 0) - size
+        if left > 0:
+            self._by_client[client] = left
+        else:
+            self._by_client.pop(client, None)
+
+    def held(self) -> int:
+        return self._held
 
 
 class DepthError(RouterError, ValueError):

@@ -60,7 +60,7 @@ state on the request path.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .balancer import Balancer, EndpointState
 
@@ -105,7 +105,14 @@ SESSION_HEADER = "x-llmgw-session"
 
 
 def prompt_text(doc: Mapping[str, Any]) -> str | None:
-    """The prompt roughly as the engine's chat template lays it out; None when there is none to hash.
+    """A chat's or a completion's prompt, whichever the body holds (see `chat_prompt`, `completion_prompt`)."""
+    if type(doc.get("messages")) is list:
+        return chat_prompt(doc)
+    return completion_prompt(doc)
+
+
+def chat_prompt(doc: Mapping[str, Any]) -> str | None:
+    """A chat's prompt roughly as the engine's chat template lays it out; None when there is none to hash.
 
     Roles and contents in order, separated as templates separate them: close
     enough that two requests sharing leading messages share a leading string.
@@ -113,30 +120,35 @@ def prompt_text(doc: Mapping[str, Any]) -> str | None:
     """
     limit = MAX_BLOCKS * BLOCK_CHARS
     messages = doc.get("messages")
-    if type(messages) is list:
-        parts: list[str] = []
-        size = 0
-        for m in messages:
-            if type(m) is not dict:
-                return None
-            content = m.get("content")
-            if type(content) is list:   # content parts: only the text ones reach the template as text
-                content = "".join(p.get("text", "") for p in content
-                                  if type(p) is dict and type(p.get("text")) is str)
-            elif type(content) is not str:
-                content = ""
-            role = m.get("role")
-            part = f"<|{role if type(role) is str else ''}|>\n{content}\n"
-            parts.append(part)
-            size += len(part)
-            if size >= limit:
-                break
-        return "".join(parts)[:limit]
+    if type(messages) is not list:
+        return None
+    parts: list[str] = []
+    size = 0
+    for m in messages:
+        if type(m) is not dict:
+            return None
+        content = m.get("content")
+        if type(content) is list:   # content parts: only the text ones reach the template as text
+            content = "".join(p.get("text", "") for p in content
+                              if type(p) is dict and type(p.get("text")) is str)
+        elif type(content) is not str:
+            content = ""
+        role = m.get("role")
+        part = f"<|{role if type(role) is str else ''}|>\n{content}\n"
+        parts.append(part)
+        size += len(part)
+        if size >= limit:
+            break
+    return "".join(parts)[:limit]
+
+
+def completion_prompt(doc: Mapping[str, Any]) -> str | None:
+    """A completion's prompt text (one string, or a list of one); None for token ids or a batch."""
     prompt = doc.get("prompt")
     if type(prompt) is list and len(prompt) == 1:
         prompt = prompt[0]
     if type(prompt) is str:
-        return prompt[:limit]
+        return prompt[:MAX_BLOCKS * BLOCK_CHARS]
     return None
 
 
@@ -325,8 +337,14 @@ class Policies:
         self._rr = {m: rr for m, rr in self._rr.items() if self._balancer.ready_count(m)}
 
     def chooser(self, policy: str | None, model: str, doc: Mapping[str, Any],
-                headers: Mapping[str, str] | None = None) -> "_RoundRobin | _PrefixPick | None":
-        """What picks among a tier's candidates for this request; None: least-load (the balancer's own)."""
+                headers: Mapping[str, str] | None = None, *,
+                prompt: Callable[[Mapping[str, Any]], str | None] | None = prompt_text,
+                ) -> "_RoundRobin | _PrefixPick | None":
+        """What picks among a tier's candidates for this request; None: least-load (the balancer's own).
+
+        `prompt` reads the prompt out of `doc` as the request's route says
+        (routes.py); None: the route has none, so `prefix` picks by load.
+        """
         if policy is None or policy == LEAST_LOAD:
             return None
         if self._generation != self._balancer.generation:
@@ -337,7 +355,7 @@ class Policies:
                 rr = self._rr[model] = _RoundRobin()
             return rr
         if policy == PREFIX:
-            text = prompt_text(doc)
+            text = prompt(doc) if prompt is not None else None
             if not text:
                 return None
             hashes = block_hashes(text, self.block_chars)
@@ -352,7 +370,7 @@ class Policies:
                 session = headers.get(SESSION_HEADER) if headers is not None else None
             if not session:
                 return None
-            text = prompt_text(doc) or ""
+            text = (prompt(doc) if prompt is not None else None) or ""
             # The session stands for its whole prompt: one "block" worth all of it.
             tokens = max(1.0, len(text) / CHARS_PER_TOKEN)
             return _PrefixPick(self._balancer, self.index(model), [hash(("session", session))], tokens,

@@ -1,8 +1,10 @@
 """The router's HTTP face: the OpenAI-compatible API, proxying to the chosen endpoint.
 
-Owns the request path -- read and parse the body once, resolve the model
-against the catalog taken once for the request, pick an endpoint, forward,
-pass the answer back (streams chunk by chunk, as bytes) -- and the three
+Owns the request path -- only for a route in the route table (`routes`) or
+one the catalog's engines add; read the body within its budget and parse it
+once (off the loop when costly, `jsonbody`), resolve the model against the
+catalog taken once for the request, pick an endpoint, forward, pass the
+answer back (streams chunk by chunk, as bytes) -- and the three
 narrow surfaces the control plane meets it through:
 
 - `set_endpoints(endpoints)`, `set_catalog(catalog)` and
@@ -33,7 +35,7 @@ import json
 import logging
 import time
 from time import perf_counter
-from typing import Callable, Iterable, Mapping
+from typing import Awaitable, Callable, Iterable, Mapping
 
 import aiohttp
 from aiohttp import web
@@ -41,8 +43,9 @@ from aiohttp import web
 from ..catalog import Catalog
 from ..observability.metrics import CONTENT_TYPE_LATEST, RouterMetrics, RouterProbe, StreamUsage, usage_tokens
 from . import auth as keyauth
-from . import errors
+from . import errors, jsonbody
 from . import headers as reqheaders
+from . import routes as routing
 from .balancer import Balancer, Chooser, EndpointState
 from .conventions import RID, ClientGone, held_for_cold_start, method_not_allowed, stamp_request_id
 from .coldstart import ColdStart, ColdTimeout, QueueFull, Waker
@@ -51,7 +54,7 @@ from ..contracts import Endpoint, LoadReading, ModelCondition, ModelState, Usage
 from ..httpserver import ConnectionGuard, bound_port, json_errors, server_options
 from ..httporigin import BrowserGuard
 from .config import DEFAULTS, RouterConfig
-from .limits import DepthError, PathError, check_depth, check_target
+from .limits import BodyBudget, BudgetFull, PathError, check_target
 from .poller import LoadPoller, ParseLoad, parse_with_drivers
 from .prefix import DEFAULT_POLICY, LEAST_LOAD, Policies
 from .ejection import Ejector
@@ -69,7 +72,7 @@ CORS_EXPOSE = "X-Request-Id, x-llmgw-replica, x-llmgw-catalog-version, x-llmgw-o
 class _View:
     """The per-catalog facts the hot path needs, built once per `set_catalog`."""
 
-    __slots__ = ("catalog", "version", "top_profile", "routing")
+    __slots__ = ("catalog", "version", "top_profile", "routing", "routes")
 
     def __init__(self, catalog: Catalog):
         self.catalog = catalog
@@ -80,6 +83,8 @@ class _View:
         # Only models whose policy is not least-load: the rest pay one failed lookup.
         self.routing = {m.name: m.routing or DEFAULT_POLICY for m in catalog.models
                         if (m.routing or DEFAULT_POLICY) != LEAST_LOAD}
+        # The routes the catalog's engines add (routes.py), and who may use them.
+        self.routes = routing.View(catalog)
 
 
 class _Call:
@@ -90,10 +95,12 @@ class _Call:
     object of the router's own a request allocates.
     """
 
-    __slots__ = ("request", "t0", "api_key", "model", "view", "stream", "waited", "rid", "fwd", "early", "chooser")
+    __slots__ = ("request", "route", "t0", "api_key", "model", "view", "stream", "waited", "rid", "fwd", "early",
+                 "chooser", "held")
 
-    def __init__(self, request: web.Request, t0: float, view: _View):
+    def __init__(self, request: web.Request, route: routing.Route, t0: float, view: _View):
         self.request = request
+        self.route = route                      # the API it is for (routes.py)
         self.t0 = t0                            # arrival, on perf_counter
         # Taken once, at arrival: a catalog swap from here on is invisible to this request.
         self.view = view
@@ -113,6 +120,8 @@ class _Call:
         self.early: web.StreamResponse | None = None
         # The model's routing policy for this request (prefix.py); None: least-load.
         self.chooser: Chooser | None = None
+        # Bytes of its body charged to the large-body budget (limits.BodyBudget), given back at its end.
+        self.held = 0
 
 
 class _Refused(Exception):
@@ -175,6 +184,11 @@ class Router:
         self._unplaceable: dict[str, ModelState] = {}
         self._told_endpoints = False        # set_endpoints was called once: /readyz
         self.limiter = keyauth.Limiter(clock)
+        # A budget never below one body at the size limit, so any allowed body can be sent.
+        self.bodies = BodyBudget(config.large_body_bytes,
+                                 max(config.large_bodies_per_client, config.max_body_bytes),
+                                 max(config.large_bodies_total, config.max_body_bytes))
+        self.parser = jsonbody.OffLoop()
         self.metrics = RouterMetrics(RouterProbe(
             states=self.balancer.states,
             waiting=lambda: {m.name: self.cold.waiting(m.name) for m in self._view.catalog.models},
@@ -303,7 +317,13 @@ class Router:
         app.router.add_get("/health", self._health)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
-        app.router.add_post("/v1/{tail:.+}", self._proxy)
+        # Only the routes in the table, and below them those the catalog adds
+        # (looked up per request: the catalog changes while the app runs).
+        # Anything else under /v1/ is the 404 of every unknown path.
+        for route in routing.TABLE:
+            for method in route.methods:
+                app.router.add_route(method, route.path, self._handler(route))
+        app.router.add_post("/v1/{tail:.+}", self._catalog_route)
         # Allowed origins' preflights and answers (only when origins are configured:
         # with none, answers carry no CORS header).
         browsers.install(app)
@@ -351,6 +371,7 @@ class Router:
             self.poller.close()
         if self._pool is not None:
             await self._pool.close()
+        self.parser.close()
 
     # -- handlers ---------------------------------------------------------------------
 
@@ -477,8 +498,20 @@ class Router:
 
     # -- the request path: arrival to an endpoint ---------------------------------------
 
-    async def _proxy(self, request: web.Request) -> web.StreamResponse:
-        call = _Call(request, perf_counter(), self._view)
+    def _handler(self, route: routing.Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def proxy(request: web.Request) -> web.StreamResponse:
+            return await self._proxy(request, route)
+        return proxy
+
+    async def _catalog_route(self, request: web.Request) -> web.StreamResponse:
+        """A POST under /v1/ that is not in the table: proxied if the current catalog's engines add it, else a 404."""
+        route = self._view.routes.routes.get(request.raw_path.partition("?")[0])
+        if route is None:
+            return await self._not_found(request)
+        return await self._proxy(request, route)
+
+    async def _proxy(self, request: web.Request, route: routing.Route) -> web.StreamResponse:
+        call = _Call(request, route, perf_counter(), self._view)
         try:
             try:
                 # The target the engine will get, before anything else is
@@ -493,12 +526,13 @@ class Router:
                 wait = self.limiter.take(api_key)
                 if wait:
                     raise _Refused(keyauth.rate_limited(api_key, wait))
-            body = self._resolve(call, await self._read_body(call))
+            body = await self._resolve(call, await self._read_body(call))
             return await self._forward(call, body)
         except _Refused as refused:
+            response = route.error_shape(refused.response)
             if call.early is not None:
-                return await self._refuse_in_stream(call, refused.response)
-            return self._refuse(call, refused.response)
+                return await self._refuse_in_stream(call, response)
+            return self._refuse(call, response)
         except ClientGone:
             # Left while held for a cold start: a keep-alive comment found the connection closed.
             self._refuse(call, web.Response(status=499))
@@ -510,6 +544,9 @@ class Router:
             if call.early is not None:
                 self._refuse(call, web.Response(status=499))
             raise
+        finally:
+            if call.held:
+                self.bodies.give_back(request.remote or "?", call.held)
 
     async def _read_body(self, call: _Call) -> bytes:
         """The body as sent, decoded; its size (compressed and inflated) at most max_body_bytes.
@@ -523,16 +560,23 @@ class Router:
         length = request.content_length
         if length is not None and length > limit:
             raise _Refused(errors.too_large(limit))
+        client = request.remote or "?"
         try:
+            if length is not None:
+                # Declared: charged before a byte of it is held.
+                self._hold(call, client, length)
             if request.content.is_eof():
                 data = await request.read()      # already buffered: the usual small request
             else:
                 # wait_for, not asyncio.timeout: Python 3.10 is supported. Only
                 # bodies still arriving pay for it.
                 data = await asyncio.wait_for(request.read(), cfg.body_timeout)
+            if length is None:
+                self._hold(call, client, len(data))
             encoding = request.headers.get("Content-Encoding")
             if encoding is not None:
-                data = await httpbody.decode(data, encoding, limit)
+                data = await httpbody.decode(data, encoding, limit,
+                                             admit=lambda size: self._hold(call, client, size))
             return data
         except web.HTTPRequestEntityTooLarge:
             raise _Refused(errors.too_large(limit)) from None
@@ -552,23 +596,42 @@ class Router:
                 408, f"the request body did not arrive within {cfg.body_timeout:g} s", "invalid_request_error",
                 "request_timeout", headers={"Connection": "close"})) from None
 
-    def _resolve(self, call: _Call, body: bytes) -> bytes:
-        """Parse the body and resolve its model into `call`; return the body to forward."""
+    def _hold(self, call: _Call, client: str, size: int) -> None:
+        """Charge a body of `size` bytes to the large-body budget (raised past what was charged); _Refused when full."""
+        if size <= call.held:
+            return
+        budget = self.bodies
+        budget.give_back(client, call.held)
+        call.held = 0
         try:
-            doc = json.loads(body)
-        except (ValueError, RecursionError) as exc:
-            raise _Refused(errors.invalid_json(str(exc) or "nested too deeply")) from None
-        if type(doc) is not dict:
-            raise _Refused(errors.not_an_object())
-        limit = self.config.max_json_depth
-        if limit:
-            try:
-                check_depth(body, doc, limit)
-            except DepthError as exc:
-                raise _Refused(errors.response(400, str(exc), "invalid_request_error", "too_deep")) from None
-        name = doc.get("model")
+            call.held = budget.take(client, size)
+        except BudgetFull as full:
+            raise _Refused(errors.large_bodies_busy(full.per_client, full.limit)) from None
+
+    async def _parse(self, call: _Call, body: bytes) -> jsonbody.Facts:
+        """The body's facts, parsed on the loop when cheap for certain, else off it (see jsonbody)."""
+        route, depth = call.route, self.config.max_json_depth
+        try:
+            if jsonbody.heavy(body):
+                return await self.parser.parse(body, route.model_key, route.prompt, depth)
+            return jsonbody.parse(body, route.model_key, depth)
+        except jsonbody.BodyRefused as exc:
+            raise _Refused(errors.response(400, str(exc), "invalid_request_error", exc.code)) from None
+        except jsonbody.WorkerBusy:
+            raise _Refused(errors.response(
+                503, "the router is parsing as many large request bodies as it may at once; retry shortly",
+                "service_unavailable", "too_many_large_bodies",
+                headers={"Retry-After": str(errors.RETRY_LARGE_BODIES)})) from None
+
+    async def _resolve(self, call: _Call, body: bytes) -> bytes:
+        """Parse the body and resolve its model into `call`; return the body to forward."""
+        facts = await self._parse(call, body)
+        name = facts.model
         if type(name) is not str or not name:
             raise _Refused(errors.missing_model())
+        if len(name) > errors.MAX_NAME_CHARS:
+            # Before any lookup, key pattern or "did you mean": no name is that long.
+            raise _Refused(errors.name_too_long(name))
         view = call.view
         model = view.catalog.resolve(name)
         call.model = model.name if model is not None else ""
@@ -576,23 +639,43 @@ class Router:
             raise _Refused(keyauth.forbidden(name))
         if model is None:
             raise _Refused(errors.unknown_model(name, _usable_names(view.catalog, call.api_key)))
-        call.stream = doc.get("stream") is True
+        route = call.route
+        if not view.routes.allows(route, model.name):
+            raise _Refused(errors.no_such_route(call.request.method, route.path, model.name))
+        call.stream = route.streams and facts.stream
         policy = view.routing.get(model.name)
         if policy is not None:
-            call.chooser = self.policies.chooser(policy, model.name, doc, call.request.headers)
+            # Parsed on the loop, the prompt is read only now, when a policy wants it.
+            reader = _known(facts.prompt) if facts.off_loop else route.prompt
+            call.chooser = self.policies.chooser(policy, model.name, facts.doc, call.request.headers, prompt=reader)
         if name != model.name:
-            # Only an alias costs a re-serialisation; the canonical name is
-            # forwarded as the very bytes the client sent.
-            doc["model"] = model.name
-            try:
-                body = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
-            except UnicodeEncodeError:
-                # A lone surrogate ("\ud800"): JSON's escapes can spell it,
-                # UTF-8 cannot, and no engine could read it either.
-                raise _Refused(errors.response(
-                    400, "the request body holds a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape), "
-                    "which is not text", "invalid_request_error", "invalid_json")) from None
+            body = self._renamed(body, facts, route.model_key, model.name)
         return body
+
+    def _renamed(self, body: bytes, facts: jsonbody.Facts, key: str, name: str) -> bytes:
+        """`body` naming the model `name` instead of the alias it was sent with: only the model's value changes."""
+        lone = facts.lone_surrogate
+        if lone is None:
+            lone = jsonbody.lone_surrogate(body)
+        if lone:
+            # A lone surrogate ("\ud800"): JSON's escapes can spell it, UTF-8
+            # cannot, and no engine could read it either. Refused by alias as
+            # ever (a rewrite once re-encoded the body, which failed on it).
+            raise _Refused(errors.response(
+                400, "the request body holds a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape), "
+                "which is not text", "invalid_request_error", "invalid_json"))
+        span = facts.span or jsonbody.model_span(body, key)
+        if span is not None:
+            return jsonbody.with_model(body, span, name)
+        # Not UTF-8 (JSON may be UTF-16 or 32): re-encoded whole, as UTF-8.
+        doc = json.loads(body)
+        doc[key] = name
+        try:
+            return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+        except UnicodeEncodeError:
+            raise _Refused(errors.response(
+                400, "the request body holds a lone UTF-16 surrogate, which is not text", "invalid_request_error",
+                "invalid_json")) from None
 
     async def _forward(self, call: _Call, body: bytes) -> web.StreamResponse:
         balancer = self.balancer
@@ -930,6 +1013,11 @@ class Router:
             return resp
         self._served(call, state, status, 0.0, perf_counter() - call.t0 - call.waited, None)
         return resp
+
+
+def _known(prompt: str | None) -> Callable[[object], str | None]:
+    """A prompt reader that returns the prompt the body's facts already hold."""
+    return lambda doc: prompt
 
 
 def _usable_names(catalog: Catalog, api_key: "keyauth.ApiKey | None") -> list[str]:

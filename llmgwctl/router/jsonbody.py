@@ -1,0 +1,298 @@
+"""A request's JSON body: what the router reads out of it, parsed where it cannot stall the loop, and the model rewritten in place.
+
+What the router needs from a body is small -- the model, whether it asks for
+a stream, the prompt (for prefix routing) and `user` (for session routing) --
+and `Facts` holds just that, plus where the model's value sits in the bytes.
+
+Where it is parsed. A body is parsed with the standard library's C parser,
+whose cost grows with the number of values in it, not its bytes: a 16 MB
+base64 image parses in tens of milliseconds, a 16 MB object of 1,000,000
+keys in over a second. A thread does not help: the C parser holds the GIL
+from start to end, so the loop waits just as long (measured: four such
+bodies in `asyncio.to_thread` left the loop without a turn for 5 s). So a
+body is parsed on the loop only when it is cheap for certain -- at most
+`ON_LOOP_COMMAS` commas, the bound on its values beyond nesting, which the
+depth limit bounds -- and otherwise in a separate process (`OffLoop`, one
+worker, started on the first such body), which sends back only the `Facts`.
+Ordinary requests, however long their text, have few commas outside their
+text and never leave the loop; a body of many values waits for the worker,
+at most `OffLoop.max_waiting` of them at once (then 503).
+
+The alias rewrite. A request naming a model by alias reaches the engine
+under the canonical name (engines 404 a name they do not serve), written
+over the bytes of the `model` member's value and nothing else: the rest of
+the body goes on byte for byte as the client sent it, and rewriting costs a
+copy, never a second serialisation. The value found is the one the parser
+kept -- the top level's *last* `model` member, as every JSON parser keeps
+the last of duplicate keys, never one nested deeper or inside a string --
+found by walking the top level with the same C scanner `json.loads` uses, so
+the two cannot disagree about escapes (`"mod\\u0065l"` is `model`).
+
+It must not know about HTTP, endpoints or the catalog.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import re
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from json import scanner
+from typing import Any, Callable, Mapping
+
+from .errors import RouterError
+from .limits import DepthError, check_depth
+
+# Commas a body may hold and still be parsed on the loop: 50,000 values cost
+# the C parser a few milliseconds (tens at worst, for object keys, on a
+# loaded core), while a chat request holds a few hundred outside its text and
+# an embeddings batch of token ids more only past ~50,000 tokens. Counting
+# them is one memchr-speed pass, paid only by bodies of more than
+# ON_LOOP_BYTES, which cannot hold more commas than that.
+ON_LOOP_COMMAS = 50_000
+ON_LOOP_BYTES = ON_LOOP_COMMAS
+
+
+class BodyRefused(RouterError, ValueError):
+    """The body is not one the router forwards: not JSON, not an object, too deep. `code` is the error's code."""
+
+    def __init__(self, message: str, code: str):
+        # Both in args: it crosses from the worker process pickled, and is rebuilt from them.
+        super().__init__(message, code)
+        self.code = code
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class WorkerBusy(RouterError):
+    """The off-loop parser already has as many bodies as it may hold (503)."""
+
+
+PromptReader = Callable[[Mapping[str, Any]], "str | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What the router reads out of a body. `doc` is the parsed body, or (parsed off the loop) only `user`.
+
+    `model` is the model member's value as parsed (any JSON value; the
+    router checks it is a name); `span`, where that value's bytes are in the
+    body (None: not found, or a body not in UTF-8: rewrite by re-encoding);
+    `prompt`, the prompt as the route reads it (None: none to hash), read
+    only off the loop (`off_loop`), where the whole document stays behind;
+    on the loop the router reads it from `doc` when a policy wants it.
+    """
+
+    doc: Mapping[str, Any]
+    model: Any
+    stream: bool
+    prompt: str | None = None
+    span: tuple[int, int] | None = None
+    off_loop: bool = False
+    # Whether the body spells a lone surrogate (`lone_surrogate`), looked at
+    # off the loop too, where a large body's scan costs the loop nothing; None: not yet.
+    lone_surrogate: bool | None = None
+
+
+def heavy(body: bytes) -> bool:
+    """Whether `body` may be costly to parse, so it goes to the off-loop parser (see the module docstring)."""
+    return len(body) > ON_LOOP_BYTES and body.count(b",") > ON_LOOP_COMMAS
+
+
+def parse(body: bytes, key: str, max_depth: int) -> Facts:
+    """`body` parsed: the facts the router needs. BodyRefused when it is not a JSON object within `max_depth` (0: any).
+
+    `key` is the member naming the model (the route's).
+    """
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise BodyRefused(f"the request body is not valid JSON: {str(exc) or 'nested too deeply'}",
+                          "invalid_json") from None
+    if type(doc) is not dict:
+        raise BodyRefused("the request body must be a JSON object", "invalid_body")
+    if max_depth:
+        try:
+            check_depth(body, doc, max_depth)
+        except DepthError as exc:
+            raise BodyRefused(str(exc), "too_deep") from None
+    return Facts(doc, doc.get(key), doc.get("stream") is True)
+
+
+def _parse_off_loop(body: bytes, key: str, prompt: PromptReader | None, max_depth: int) -> Facts | BodyRefused:
+    """The worker's side: `parse`, with only what the router needs sent back (not the whole document)."""
+    try:
+        facts = parse(body, key, max_depth)
+    except BodyRefused as exc:
+        return exc
+    doc, model = facts.doc, facts.model
+    user = doc.get("user")
+    return Facts({"user": user} if type(user) is str else {}, model if type(model) is str else None,
+                 facts.stream, prompt(doc) if prompt is not None else None,
+                 model_span(body, key) if type(model) is str else None, off_loop=True,
+                 lone_surrogate=lone_surrogate(body) if type(model) is str else None)
+
+
+class OffLoop:
+    """A worker process that parses the bodies too costly for the loop (see the module docstring).
+
+    One worker: a body of a million values costs it a second or so, and it
+    runs beside the loop, on another core when there is one, instead of in
+    it. At most `max_waiting` bodies are with it at once (running or
+    queued); past that WorkerBusy, so a flood of them costs a bounded queue
+    and the memory of its bodies, not the whole router's. The worker starts
+    on the first body it gets (spawned: a fresh interpreter, never a fork of
+    a process with threads) and is started again if it dies.
+    """
+
+    # Eight bodies: a burst of large batch requests is served in order, and
+    # at the 32 MiB body limit the queue holds at most 256 MiB.
+    def __init__(self, max_waiting: int = 8):
+        self.max_waiting = max_waiting
+        self._pool: ProcessPoolExecutor | None = None
+        self._waiting = 0
+
+    async def parse(self, body: bytes, key: str, prompt: PromptReader | None, max_depth: int) -> Facts:
+        if self._waiting >= self.max_waiting:
+            raise WorkerBusy(f"{self._waiting} large bodies are being parsed")
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        pool = self._pool
+        self._waiting += 1
+        try:
+            got = await asyncio.get_running_loop().run_in_executor(
+                pool, _parse_off_loop, body, key, prompt, max_depth)
+        except BrokenProcessPool:
+            # Killed (the OOM killer, an operator): the next body starts a new one.
+            if self._pool is pool:
+                self._pool = None
+            raise WorkerBusy("the body parser process died") from None
+        finally:
+            self._waiting -= 1
+        if isinstance(got, BodyRefused):
+            raise got
+        return got
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+# -- the model's value, in the bytes --------------------------------------------------------
+
+_DECODER = json.JSONDecoder()
+_scan_value = scanner.make_scanner(_DECODER)   # type: ignore[arg-type]  # typeshed types it as the class
+_scan_string = json.decoder.scanstring      # type: ignore[attr-defined]  # the C one when built
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def _ws(text: str, i: int) -> int:
+    """Past JSON whitespace from `i`."""
+    m = _WS.match(text, i)
+    return m.end() if m is not None else i
+
+
+def model_span(body: bytes, key: str = "model") -> tuple[int, int] | None:
+    """Byte offsets of the value of `body`'s top-level member `key` (the last, if several); None if none or not UTF-8.
+
+    `body` must be a JSON object (the caller parsed it). Walks the top level
+    only, with json's own scanner, so a `"model"` nested deeper, inside a
+    string, or spelled with escapes is told apart exactly as `json.loads`
+    tells it.
+    """
+    encoding = json.detect_encoding(body)
+    if encoding == "utf-8-sig":
+        skip = 3
+    elif encoding == "utf-8":
+        skip = 0
+    else:
+        return None     # UTF-16/32: rare, and re-encoded as UTF-8 instead
+    text = body[skip:].decode("utf-8", "surrogatepass")
+    found = _top_level_span(text, key)
+    if found is None:
+        return None
+    start, end = found
+    if len(text) == len(body) - skip:   # ASCII: characters are bytes
+        return start + skip, end + skip
+    head = len(text[:start].encode("utf-8", "surrogatepass")) + skip
+    return head, head + len(text[start:end].encode("utf-8", "surrogatepass"))
+
+
+def _top_level_span(text: str, key: str) -> tuple[int, int] | None:
+    ws = _ws
+    i = ws(text, 0)
+    if text[i:i + 1] != "{":
+        return None
+    i = ws(text, i + 1)
+    if text[i:i + 1] == "}":
+        return None
+    span = None
+    try:
+        while True:
+            if text[i:i + 1] != '"':
+                return None
+            name, i = _scan_string(text, i + 1)
+            i = ws(text, i)
+            if text[i:i + 1] != ":":
+                return None
+            i = ws(text, i + 1)
+            _, end = _scan_value(text, i)
+            if name == key:
+                span = (i, end)
+            i = ws(text, end)
+            sep = text[i:i + 1]
+            if sep == "}":
+                return span
+            if sep != ",":
+                return None
+            i = ws(text, i + 1)
+    except (StopIteration, ValueError, RecursionError):
+        return None
+
+
+def with_model(body: bytes, span: tuple[int, int], name: str) -> bytes:
+    """`body` with the bytes at `span` replaced by `name` as a JSON string; nothing else changes."""
+    start, end = span
+    return b"".join((body[:start], json.dumps(name).encode(), body[end:]))
+
+
+# A \u escape of a UTF-16 surrogate; which are paired is decided by `lone_surrogate`.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+# A surrogate written as UTF-8 bytes, which no valid UTF-8 holds (json.loads
+# reads it, with surrogatepass, as a lone surrogate however it is followed).
+_SURROGATE_BYTES = re.compile(rb"\xed[\xa0-\xbf]")
+
+
+def lone_surrogate(body: bytes) -> bool:
+    """Whether `body` (valid JSON) spells a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape), which is not text.
+
+    An escape preceded by an odd run of backslashes is not an escape but a
+    literal backslash and text; a surrogate written as raw bytes is never text. Costs one search over a
+    body without surrogate escapes, the usual case.
+    """
+    if _SURROGATE_BYTES.search(body) is not None:
+        return True
+    if _SURROGATE_ESCAPE.search(body) is None:
+        return False
+    pending_high = -1      # the end of a high surrogate escape not yet paired
+    for m in _SURROGATE_ESCAPE.finditer(body):
+        start = m.start()
+        run = 0
+        while start - run - 1 >= 0 and body[start - run - 1] == 0x5C:
+            run += 1
+        if run % 2:
+            continue        # "\\uD800" is a backslash, then text
+        high = body[start + 3] in b"89abAB"
+        if pending_high >= 0:
+            if not high and start == pending_high:
+                pending_high = -1
+                continue
+            return True     # a high surrogate followed by anything but its low half
+        if not high:
+            return True     # a low surrogate with no high one before it
+        pending_high = m.end()
+    return pending_high >= 0

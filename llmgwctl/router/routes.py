@@ -1,0 +1,102 @@
+"""The routes the router proxies: one entry per API, and nothing else reaches an engine.
+
+A client reaches only what is in `TABLE` -- the APIs llmgw documents -- and
+the routes a catalog adds for the engines that serve them (`engines.NAME.routes`,
+validated by the catalog: under /v1/, never an engine-admin route). Every
+other path is an OpenAI-shaped 404 from the router, whatever an engine
+behind it exposes: vLLM's `/v1/load_lora_adapter` or `/sleep`, SGLang's
+`/flush_cache`, llama.cpp's `/slots` change the engine for every client, so
+a client must never reach them (adapters are desired state, loaded by
+agents, see DESIGN.md).
+
+Each entry says, for its API:
+
+- `path` and `methods`: what the router registers (in `Router.app`);
+- `model_key`: the body's top-level member that names the model (the router
+  resolves it and rewrites an alias there, see `jsonbody`);
+- `streams`: whether `"stream": true` asks for an event stream (the
+  upstream's idle timer then runs);
+- `prompt`: how the prompt is read for prefix routing (`prefix.py`); None:
+  the pick is by load alone;
+- `error_shape`: the shape the router's own errors take on this route (today
+  every route answers in OpenAI's; another API's SDK parses its own).
+
+Adding an API is adding an entry. A catalog-added route is an entry like
+embeddings' -- the model in the body, no stream timer, no prompt -- served
+for a model only when every one of its profiles' engines lists it, so
+whichever replica is picked can answer it.
+
+It must not know about endpoints or the balancer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+from aiohttp import web
+
+from ..catalog import Catalog
+from .prefix import chat_prompt, completion_prompt
+
+PromptReader = Callable[[Mapping[str, Any]], "str | None"]
+# The router's refusal (an OpenAI-shaped error) in the route's own shape.
+ErrorShape = Callable[[web.Response], web.Response]
+
+
+def openai_shape(refusal: web.Response) -> web.Response:
+    """OpenAI's error shape, which `errors` already builds: the refusal as it is."""
+    return refusal
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One API the router proxies; see the module docstring for each field."""
+
+    path: str
+    methods: tuple[str, ...] = ("POST",)
+    model_key: str = "model"
+    streams: bool = False
+    prompt: PromptReader | None = None
+    error_shape: ErrorShape = openai_shape
+    # Added by the catalog for some engines, not documented by llmgw: served
+    # only for the models whose engines all list it (`View.allows`).
+    from_catalog: bool = False
+
+
+TABLE: tuple[Route, ...] = (
+    Route("/v1/chat/completions", streams=True, prompt=chat_prompt),
+    Route("/v1/completions", streams=True, prompt=completion_prompt),
+    Route("/v1/embeddings"),
+)
+BY_PATH: Mapping[str, Route] = {r.path: r for r in TABLE}
+
+
+class View:
+    """The routes one catalog adds, built once per catalog: path -> route, and which models may use it."""
+
+    __slots__ = ("routes", "_models")
+
+    def __init__(self, catalog: Catalog):
+        served: dict[str, set[str]] = {}
+        for model in catalog.models:
+            if not model.profiles:
+                continue
+            engines = catalog.engines
+            # The routes every profile's engine lists: a replica of any profile may be picked.
+            common: set[str] | None = None
+            for profile in model.profiles:
+                spec = engines.get(profile.engine)
+                paths = set(spec.routes) if spec is not None else set()
+                common = paths if common is None else common & paths
+            for path in common or ():
+                if path not in BY_PATH:
+                    served.setdefault(path, set()).add(model.name)
+        self.routes: Mapping[str, Route] = {p: Route(p, from_catalog=True) for p in served}
+        self._models: Mapping[str, frozenset[str]] = {p: frozenset(m) for p, m in served.items()}
+
+    def allows(self, route: Route, model: str) -> bool:
+        """Whether `model` (canonical) is served on `route`: always for the table's, by its engines for the catalog's."""
+        return not route.from_catalog or model in self._models.get(route.path, ())
+
+    def paths(self) -> Iterable[str]:
+        return self.routes.keys()
