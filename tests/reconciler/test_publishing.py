@@ -85,3 +85,20 @@ def test_no_check_after_a_publish_that_did_not_finish():
         with checked(p.records, p.adoption, pub):
             raise RuntimeError("a pass that raised before publishing")
     assert pub.published == 0, "nothing was published, so nothing was compared"
+
+
+def test_every_pass_of_the_suites_reconcilers_is_checked():
+    """conftest sets CHECK_INCREMENTAL: a write past the records' notes fails the very next pass."""
+    from llmgwctl.reconciler import core
+
+    from .test_reconciler import World, catalog, converge, model
+
+    assert core.CHECK_INCREMENTAL
+    w = World(catalog(model("a")), settle=0)
+    w.report("n1")
+    converge(w)
+    (r,) = w.rec.replicas.values()
+    assert r.state == ReplicaState.READY and len(w.rec.endpoints) == 1
+    object.__setattr__(r, "state", ReplicaState.FAILED)
+    with pytest.raises(IncrementalMismatch):
+        w.rec.reconcile_once()
