@@ -8,9 +8,10 @@ through the API's report path minus HTTP. Then `--passes` passes with
 nothing changed, and `--passes` passes each after `--changed` random nodes'
 replicas flipped between starting and ready (the slice of a rollout one
 woken pass sees in serve). Each line: the whole pass, then the ms of each
-phase in it, largest first (phases nest: `_plan` holds `_wanted`, `place`
-and `_placement_input`; `_publish` holds `_ready_endpoints` and the
-router's `set_endpoints`). Wall time of this process; run it on a quiet
+phase in it, largest first (phases nest: `plan` holds `wanted`, `trim`,
+`placement_input`, `place` and `model_states`; `publish` holds
+`ready_endpoints` and the router's `set_endpoints`). Each phase is a method
+of the reconciler's part that owns it (llmgwctl/reconciler/). Wall time of this process; run it on a quiet
 machine and compare runs of two trees made back to back.
 """
 from __future__ import annotations
@@ -29,12 +30,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rollout  # noqa: E402
 
-import llmgwctl.reconciler.core as core  # noqa: E402
+from llmgwctl.reconciler import core, planning  # noqa: E402
+from llmgwctl.reconciler.adoption import Adoption  # noqa: E402
+from llmgwctl.reconciler.placement_input import PlacementInput  # noqa: E402
+from llmgwctl.reconciler.planning import Planner  # noqa: E402
+from llmgwctl.reconciler.publishing import Publisher  # noqa: E402
+from llmgwctl.reconciler.scaling import Scaling  # noqa: E402
 from llmgwctl.contracts import ReplicaState  # noqa: E402
 from llmgwctl.control.serve import GC_THRESHOLDS  # noqa: E402
 
-PHASES = ("_merge_reports", "_handle_lost_nodes", "_plan", "_drain", "_publish", "_wanted", "_placement_input",
-          "_ready_endpoints", "_derive_model_states")
+# (label, owner, attribute): every phase of a pass, by the part that does it.
+PHASES = (("merge", Adoption, "merge"), ("lost_nodes", Adoption, "lost_nodes"), ("plan", core.Reconciler, "_plan"),
+          ("drain", Planner, "drain"), ("publish", Publisher, "publish"), ("wanted", Scaling, "wanted"),
+          ("trim", Adoption, "trim"), ("placement_input", PlacementInput, "build"),
+          ("ready_endpoints", Publisher, "_ready_endpoints"), ("model_states", Publisher, "derive_model_states"),
+          ("place", planning, "place"))
 
 
 def main() -> None:
@@ -59,14 +69,13 @@ def main() -> None:
                 spent[name] += time.perf_counter() - t
         setattr(owner, attr, wrapper)
 
-    for name in PHASES:
-        timed(name, core.Reconciler, name)
-    timed("place", core, "place")
+    for name, owner, attr in PHASES:
+        timed(name, owner, attr)
     c, agents = rollout.build(a.nodes)
     r = c.reconciler
     for name in ("usage_snapshot", "inflight_seconds", "load_snapshot"):
         timed(name, r.usage, name)
-    for sink in r._sinks:
+    for sink in r.publisher.sinks:
         timed("set_endpoints", sink, "set_endpoints")
     for agent in agents:
         rollout.report(c, agent)

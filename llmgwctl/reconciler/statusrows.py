@@ -29,7 +29,7 @@ from ..contracts.status import GpuStatus
 from ..inventory import Node
 
 if TYPE_CHECKING:
-    from .core import Replica
+    from .records import Replica
 
 # What a replica's row shows that its record may change in place (a pass sets
 # them); the rest is the record's for life. A C-level getter: it runs for every
@@ -58,7 +58,7 @@ class StatusRows:
         self.counts: dict[str, tuple[int, int]] = {}     # model -> (ready, records)
         self.built = 0      # rows built since start: how a test tells a cached read from a rebuilt one
 
-    def update(self, records: dict[str, Replica], nodes: Iterable[Node], catalog: Catalog,
+    def update(self, records: Mapping[str, Replica], nodes: Iterable[Node], catalog: Catalog,
                conflict: Callable[[Node], str | None]) -> None:
         cache = self._replicas
         changed = False

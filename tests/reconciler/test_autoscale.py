@@ -139,14 +139,14 @@ def test_the_reconciler_measures_each_models_cold_start_from_placement_to_ready(
         w.step()
     all_ready()                             # ready 6 s after it was placed
     w.step()
-    assert w.rec._scale["a"].cold_start == 6.0
+    assert w.rec.scaling.scales["a"].cold_start == 6.0
     under(w, 7)                             # the second replica: placed, then ready 2 s later
     w.agent_follows("n1", state="starting")
     w.step()
     all_ready()
     w.step()
     second = max(w.rec.replicas.values(), key=lambda r: r.created)
-    assert count(w) == 2 and w.rec._scale["a"].cold_start == (6.0 + second.ready_since - second.created) / 2
+    assert count(w) == 2 and w.rec.scaling.scales["a"].cold_start == (6.0 + second.ready_since - second.created) / 2
 
 
 def test_no_reading_holds_the_count():
@@ -444,7 +444,7 @@ def under(world, per_replica, passes=3):
 
 def level_only(world):
     """Forget the measured cold start: steps are sized for the load as it is (the growth has its own tests)."""
-    world.rec._scale["a"].cold_start = 0.0
+    world.rec.scaling.scales["a"].cold_start = 0.0
 
 
 def count(world):
@@ -458,7 +458,7 @@ def test_load_scales_a_model_up_to_what_it_needs_and_starting_replicas_ask_for_n
     level_only(w)
     assert count(w) == 1
     under(w, 7)                             # 7 in flight, target 4: needs 2 (normal path, 1.75x)
-    assert count(w) == 2 and w.rec._scale["a"].wanted == 2
+    assert count(w) == 2 and w.rec.scaling.scales["a"].wanted == 2
     (event,) = [e for e in w.rec.events if e.kind == "scale-up"]
     assert "1 -> 2 replicas (inflight 4.67 on 1 ready replica (target 4 each) needs 2)" in event.message, \
         "stepped on the mean of the last 3 s (0, 7, 7), not on one pass"
@@ -581,7 +581,7 @@ def test_a_changed_policy_takes_effect_on_the_next_pass():
     assert count(w) == 1
     w.live.swap(scaled(target=2))           # the same load now needs 2
     under(w, 3)
-    assert count(w) == 2 and w.rec._scale["a"].policy.target == 2
+    assert count(w) == 2 and w.rec.scaling.scales["a"].policy.target == 2
     (event,) = [e for e in w.rec.events if e.kind == "scale-up"]
     assert "target 2 each" in event.message
 
@@ -603,7 +603,7 @@ def test_counters_that_did_not_move_are_no_load_not_no_reading():
     (rid,) = [r.spec.id for r in w.rec.replicas.values()]
     counters.busy = {rid: 100.0}
     under(w, 7, passes=5)
-    assert count(w) == 1 and w.rec._scale["a"].load == 0.0
+    assert count(w) == 1 and w.rec.scaling.scales["a"].load == 0.0
     counters.busy = {rid: 107.0}            # and once they move, the growth is the load
     under(w, 7, passes=1)
-    assert w.rec._scale["a"].load == 3.5    # the mean of this pass's 7 and the last one's 0
+    assert w.rec.scaling.scales["a"].load == 3.5    # the mean of this pass's 7 and the last one's 0

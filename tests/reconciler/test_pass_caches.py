@@ -5,7 +5,7 @@ each node's merge and each Endpoint, and rebuilds only what changed. These
 tests change one input at a time -- a node's report, a record's state, a
 catalog swap -- on a node whose kept state the pass before had used, and
 check that the next pass sees the change, and that what placement is handed
-equals a build from scratch (what `_placement_input` did on every pass).
+equals a build from scratch (what `PlacementInput.build` keeps must equal).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from llmgwctl.contracts import ReplicaState
 from llmgwctl.placement import NodeView, Running
-from llmgwctl.reconciler import core
+from llmgwctl.reconciler import planning
 
 from .test_reconciler import World, catalog, converge, model, run_report
 
@@ -21,7 +21,7 @@ from .test_reconciler import World, catalog, converge, model, run_report
 def from_scratch(rec):
     """Placement's input as the reconciler built it before it kept any (issue 19's before)."""
     cat = rec.live.current
-    expected = rec._expected_hashes(cat)
+    expected = rec.placement_input.expected_hashes(cat)
     running = [Running(replica_id=r.spec.id, model=r.spec.model, profile=r.spec.profile, node=r.node,
                        gpu_indices=r.spec.gpu_indices,
                        current=r.spec_hash == expected.get((r.spec.model, r.spec.profile)),
@@ -31,18 +31,18 @@ def from_scratch(rec):
     views = []
     for node in rec.inventory.nodes():
         if not node.reachable:
-            running.extend(rec._given_up_on(node, expected))
+            running.extend(rec.placement_input.given_up_on(node, expected))
         custom = frozenset(n for n, e in cat.engines.items() if not e.builtin and n not in node.engines)
         views.append(NodeView(name=node.name, pools=node.pools, gpus=tuple(g.index for g in node.gpus),
                               memory={g.index: (g.memory_mib, g.free_mib) for g in node.gpus},
                               engines=node.available_engines | custom,
-                              schedulable=node.reachable and node.name not in rec._cordoned,
+                              schedulable=node.reachable and node.name not in rec.placement_input.cordoned,
                               unavailable={n: why for n, (ok, why) in node.engines.items() if not ok}))
     return running, views
 
 
 def same_input(rec):
-    running, views = rec._placement_input(rec.live.current)
+    running, views = rec.placement_input.build(rec.live.current)
     want_running, want_views = from_scratch(rec)
     assert running == want_running
     # NodeView leaves memory and unavailable out of its equality; placement reads both.
@@ -54,12 +54,12 @@ def same_input(rec):
 def handed(monkeypatch):
     """What each pass handed placement: the real place(), watched."""
     calls = []
-    real = core.place
+    real = planning.place
 
     def place(catalog, nodes, running, wanted, **kw):
         calls.append((list(nodes), list(running)))
         return real(catalog, nodes, running, wanted, **kw)
-    monkeypatch.setattr(core, "place", place)
+    monkeypatch.setattr(planning, "place", place)
     return calls
 
 
@@ -68,12 +68,12 @@ def test_an_unchanged_pass_keeps_placements_input_and_does_not_place_again(hande
     for n in ("n1", "n2"):
         w.report(n)
     converge(w, ("n1", "n2"))
-    running1, views1 = w.rec._placement_input(w.live.current)
+    running1, views1 = w.rec.placement_input.build(w.live.current)
     calls = len(handed)
     w.quiet_pass()
     w.quiet_pass()
     assert len(handed) == calls, "the same input as the last call: its plan is taken again"
-    running2, views2 = w.rec._placement_input(w.live.current)
+    running2, views2 = w.rec.placement_input.build(w.live.current)
     assert len(running2) == 2 and all(a is b for a, b in zip(running1, running2))
     assert all(a is b for a, b in zip(views1, views2))
     same_input(w.rec)
@@ -110,10 +110,10 @@ def test_a_record_changing_state_is_seen_by_the_next_placement(handed):
     ready = [r for r in w.rec.replicas.values() if r.state == ReplicaState.READY]
     assert len(ready) == 1
     ready[0].state = ReplicaState.FAILED
-    w.rec._merge_reports(w.live.current, w.clock.now)
+    w.rec.adoption.merge(w.live.current, w.clock.now, w.rec.settled)
     assert ready[0].state == ReplicaState.READY, "the report says ready"
     ready[0].state = ReplicaState.FAILED
-    assert [r.replica_id for r in w.rec._placement_input(w.live.current)[0] if r.failed] == [ready[0].spec.id]
+    assert [r.replica_id for r in w.rec.placement_input.build(w.live.current)[0] if r.failed] == [ready[0].spec.id]
     same_input(w.rec)
 
 

@@ -111,7 +111,7 @@ def test_fallback_is_marked_and_moved_back_by_surge_then_rate_limited():
     assert fallback == {by_model["a"].spec.id: True, by_model["hog"].spec.id: False}
 
     # The hog goes away. A move of `a` a moment ago holds the next one back for move_every.
-    w.rec._moved["a"] = w.clock.now
+    w.rec.planner.moved["a"] = w.clock.now
     w.live.swap(cat(FALLBACK.replace("HOG", "0")))
     for _ in range(3):
         w.step(10)

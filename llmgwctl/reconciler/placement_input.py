@@ -1,0 +1,121 @@
+"""What placement is handed each pass: a Running per record, a NodeView per node, each rebuilt only where it changed.
+
+Placement reads a Running per record and a NodeView per node every pass;
+building them all anew was most of a pass at fleet size. Each is kept with
+exactly what it was built from -- a record's state and whether its spec is
+current, a node's reported pools, GPUs and engines (new objects with every
+report that changed), reachability, cordon and the catalog -- and built again
+only when one of those differs, so a kept one is the one a rebuild would
+give. The lists stay in record and inventory order. Also what the catalog
+says a current replica of each profile hashes to, once per catalog.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from ..catalog import Catalog, Model, Profile
+from ..contracts import ReplicaSpec, ReplicaState
+from ..inventory import Inventory, Node
+from ..placement import NodeView, Running
+from .records import Records
+
+_LEAVING = (ReplicaState.DRAINING, ReplicaState.STOPPING)
+
+
+def profile_of(model: Model | None, name: str) -> Profile | None:
+    """`model`'s profile called `name`; None if there is no such model or profile."""
+    if model is None:
+        return None
+    return next((p for p in model.profiles if p.name == name), None)
+
+
+class SpecHashes:
+    """(model, profile) -> the spec hash a current replica of it has; computed once per catalog."""
+
+    def __init__(self) -> None:
+        self._of: tuple[str | None, Mapping[tuple[str, str], str]] = (None, {})
+
+    def __call__(self, catalog: Catalog) -> Mapping[tuple[str, str], str]:
+        if self._of[0] != catalog.version:
+            hashes = {(m.name, p.name): ReplicaSpec.for_profile("", m, p, catalog.engines[p.engine]).spec_hash
+                      for m in catalog.models for p in m.profiles}
+            self._of = (catalog.version, hashes)
+        return self._of[1]
+
+
+class PlacementInput:
+    """Placement's kept input, and the nodes placement may not use (`cordoned`)."""
+
+    def __init__(self, records: Records, inventory: Inventory, forgotten: Mapping[str, str], expected: SpecHashes):
+        self.records, self.inventory = records, inventory
+        # The replicas given up on (Adoption.forgotten), read to tell placement they still hold GPUs.
+        self._forgotten = forgotten
+        self.expected_hashes = expected
+        self.cordoned: set[str] = set()
+        # Placement's NodeView per node, with what it was built from.
+        self._views: dict[str, tuple[tuple, NodeView]] = {}
+
+    def build(self, catalog: Catalog) -> tuple[list[Running], list[NodeView]]:
+        """(a Running per record and per replica given up on a lost node, a NodeView per node), kept where unchanged."""
+        expected = self.expected_hashes(catalog)
+        running: list[Running] = []
+        for rec in self.records.values():
+            current = rec.spec_hash == expected.get((rec.spec.model, rec.spec.profile))
+            kept = rec.placed_as
+            if kept is None or kept[0] is not rec.state or kept[1] != current:
+                kept = rec.placed_as = (rec.state, current, Running(
+                    replica_id=rec.spec.id, model=rec.spec.model, profile=rec.spec.profile,
+                    node=rec.node, gpu_indices=rec.spec.gpu_indices, current=current,
+                    ready=rec.state == ReplicaState.READY, failed=rec.state == ReplicaState.FAILED,
+                    # Draining or stopping: still holding its GPUs (or its share of
+                    # their memory) until its engine is gone, but no longer counted
+                    # toward what the model wants, and its room counts as coming free.
+                    leaving=rec.state in _LEAVING,
+                    memory_mib=rec.spec.gpu_memory_mib))
+            running.append(kept[2])
+        views = []
+        kept_views = self._views
+        for node in self.inventory.nodes():
+            if not node.reachable:
+                running.extend(self.given_up_on(node, expected))
+            cpu = node.last_report.cpu if node.last_report is not None else None
+            key = (node.pools, node.gpus, node.engines, node.reachable, node.name in self.cordoned, cpu)
+            kept_view = kept_views.get(node.name)
+            if kept_view is None or kept_view[0] != key:
+                kept_view = kept_views[node.name] = (key, NodeView(
+                    name=node.name, pools=node.pools,
+                    gpus=tuple(g.index for g in node.gpus),
+                    memory={g.index: (g.memory_mib, g.free_mib) for g in node.gpus},
+                    # Only what the node's agent says it runs: a catalog-defined engine
+                    # runs where a node's operator allowed it (llmgwctl agent
+                    # --allow-engine), which the agent reports from its start; a node
+                    # that does not name it does not run it (placement's reasons say so).
+                    engines=node.available_engines,
+                    schedulable=node.reachable and node.name not in self.cordoned,
+                    unavailable={name: why for name, (ok, why) in node.engines.items() if not ok},
+                    cpu_replicas=cpu.max_replicas if cpu is not None else None,
+                ))
+            views.append(kept_view[1])
+        if len(kept_views) > len(self.inventory):
+            # A node the inventory forgot; rare, so swept only when the count says so.
+            for name in [n for n in kept_views if self.inventory.get(n) is None]:
+                del kept_views[name]
+        return running, views
+
+    def given_up_on(self, node: Node, expected: Mapping[tuple[str, str], str]) -> Iterator[Running]:
+        """The replicas an unreachable node last reported that were given up (`Adoption.lost_nodes`), as lost.
+
+        Their records are gone, so placement places replacements for them; it
+        is told they exist (`Running.lost`) so those replacements go only where
+        there is room: a model with replicas on a lost node never preempts
+        (the node may come back with them), and they hold the node's GPUs,
+        which nobody can free. Replicas of a lost node still waiting out
+        REPLACE_AFTER keep their records and count as they are (not lost to
+        placement): that wait is what spares a flapping node a reshuffle.
+        """
+        for rid, rep in node.replicas.items():
+            if rid in self._forgotten and rid not in self.records:
+                yield Running(replica_id=rid, model=rep.model, profile=rep.profile, node=node.name,
+                              gpu_indices=rep.gpu_indices, lost=True,
+                              current=rep.spec_hash == expected.get((rep.model, rep.profile)),
+                              memory_mib=rep.spec.gpu_memory_mib if rep.spec is not None else 0)
