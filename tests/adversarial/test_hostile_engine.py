@@ -110,9 +110,10 @@ def hostile(tmp_path_factory):
         _model("metrics-redirect", "--metrics-fault", "redirect", *to),
     )))
     try:
-        # Ports for ten engines whatever the fleet's default range; a short
-        # headers bound, so the silent engine's request ends within the test.
-        fleet.start_serve("--ports", f"{fleet._port_base}-{fleet._port_base + 49}",
+        # Ports and CPU room for ten engines whatever the fleet's defaults (a
+        # 2-core machine's local agent takes 8 CPU replicas); a short headers
+        # bound, so the silent engine's request ends within the test.
+        fleet.start_serve("--ports", f"{fleet._port_base}-{fleet._port_base + 49}", "--max-cpu-replicas", "16",
                           "--upstream-headers-timeout", "3")
         wait_until(lambda: len([r for r in fleet.replicas() if r["state"] == "ready"]) == 10,
                    "every engine ready", timeout=120)
