@@ -148,8 +148,9 @@ class ControllerClient:
 
 
 async def report_loop(client: ControllerClient, report: Callable[[], AgentReport], changed: asyncio.Event,
-                      stop: asyncio.Event, heartbeat: float = HEARTBEAT) -> None:
-    """POST the report on every change and at least every `heartbeat` seconds."""
+                      stop: asyncio.Event, heartbeat: float = HEARTBEAT,
+                      delivered: asyncio.Event | None = None) -> None:
+    """POST the report on every change and at least every `heartbeat` seconds; set `delivered` once one is taken."""
     # Retries of a report wait at most one heartbeat, not RETRY_CAP: a restarted
     # controller adopts for a settling window of about three heartbeats and
     # then treats a node it has not heard from as running nothing -- a node
@@ -182,6 +183,8 @@ async def report_loop(client: ControllerClient, report: Callable[[], AgentReport
             # A change does not cut a retry delay short: that would hammer a controller that is down.
             await sleep_unless(delay, stop)
             continue
+        if delivered is not None:
+            delivered.set()
         if failing:
             log.info("controller reachable again: report delivered")
         if refused and refused != refused_before:
@@ -204,8 +207,15 @@ def _retry_after(header: str | None) -> float:
     return max(RATE_LIMIT_MIN, min(RATE_LIMIT_MAX, seconds))
 
 
-async def desired_loop(client: ControllerClient, agent: DesiredSink, stop: asyncio.Event) -> None:
+async def desired_loop(client: ControllerClient, agent: DesiredSink, stop: asyncio.Event,
+                       reported: asyncio.Event | None = None) -> None:
     """Long-poll the node's desired replicas and hand every new list to the agent.
+
+    With `reported`, the first poll waits until this agent's first report was
+    taken: the controller answers a node's desired list only to the agent that
+    speaks for it, and an agent restarted within the node timeout becomes that
+    one by its report (which proves it is the holder's successor). A poll sent
+    before it would be refused 409, as a second agent for the node is.
 
     Any version other than ours counts as new, not only a greater one:
     versions come from the controller's clock, and one whose clock stepped
@@ -215,6 +225,8 @@ async def desired_loop(client: ControllerClient, agent: DesiredSink, stop: async
     version = 0
     retry = Backoff(initial=RETRY_INITIAL, cap=RETRY_CAP)
     failing = False
+    if reported is not None:
+        await sleep_unless(None, reported, stop)
     while not stop.is_set():
         poll = asyncio.ensure_future(client.get_desired(version))
         stopper = asyncio.ensure_future(stop.wait())

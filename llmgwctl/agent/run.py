@@ -111,9 +111,11 @@ async def _run(cfg: AgentConfig, stop: asyncio.Event) -> None:
             client = ControllerClient(cfg.controller, cfg.node, session, cfg.token, agent.instance_id)
             logs = LogSender(client, agent.log_path, lambda rid: rid in agent.replicas, stop)
             client.on_log_requests = logs.handle
-            tasks.append(asyncio.create_task(report_loop(client, agent.report, changed, stop, cfg.heartbeat), name="report"))
+            reported = asyncio.Event()
+            tasks.append(asyncio.create_task(report_loop(client, agent.report, changed, stop, cfg.heartbeat, reported),
+                                             name="report"))
             if cfg.desired_file is None:
-                tasks.append(asyncio.create_task(desired_loop(client, agent, stop), name="desired"))
+                tasks.append(asyncio.create_task(desired_loop(client, agent, stop, reported), name="desired"))
         tasks.append(asyncio.create_task(agent.run(stop, cfg.tick), name="reconcile"))
         try:
             await stop.wait()
