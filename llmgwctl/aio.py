@@ -2,6 +2,7 @@
 
     sleep_unless   wait some seconds, or less if one of some events is set: the
                    tick of every loop, the delay of every retry, any long-poll
+    cancel_and_wait  take tasks down and wait until they have ended: every shutdown
     Waiters        long-polls held until something happens, each woken in one step of the loop
     run            run a process's main coroutine on uvloop when it is installed
     follow_file    wake on every change to one file, by watching its directory
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import AsyncIterator, Coroutine, TypeVar
+from typing import Any, AsyncIterator, Coroutine, TypeVar
 
 T = TypeVar("T")
 
@@ -63,6 +64,30 @@ async def sleep_unless(seconds: float | None, *events: asyncio.Event) -> bool:
             waiter.cancel()
         if timer is not None:
             timer.cancel()
+
+
+async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
+    """Cancel `tasks` and return once each has ended; what they returned or raised is dropped.
+
+    For shutdowns and for a helper task whose outcome no longer matters. A
+    task left running past its owner's end would fail unseen ("exception was
+    never retrieved") or outlive what it uses. If the caller itself is
+    cancelled while waiting, CancelledError reaches it as usual: the tasks
+    were cancelled already, and only their end is not waited for. Swallowing
+    that cancellation instead would keep a cancelled handler running.
+    """
+    running = []
+    for task in tasks:
+        if task.done():
+            if not task.cancelled():
+                task.exception()        # retrieved, so asyncio does not log it as lost
+        else:
+            task.cancel()
+            running.append(task)
+    if running:
+        # gather(return_exceptions=True) collects the tasks' CancelledErrors as
+        # outcomes, but a cancellation of gather itself (of the caller) still raises.
+        await asyncio.gather(*running, return_exceptions=True)
 
 
 class Flag(asyncio.Event):

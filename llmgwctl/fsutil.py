@@ -31,7 +31,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Generic, TypeVar, cast
 
-from .aio import follow_file, sleep_unless
+from .aio import cancel_and_wait, follow_file, sleep_unless
 
 T = TypeVar("T")
 
@@ -403,8 +403,7 @@ class FollowedFile(Generic[T]):
                     unwatched = None
                 await sleep_unless(self._recheck, stop)    # the watch ended without `stop`: arm it again, not at once
         finally:
-            ticker.cancel()
-            await asyncio.gather(ticker, return_exceptions=True)
+            await cancel_and_wait(ticker)
 
     def start(self, stop: asyncio.Event) -> asyncio.Task:
         """`run(stop)` as a task of the running loop (kept as `.task`)."""

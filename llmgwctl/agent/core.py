@@ -48,7 +48,7 @@ from ..engines.errors import EngineError, LaunchError, NotAllowed
 from ..engines.spec import Driver
 from . import procs, state
 from .state import Record
-from ..aio import sleep_unless
+from ..aio import cancel_and_wait, sleep_unless
 from ..backoff import Backoff
 from .backoff import restart_schedule
 from .ports import PortRange, pick_port
@@ -279,11 +279,7 @@ class Agent:
         Stops in progress are cancelled; their records stay in the state file
         as long as their processes live, so the next run finishes them.
         """
-        for r in self.replicas.values():
-            if r.group_task and not r.group_task.done():
-                r.group_task.cancel()
-        await asyncio.gather(*(r.group_task for r in self.replicas.values() if r.group_task),
-                             return_exceptions=True)
+        await cancel_and_wait(*(r.group_task for r in self.replicas.values() if r.group_task))
         await self._save_state()
 
     async def _observe_exits(self) -> None:

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any, Callable, Mapping
 
-from ..aio import Flag
+from ..aio import Flag, cancel_and_wait
 from ..catalog import Catalog, Live
 from ..catalog.watcher import CatalogWatcher
 from ..contracts import UNBOUNDED, AgentReport, CatalogStatus, ControlStatus, NodeClaims, WatcherStatus
@@ -163,9 +163,7 @@ class Controller:
         try:
             await stop.wait()
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(*tasks)
 
     def state(self) -> ControlStatus:
         """Everything `status` shows, typed: the control metrics read this, the status JSON is its `to_dict`."""
