@@ -71,6 +71,7 @@ from aiohttp import web
 
 from ..contracts import UNBOUNDED, NodeClaims
 from ..contracts.claims import DEFAULT_MAX_GPUS
+from ..httpserver import error_document
 from .errors import ControlError
 
 log = logging.getLogger("llmgw.control.auth")
@@ -385,8 +386,7 @@ class ControlAuth:
                             extra={"event": "control-unauthorized"})
                 count(route, refusal.status)
                 kind = "authentication_error" if refusal.status == 401 else "permission_error"
-                return web.json_response({"error": {"message": refusal.message, "type": kind, "code": refusal.status}},
-                                         status=refusal.status,
+                return web.json_response(error_document(refusal.message, kind, refusal.status), status=refusal.status,
                                          headers={"WWW-Authenticate": "Bearer"} if refusal.status == 401 else None)
             try:
                 resp = await handler(request)
