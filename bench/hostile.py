@@ -1,6 +1,6 @@
 """Normal traffic beside a hostile engine and hostile clients, against the same traffic alone, in one run.
 
-    python bench/hostile.py [--quiet 15] [--hostile 30] [--after 10] [--concurrency 4]
+    python3 -m bench.hostile [--quiet 15] [--hostile 30] [--after 10] [--concurrency 4]
 
 Starts `llmgwctl serve` (local agent, fake engines) on 127.0.0.1 with one
 well-behaved model, `good`, and measures four phases from an aiohttp client
@@ -36,12 +36,12 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from tests.procs import free_port
 
 GOOD = ("apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n"
         "  - name: good\n    replicas: 1\n    profiles: [{name: cpu, engine: fake, gpus: 0}]\n")
@@ -62,12 +62,6 @@ def hostile_catalog(redirect_to: str) -> tuple[str, list[str], list[str]]:
         text += (f"  - name: {name}\n    replicas: 1\n    profiles: [{{name: cpu, engine: fake, gpus: 0, "
                  f"args: ['--metrics-fault', '{fault}', '--redirect-to', '{redirect_to}']}}]\n")
     return text, list(answers), list(pages)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_mb(pid: int) -> float:

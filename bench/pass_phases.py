@@ -1,6 +1,6 @@
 """Where one reconcile pass's time goes at fleet size, phase by phase, in process.
 
-    python bench/pass_phases.py [--nodes 5000] [--changed 50] [--passes 3]
+    python3 -m bench.pass_phases [--nodes 5000] [--changed 50] [--passes 3]
 
 bench/rollout.py's fleet (bench/status.py's catalog, `--nodes` nodes of 8
 GPUs, every replica ready, the in-process router as serve wires it) fed
@@ -21,17 +21,13 @@ import functools
 import gc
 import logging
 import random
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import rollout  # noqa: E402
+from . import rollout
 
-import llmgwctl.reconciler.core as core  # noqa: E402
-from llmgwctl.contracts import ReplicaState  # noqa: E402
-from llmgwctl.control.serve import GC_THRESHOLDS  # noqa: E402
+import llmgwctl.reconciler.core as core
+from llmgwctl.contracts import ReplicaState
+from llmgwctl.control.serve import GC_THRESHOLDS
 
 PHASES = ("_merge_reports", "_handle_lost_nodes", "_plan", "_drain", "_publish", "_wanted", "_placement_input",
           "_ready_endpoints", "_derive_model_states")
