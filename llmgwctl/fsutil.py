@@ -16,7 +16,7 @@ edit -- a revoked API key -- from taking effect. The catalog loader has its own
 reader (`catalog.loader.read_file`) with the same rules plus one of its own:
 links must stay inside the catalog directory.
 
-This module imports nothing of ours but `aio`, so any piece may use it.
+This module imports nothing of ours but `aio` and `health`, so any piece may use it.
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Generic, TypeVar, cast
 
 from .aio import cancel_and_wait, follow_file, sleep_unless
+from .health import Failure, failure
 
 T = TypeVar("T")
 
@@ -258,7 +259,7 @@ class FollowedFile(Generic[T]):
         self.problem: str | None = None              # why the file is not in force now; None when it is
         self.problem_since: float | None = None
         self.failures = 0
-        self.last_failure: dict[str, Any] | None = None
+        self.last_failure: Failure | None = None
         self.applied = 0
         self.applied_at: float | None = None
 
@@ -369,7 +370,7 @@ class FollowedFile(Generic[T]):
         self.problem, self.failures = message, self.failures + 1
         if self.problem_since is None:
             self.problem_since = now
-        self.last_failure = {"at": now, "what": f"reading {self.what}", "error": message}
+        self.last_failure = failure(f"reading {self.what}", message, now)
         self._on_result("rejected")
         if expected:
             log.error("%s not used; %s:\n  %s", self.what, self.keeping, message.replace("\n", "\n  "),
