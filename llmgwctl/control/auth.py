@@ -89,8 +89,6 @@ ROUTER_PREFIXES = ("/api/v1/watch/", "/api/v1/wake", "/api/v1/usage")
 ADMIN_WATCHES = frozenset({"/api/v1/watch/status"})
 # `/api/v1/agents/{node}/...`: reports and the desired long-poll, one node's each.
 NODE_PREFIX = "/api/v1/agents/"
-# Every route an agent or a router may call (kept for readers of the old name).
-FLEET_PREFIXES = (NODE_PREFIX, *ROUTER_PREFIXES)
 NODE_TOKEN_PREFIX = "llmgwn."
 # Shorter than this is guessable by someone who can reach the port and try; 16
 # characters of `openssl rand -hex 32` output are already 64 bits.
@@ -272,10 +270,6 @@ class ControlAuth:
         self.legacy_node_tokens = legacy_node_tokens
         # node -> the lowest serial still good, None: every token of it revoked (follow_revocations swaps it whole).
         self.revocations: Mapping[str, int | None] = MappingProxyType({})
-
-    @property
-    def enabled(self) -> bool:
-        return self._admin is not None
 
     def allowed(self, path: str, authorization: str | None, node: str | None = None) -> bool:
         return self.check(path, authorization, node) is None
