@@ -96,9 +96,9 @@ class Flag(asyncio.Event):
     Set on an Event, `sleep_unless` resumes its caller three steps later: the
     event's waiter task, its done callback, then the caller. On a loop that
     also takes a stream of reports, every step runs each callback that came
-    ready meanwhile (~200 ms at 5,000 nodes in a rollout), so the reconciler's
-    pass came ~0.6 s after the report that woke it (issue 19). A Flag resolves
-    the sleeping caller's own future when set: one step.
+    ready meanwhile, so at fleet size each step is long and a pass woken by a
+    report starts three of them late (bench/README.md, "Figures behind the
+    comments"). A Flag resolves the sleeping caller's own future when set: one step.
     """
 
     def __init__(self) -> None:
@@ -120,10 +120,9 @@ class Waiters:
     steps of the loop after the set: the event's waiter task, then
     asyncio.wait's callback, then the caller -- and a long-poll waiting on a
     wait of its own, six. On a loop that also takes a stream of reports, each
-    step runs every callback that came ready meanwhile: at 5,000 nodes a
-    rollout's answers went out a second or more after the change that woke
-    them (issue 19). Here the woken task is the one awaiting the future that
-    `wake` resolves: one step.
+    step runs every callback that came ready meanwhile, so at fleet size an
+    answer held six steps goes out long after the change that woke it. Here
+    the woken task is the one awaiting the future that `wake` resolves: one step.
     """
 
     def __init__(self) -> None:

@@ -76,9 +76,9 @@ TICK = 1.0
 PROBE_TIMEOUT = 2.0
 # A starting engine is probed between passes too: the moment its health passes
 # is the moment it can serve, and a notice one pass late is up to a second of
-# a cold start that its model's queue pays for (issue 17 traced a replica from
-# placement to the router: the wait for the agent's next pass was the largest
-# share of what was not the engine's own start-up). The wait between probes
+# a cold start that its model's queue pays for (traced from placement to the
+# router, the wait for the agent's next pass was the largest share of what
+# was not the engine's own start-up). The wait between probes
 # grows with the time it has been starting -- 5 % of it, from 50 ms up to one
 # pass -- so readiness is noticed within about 5 % of the start-up's length:
 # ~0.2 s after a 4 s start, at most a pass after vLLM's minutes. That is ~50

@@ -36,7 +36,7 @@ class Controller:
         self.inventory = Inventory(clock=clock, **({"unreachable_after": node_timeout} if node_timeout else {}))
         self.desired = DesiredStore()
         # Flags, not Events: the pass they wake starts one step of the loop after
-        # the set, not three (aio.Flag; issue 19, a rollout's reports).
+        # the set, not three, which matters when a rollout's reports crowd the loop (aio.Flag).
         self.wake_event = Flag()
         # Set with wake_event for a pass that should not wait out the spacing of
         # woken passes: a catalog swap, a request waiting for a model (reconciler.WOKEN_SHARE).
