@@ -89,6 +89,23 @@ class MissingFile(UnusableFile):
     """The file (or what its link points at) does not exist."""
 
 
+# How a followed file is opened: never blocking on a FIFO swapped in after the
+# stat, never becoming the controlling terminal, never inherited by a child.
+OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+
+
+def read_upto(fd: int, max_bytes: int) -> bytes:
+    """What `fd` holds, read until its end or past `max_bytes` (at most max_bytes + 1 bytes: more says it grew)."""
+    chunks, size = [], 0
+    while size <= max_bytes:
+        chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 def file_kind(mode: int) -> str:
     """What a non-regular file is, in words an operator recognises."""
     if stat.S_ISDIR(mode):
@@ -141,7 +158,7 @@ def read_regular(path: str | os.PathLike, max_bytes: int, what: str = "file") ->
         raise UnusableFile(f"{path}: is {st.st_size} bytes, more than the {_mib(max_bytes)} allowed for the "
                            f"{what}; not read")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, OPEN_FLAGS)
     except FileNotFoundError:
         raise MissingFile(f"{path}: disappeared while being read") from None
     except OSError as exc:
@@ -151,17 +168,11 @@ def read_regular(path: str | os.PathLike, max_bytes: int, what: str = "file") ->
         if not stat.S_ISREG(mode):
             raise UnusableFile(f"{path}: was replaced by {file_kind(mode)} while being read; "
                                "only regular files are read")
-        chunks, size = [], 0
-        while size <= max_bytes:
-            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > max_bytes:
+        data = read_upto(fd, max_bytes)
+        if len(data) > max_bytes:
             raise UnusableFile(f"{path}: grew past the {_mib(max_bytes)} allowed for the "
                                f"{what} while being read; not used")
-        return b"".join(chunks)
+        return data
     except OSError as exc:
         raise UnusableFile(f"{path}: cannot read: {exc.strerror or exc}") from None
     finally:
