@@ -187,7 +187,7 @@ async def test_sleep_unless_on_a_flag_resumes_in_one_step_of_the_loop():
     assert not sleeper.done()
     flag.set()
     # One turn: the reconciler's pass starts right after the report that woke it, not
-    # three turns later (each as long as the reports queued meanwhile, issue 19).
+    # three turns later (each as long as the reports queued meanwhile).
     await asyncio.sleep(0)
     assert sleeper.done() and sleeper.result() is True
     assert not flag._futures, "nothing left registered on the flag"
