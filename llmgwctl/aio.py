@@ -7,9 +7,10 @@
     run            run a process's main coroutine on uvloop when it is installed
     follow_file    wake on every change to one file, by watching its directory
 
-Each was copied into several pieces before, with small differences, and one
-copy of the first lacked the `try/finally` that cancels its waiters. This
-module imports nothing of ours, so any piece may use it.
+One helper per idiom: copies with small differences drift, as a missing
+`try/finally` that cancels a wait's waiters, or a cancel-then-await that
+swallows the caller's own cancellation. This module imports nothing of
+ours, so any piece may use it.
 """
 from __future__ import annotations
 

@@ -4,8 +4,10 @@ Owns what bounds a connection before any handler runs -- aiohttp's parser
 limits and keep-alive timer (`server_options`), the cap on open connections
 per client address (`ConnectionGuard`) -- what a server answers when aiohttp
 itself refuses a request or a handler fails unexpectedly (`json_errors`, with
-an `X-Request-Id` like every other answer, `request_id`), and reading the
-port a server bound (`bound_port`). Which web pages may use a server is
+an `X-Request-Id` like every other answer, `request_id`), reading the port
+a server bound (`bound_port`), and the one builder of the OpenAI error
+shape both servers answer with (`error_document`, `error_body`,
+`error_response`). Which web pages may use a server is
 `llmgwctl.httporigin`. Both servers face strangers
 once bound beyond loopback, so both take the same limits from here; each
 caller decides its own values where its traffic differs. Decoding a
