@@ -22,7 +22,7 @@ flaps (a down-step followed by an up-step within the stable window), then the
 targets of issue 17 as ratios. Bounded: at most --max-requests per model and
 the phases' total time plus start-up; about 2.5 minutes with the defaults.
 
-    python bench/autoscale.py [--startup-delay 4] [--base-rate 1] [--factor 10] [--seed 1]
+    python3 -m bench.autoscale [--startup-delay 4] [--base-rate 1] [--factor 10] [--seed 1]
 """
 from __future__ import annotations
 
@@ -35,7 +35,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,18 +43,16 @@ from pathlib import Path
 
 import aiohttp
 
+from tests.procs import free_port
+
+from . import REPO
+
 MODELS = ("auto", "fixed-max", "fixed-min")
 PHASES = ("base", "up", "hold", "down", "tail")
 # The reconciler passes once a second and the router polls engines once a
 # second (llmgwctl.reconciler.TICK, RouterConfig.poll_interval): "2 poll
 # intervals" in the targets is 2 s.
 POLL = 1.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def catalog(args) -> str:
@@ -281,7 +278,7 @@ def main() -> None:
         # PYTHONPATH: run from the tree this bench is in, so it measures that
         # tree's llmgwctl wherever it is started from (a snapshot's bench run
         # from a worktree ran the worktree's code).
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=REPO,
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_ready(control, {"auto": args.min, "fixed-max": args.max, "fixed-min": args.min}, proc)

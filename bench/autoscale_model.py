@@ -25,9 +25,9 @@ router counting a request until its stream has been relayed (the engine frees
 the slot a little earlier), and request times that stretch under load. It is
 kinder than the bench: read its numbers as an upper bound, and the bench's as the result.
 
-    python bench/autoscale_model.py [--signal average] [--cold 4.5] [--seeds 30] [--no-plan] [--target 1.5]
+    python3 -m bench.autoscale_model [--signal average] [--cold 4.5] [--seeds 30] [--no-plan] [--target 1.5]
                                     [--pick code|ideal] [--routers 1]
-    python bench/autoscale_model.py --sweep 1.0,1.1,1.2,1.25,1.3,1.4,1.5 [--seeds 60]
+    python3 -m bench.autoscale_model --sweep 1.0,1.1,1.2,1.25,1.3,1.4,1.5 [--seeds 60]
 """
 from __future__ import annotations
 
@@ -35,19 +35,14 @@ import argparse
 import heapq
 import math
 import random
-import sys
 import types
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from llmgwctl.catalog import Autoscale
+from llmgwctl.contracts import Endpoint, LoadReading
+from llmgwctl.reconciler.autoscale import Autoscaler, Signal
+from llmgwctl.router.balancer import Balancer
 
-import autoscale as bench  # noqa: E402  (the bench's schedule, p99 and flaps, so the two agree)
-
-from llmgwctl.catalog import Autoscale  # noqa: E402
-from llmgwctl.contracts import Endpoint, LoadReading  # noqa: E402
-from llmgwctl.reconciler.autoscale import Autoscaler, Signal  # noqa: E402
-from llmgwctl.router.balancer import Balancer  # noqa: E402
+from . import autoscale as bench  # the bench's schedule, p99 and flaps, so the two agree
 
 SERVICE, TTFT, BATCH, MAX = 0.43, 0.05, 4, 6
 # The bench's defaults: its auto model's target, the hold's rate, and the

@@ -8,7 +8,7 @@ loop ticking every 5 ms: the loop's worst lag is what the router sharing the
 process would have felt. The baseline in the same run is a realistic catalog
 (the bundled shape: aliases, two profiles, args) of 1,000 models.
 
-    python bench/catalog_limits.py [--shapes tiny,real,...] [--files N]
+    python3 -m bench.catalog_limits [--shapes tiny,real,...] [--files N]
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import threading
 import time
 
 from llmgwctl.catalog.loader import DEFAULT_LIMITS, _measure, _models_per_file
+from . import REPO
 
 HEADER = "apiVersion: llmgw/v1\nkind: Catalog\n"
 
@@ -123,7 +124,8 @@ def main() -> None:
                 files, size, items = write(d, "real", 1000 * nodes_of(SHAPES["real"][1](0)) + 100)
             else:
                 files, size, items = write(d, shape, DEFAULT_LIMITS.max_nodes - 1000)
-            out = subprocess.run([sys.executable, __file__, "--child", d], capture_output=True, text=True, check=True)
+            out = subprocess.run([sys.executable, "-m", __spec__.name, "--child", d], capture_output=True,
+                                 text=True, check=True, cwd=REPO)
             r = json.loads(out.stdout.strip().splitlines()[-1])
         if base is None:
             base = r["seconds"]

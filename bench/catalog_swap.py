@@ -6,7 +6,7 @@ Measured in one run, on one directory:
               directory and swapped Live (what an operator waits for)
   load        load + validate of a 1,000-model catalog, cold and after one file changed
 
-    python bench/catalog_swap.py [--edits 200] [--models 1000]
+    python3 -m bench.catalog_swap [--edits 200] [--models 1000]
 """
 from __future__ import annotations
 

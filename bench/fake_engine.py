@@ -16,7 +16,7 @@ Bounded: each phase runs for a fixed time or count; the whole run stays under
 a minute. Client and server share this machine's cores, so absolute numbers
 are the pair's; the ratios are what to compare between runs.
 
-    python bench/fake_engine.py [--seconds 4]
+    python3 -m bench.fake_engine [--seconds 4]
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The control plane at fleet scale: a real `llmgwctl serve --no-local-agent` against a simulated fleet.
 
-    python bench/fleet.py --nodes 500 [--routers 50] [--heartbeat 10] [--steady 30] [--calls 50] [--restart]
+    python3 -m bench.fleet --nodes 500 [--routers 50] [--heartbeat 10] [--steady 30] [--calls 50] [--restart]
                           [--no-changes] [--routers-in-process]
 
 The simulator (`tests/fleetsim.py`) runs in this process: NODES agents of 8
@@ -42,7 +42,6 @@ import os
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,17 +50,12 @@ from pathlib import Path
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.fleetsim import ENGINE_YAML, SimFleet  # noqa: E402
+from tests.fleetsim import ENGINE_YAML, SimFleet
+from tests.procs import free_port
+from . import REPO
 
 TICKS = os.sysconf("SC_CLK_TCK")
 BIG = 1000          # big's replicas: "one profile changed for 1,000 replicas"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -189,7 +183,7 @@ class Bench:
              "--listen", f"127.0.0.1:{self.listen}", "--control", f"127.0.0.1:{self.control}", *extra],
             # From the tree this bench is in: `python -m` puts the working directory
             # ahead of PYTHONPATH, and a run started from another checkout measured that one.
-            cwd=Path(__file__).resolve().parent.parent, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     async def get(self, session: aiohttp.ClientSession, path: str) -> tuple[int, bytes]:
         async with session.get(self.url + path, timeout=aiohttp.ClientTimeout(total=60)) as resp:
@@ -333,8 +327,7 @@ class Bench:
         for path in ("/healthz", "/api/v1/status", "/metrics"):
             cpu0, t0 = cpu_seconds(self.proc.pid), time.monotonic()
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, str(Path(__file__).resolve().parent / "get_times.py"), self.url + path, str(calls),
-                stdout=subprocess.PIPE)
+                sys.executable, "-m", "bench.get_times", self.url + path, str(calls), cwd=REPO, stdout=subprocess.PIPE)
             out, _ = await asyncio.wait_for(proc.communicate(), 600)
             extra = cpu_seconds(self.proc.pid) - cpu0 - self.steady_rate * (time.monotonic() - t0)
             rows = [line.split() for line in out.decode().splitlines()]

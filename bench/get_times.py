@@ -1,4 +1,4 @@
-"""Time GETs from a process of their own: `python bench/get_times.py URL [N]`.
+"""Time GETs from a process of their own: `python3 -m bench.get_times URL [N]`.
 
 N calls (default 50) one after another, each a new connection with a plain
 `requests.get`, as `llmgwctl status` asks. One line per call: seconds, HTTP

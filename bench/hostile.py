@@ -1,6 +1,6 @@
 """Normal traffic beside a hostile engine and hostile clients, against the same traffic alone, in one run.
 
-    python bench/hostile.py [--quiet 15] [--hostile 30] [--after 10] [--concurrency 4]
+    python3 -m bench.hostile [--quiet 15] [--hostile 30] [--after 10] [--concurrency 4]
 
 Starts `llmgwctl serve` (local agent, fake engines) on 127.0.0.1 with one
 well-behaved model, `good`, and measures four phases from an aiohttp client
@@ -36,12 +36,12 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from tests.procs import free_port
 
 GOOD = ("apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n"
         "  - name: good\n    replicas: 1\n    profiles: [{name: cpu, engine: fake, gpus: 0}]\n")
@@ -62,12 +62,6 @@ def hostile_catalog(redirect_to: str) -> tuple[str, list[str], list[str]]:
         text += (f"  - name: {name}\n    replicas: 1\n    profiles: [{{name: cpu, engine: fake, gpus: 0, "
                  f"args: ['--metrics-fault', '{fault}', '--redirect-to', '{redirect_to}']}}]\n")
     return text, list(answers), list(pages)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_mb(pid: int) -> float:
@@ -251,9 +245,10 @@ def main() -> None:
     router, control = f"http://127.0.0.1:{rport}", f"http://127.0.0.1:{cport}"
     base = 30000 + os.getpid() % 1000 * 20
     log = open(os.path.join(tmp, "serve.log"), "wb")
+    # Ten fake engines: more CPU replicas than a 2-core machine's local agent takes by default (8).
     serve = subprocess.Popen([sys.executable, "-m", "llmgwctl", "serve", "--catalogs", cat, "--listen",
                               f"127.0.0.1:{rport}", "--control", f"127.0.0.1:{cport}", "--state-dir",
-                              os.path.join(tmp, "state"), "--ports", f"{base}-{base + 19}", "--gpus", "none",
+                              os.path.join(tmp, "state"), "--ports", f"{base}-{base + 19}", "--max-cpu-replicas", "16", "--gpus", "none",
                               "--no-access-log", "--upstream-headers-timeout", "5"],
                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     import uvloop

@@ -1,6 +1,6 @@
 """A fleet's agents reconnecting at once to a busy control API: the listen backlog's part.
 
-    python bench/listen_backlog.py [--clients 3000]
+    python3 -m bench.listen_backlog [--clients 3000]
 
 An aiohttp server on 127.0.0.1, its loop blocked for 250 ms out of every
 300 (a reconcile pass at fleet size), and `--clients` report-sized POSTs
@@ -20,8 +20,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from llmgwctl.control.serve import CONTROL_BACKLOG  # noqa: E402
+from llmgwctl.control.serve import CONTROL_BACKLOG
 
 CLIENTS = """
 import asyncio, collections, sys, time

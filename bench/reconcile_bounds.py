@@ -15,7 +15,7 @@ loop, asked back to back while the reconcile loop runs every 50 ms. Baseline:
 the same /healthz with an empty-ish catalog (one model) in the same run, so
 the ratio is what the passes cost the data plane.
 
-    python bench/reconcile_bounds.py
+    python3 -m bench.reconcile_bounds
 """
 from __future__ import annotations
 

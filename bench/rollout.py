@@ -1,6 +1,6 @@
 """A profile change of 1,000 replicas at fleet size, in process, step by step: where a rollout's time goes.
 
-    python bench/rollout.py [--nodes 5000] [--profile STEP] [--top 25]
+    python3 -m bench.rollout [--nodes 5000] [--profile STEP] [--top 25]
 
 A real `Controller` with the in-process `Router` as serve wires them (its
 endpoint sink and usage source) and a `ControlAPI` are fed `--nodes`
@@ -32,21 +32,18 @@ import gc
 import json
 import logging
 import pstats
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import status  # noqa: E402
-from tests.fleetsim import SimReplica  # noqa: E402
+from . import status
+from tests.fleetsim import SimReplica
 
-from llmgwctl.contracts import ReplicaState  # noqa: E402
-from llmgwctl.control import schemas  # noqa: E402
-from llmgwctl.control.api import ControlAPI, replica_url_problem  # noqa: E402
-from llmgwctl.control.controller import Controller  # noqa: E402
-from llmgwctl.control.serve import GC_THRESHOLDS  # noqa: E402
-from llmgwctl.router import Router, RouterConfig  # noqa: E402
+from llmgwctl.contracts import ReplicaState
+from llmgwctl.control import schemas
+from llmgwctl.control.api import ControlAPI, replica_url_problem
+from llmgwctl.control.controller import Controller
+from llmgwctl.control.serve import GC_THRESHOLDS
+from llmgwctl.router import Router, RouterConfig
 
 
 

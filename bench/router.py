@@ -1,6 +1,6 @@
 """Router vs a bare aiohttp reverse proxy vs direct-to-engine, in one run.
 
-    python bench/router.py [--requests 3000] [--seconds 5] [--rounds 3] [--prompt-tokens N] [--endpoints N]
+    python3 -m bench.router [--requests 3000] [--seconds 5] [--rounds 3] [--prompt-tokens N] [--endpoints N]
 
 Starts, as separate processes on 127.0.0.1 (uvloop in each):
   upstream   an instant OpenAI-shaped server: a fixed chat completion, or a
@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+from . import REPO
 
 MODEL = "bench-model"
 ALIAS = "bench"
@@ -125,7 +126,7 @@ def bare(target: str) -> None:
 class Proc:
     def __init__(self, argv: list[str]):
         self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                  start_new_session=True)
+                                  start_new_session=True, cwd=REPO)
         box: list[str] = []
         t = threading.Thread(target=lambda: box.append(self.p.stdout.readline()), daemon=True)
         t.start()
@@ -245,12 +246,12 @@ def main() -> None:
     ap.add_argument("--endpoints", type=int, default=1, help="list the upstream this many times")
     args = ap.parse_args()
 
-    me = os.path.abspath(__file__)
+    me = ["-m", __spec__.name]
     procs: list[Proc] = []
     try:
-        up = Proc([sys.executable, me, "_upstream"])
+        up = Proc([sys.executable, *me, "_upstream"])
         procs.append(up)
-        bare_proxy = Proc([sys.executable, me, "_bare", up.url])
+        bare_proxy = Proc([sys.executable, *me, "_bare", up.url])
         procs.append(bare_proxy)
         tmp = tempfile.mkdtemp(prefix="llmgw-bench-")
         os.mkdir(os.path.join(tmp, "cat"))

@@ -1,7 +1,7 @@
 """Routing policies compared: round robin, least-load, prefix+load, on fake engines that cache and on real vLLM.
 
-    python bench/routing.py [--requests 400] [--loads 0.5,0.8,0.95] [--workloads ...] [--rounds 1]
-    python bench/routing.py --vllm [--vllm-requests 24]
+    python3 -m bench.routing [--requests 400] [--loads 0.5,0.8,0.95] [--workloads ...] [--rounds 1]
+    python3 -m bench.routing --vllm [--vllm-requests 24]
 
 Fake fleet (the default). One helper process runs 8 fake engines on one
 event loop, each with a 20,000-token LRU prefix cache, one prefill at a time
@@ -54,9 +54,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from tests.procs import free_port
+from . import REPO
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 POLICIES = ("round-robin", "least-load", "prefix")
 MODEL_OF = {"round-robin": "bench-rr", "least-load": "bench-ll", "prefix": "bench-prefix"}
@@ -320,7 +320,7 @@ def table(title: str, results: dict[str, Result]) -> str:
 def fake_fleet(args) -> None:
     import uvloop
     tmp = Path(tempfile.mkdtemp(prefix="llmgw-bench-routing-"))
-    fleet = Proc([sys.executable, os.path.abspath(__file__), "_fleet"], {"PYTHONPATH": str(REPO)}, tmp / "fleet.log")
+    fleet = Proc([sys.executable, "-m", __spec__.name, "_fleet"], {"PYTHONPATH": str(REPO)}, tmp / "fleet.log")
     procs = [fleet]
     checks: list[str] = []
     try:
@@ -435,13 +435,6 @@ class _Group(Proc):
 
     def __init__(self, p: subprocess.Popen):     # no super().__init__(): that would start a process
         self.p = p
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:

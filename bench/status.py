@@ -1,6 +1,6 @@
 """What `GET /api/v1/status` and a `/metrics` scrape cost at fleet size, in process, split by stage.
 
-    python bench/status.py [--nodes 5000] [--repeat 5] [--profile]
+    python3 -m bench.status [--nodes 5000] [--repeat 5] [--profile]
 
 A real `Controller` (catalog directory, inventory, reconciler) is fed
 `--nodes` simulated nodes of 8 GPUs through the inventory's own report path
@@ -26,17 +26,15 @@ import cProfile
 import json
 import pstats
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.fleetsim import ENGINE_YAML, SimAgent, SimFleet, SimReplica  # noqa: E402
+from tests.fleetsim import ENGINE_YAML, SimAgent, SimFleet, SimReplica
 
-from llmgwctl.contracts import ReplicaState  # noqa: E402
-from llmgwctl.control.controller import Controller  # noqa: E402
-from llmgwctl.observability.metrics import ControlMetrics  # noqa: E402
+from llmgwctl.contracts import ReplicaState
+from llmgwctl.control.controller import Controller
+from llmgwctl.observability.metrics import ControlMetrics
 
 BIG = 1000
 

@@ -2,19 +2,21 @@
 
     sleep_unless   wait some seconds, or less if one of some events is set: the
                    tick of every loop, the delay of every retry, any long-poll
+    cancel_and_wait  take tasks down and wait until they have ended: every shutdown
     Waiters        long-polls held until something happens, each woken in one step of the loop
     run            run a process's main coroutine on uvloop when it is installed
     follow_file    wake on every change to one file, by watching its directory
 
-Each was copied into several pieces before, with small differences, and one
-copy of the first lacked the `try/finally` that cancels its waiters. This
-module imports nothing of ours, so any piece may use it.
+One helper per idiom: copies with small differences drift, as a missing
+`try/finally` that cancels a wait's waiters, or a cancel-then-await that
+swallows the caller's own cancellation. This module imports nothing of
+ours, so any piece may use it.
 """
 from __future__ import annotations
 
 import asyncio
 import os
-from typing import AsyncIterator, Coroutine, TypeVar
+from typing import Any, AsyncIterator, Coroutine, TypeVar
 
 T = TypeVar("T")
 
@@ -65,15 +67,39 @@ async def sleep_unless(seconds: float | None, *events: asyncio.Event) -> bool:
             timer.cancel()
 
 
+async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
+    """Cancel `tasks` and return once each has ended; what they returned or raised is dropped.
+
+    For shutdowns and for a helper task whose outcome no longer matters. A
+    task left running past its owner's end would fail unseen ("exception was
+    never retrieved") or outlive what it uses. If the caller itself is
+    cancelled while waiting, CancelledError reaches it as usual: the tasks
+    were cancelled already, and only their end is not waited for. Swallowing
+    that cancellation instead would keep a cancelled handler running.
+    """
+    running = []
+    for task in tasks:
+        if task.done():
+            if not task.cancelled():
+                task.exception()        # retrieved, so asyncio does not log it as lost
+        else:
+            task.cancel()
+            running.append(task)
+    if running:
+        # gather(return_exceptions=True) collects the tasks' CancelledErrors as
+        # outcomes, but a cancellation of gather itself (of the caller) still raises.
+        await asyncio.gather(*running, return_exceptions=True)
+
+
 class Flag(asyncio.Event):
     """An asyncio.Event that `sleep_unless` wakes from in one step of the loop.
 
     Set on an Event, `sleep_unless` resumes its caller three steps later: the
     event's waiter task, its done callback, then the caller. On a loop that
     also takes a stream of reports, every step runs each callback that came
-    ready meanwhile (~200 ms at 5,000 nodes in a rollout), so the reconciler's
-    pass came ~0.6 s after the report that woke it (issue 19). A Flag resolves
-    the sleeping caller's own future when set: one step.
+    ready meanwhile, so at fleet size each step is long and a pass woken by a
+    report starts three of them late (bench/README.md, "Figures behind the
+    comments"). A Flag resolves the sleeping caller's own future when set: one step.
     """
 
     def __init__(self) -> None:
@@ -95,10 +121,9 @@ class Waiters:
     steps of the loop after the set: the event's waiter task, then
     asyncio.wait's callback, then the caller -- and a long-poll waiting on a
     wait of its own, six. On a loop that also takes a stream of reports, each
-    step runs every callback that came ready meanwhile: at 5,000 nodes a
-    rollout's answers went out a second or more after the change that woke
-    them (issue 19). Here the woken task is the one awaiting the future that
-    `wake` resolves: one step.
+    step runs every callback that came ready meanwhile, so at fleet size an
+    answer held six steps goes out long after the change that woke it. Here
+    the woken task is the one awaiting the future that `wake` resolves: one step.
     """
 
     def __init__(self) -> None:

@@ -16,7 +16,7 @@ edit -- a revoked API key -- from taking effect. The catalog loader has its own
 reader (`catalog.loader.read_file`) with the same rules plus one of its own:
 links must stay inside the catalog directory.
 
-This module imports nothing of ours but `aio`, so any piece may use it.
+This module imports nothing of ours but `aio` and `health`, so any piece may use it.
 """
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Generic, TypeVar, cast
 
-from .aio import follow_file, sleep_unless
+from .aio import cancel_and_wait, follow_file, sleep_unless
+from .health import Failure, failure
 
 T = TypeVar("T")
 
@@ -88,6 +89,23 @@ class MissingFile(UnusableFile):
     """The file (or what its link points at) does not exist."""
 
 
+# How a followed file is opened: never blocking on a FIFO swapped in after the
+# stat, never becoming the controlling terminal, never inherited by a child.
+OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+
+
+def read_upto(fd: int, max_bytes: int) -> bytes:
+    """What `fd` holds, read until its end or past `max_bytes` (at most max_bytes + 1 bytes: more says it grew)."""
+    chunks, size = [], 0
+    while size <= max_bytes:
+        chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 def file_kind(mode: int) -> str:
     """What a non-regular file is, in words an operator recognises."""
     if stat.S_ISDIR(mode):
@@ -140,7 +158,7 @@ def read_regular(path: str | os.PathLike, max_bytes: int, what: str = "file") ->
         raise UnusableFile(f"{path}: is {st.st_size} bytes, more than the {_mib(max_bytes)} allowed for the "
                            f"{what}; not read")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, OPEN_FLAGS)
     except FileNotFoundError:
         raise MissingFile(f"{path}: disappeared while being read") from None
     except OSError as exc:
@@ -150,17 +168,11 @@ def read_regular(path: str | os.PathLike, max_bytes: int, what: str = "file") ->
         if not stat.S_ISREG(mode):
             raise UnusableFile(f"{path}: was replaced by {file_kind(mode)} while being read; "
                                "only regular files are read")
-        chunks, size = [], 0
-        while size <= max_bytes:
-            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > max_bytes:
+        data = read_upto(fd, max_bytes)
+        if len(data) > max_bytes:
             raise UnusableFile(f"{path}: grew past the {_mib(max_bytes)} allowed for the "
                                f"{what} while being read; not used")
-        return b"".join(chunks)
+        return data
     except OSError as exc:
         raise UnusableFile(f"{path}: cannot read: {exc.strerror or exc}") from None
     finally:
@@ -258,7 +270,7 @@ class FollowedFile(Generic[T]):
         self.problem: str | None = None              # why the file is not in force now; None when it is
         self.problem_since: float | None = None
         self.failures = 0
-        self.last_failure: dict[str, Any] | None = None
+        self.last_failure: Failure | None = None
         self.applied = 0
         self.applied_at: float | None = None
 
@@ -369,7 +381,7 @@ class FollowedFile(Generic[T]):
         self.problem, self.failures = message, self.failures + 1
         if self.problem_since is None:
             self.problem_since = now
-        self.last_failure = {"at": now, "what": f"reading {self.what}", "error": message}
+        self.last_failure = failure(f"reading {self.what}", message, now)
         self._on_result("rejected")
         if expected:
             log.error("%s not used; %s:\n  %s", self.what, self.keeping, message.replace("\n", "\n  "),
@@ -403,8 +415,7 @@ class FollowedFile(Generic[T]):
                     unwatched = None
                 await sleep_unless(self._recheck, stop)    # the watch ended without `stop`: arm it again, not at once
         finally:
-            ticker.cancel()
-            await asyncio.gather(ticker, return_exceptions=True)
+            await cancel_and_wait(ticker)
 
     def start(self, stop: asyncio.Event) -> asyncio.Task:
         """`run(stop)` as a task of the running loop (kept as `.task`)."""

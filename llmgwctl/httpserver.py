@@ -4,8 +4,10 @@ Owns what bounds a connection before any handler runs -- aiohttp's parser
 limits and keep-alive timer (`server_options`), the cap on open connections
 per client address (`ConnectionGuard`) -- what a server answers when aiohttp
 itself refuses a request or a handler fails unexpectedly (`json_errors`, with
-an `X-Request-Id` like every other answer, `request_id`), and reading the
-port a server bound (`bound_port`). Which web pages may use a server is
+an `X-Request-Id` like every other answer, `request_id`), reading the port
+a server bound (`bound_port`), and the one builder of the OpenAI error
+shape both servers answer with (`error_document`, `error_body`,
+`error_response`). Which web pages may use a server is
 `llmgwctl.httporigin`. Both servers face strangers
 once bound beyond loopback, so both take the same limits from here; each
 caller decides its own values where its traffic differs. Decoding a
@@ -58,8 +60,6 @@ MAX_CONNECTIONS_PER_CLIENT = 256
 # valid HTTP response, so it sees why instead of a bare reset.
 _TOO_MANY = (b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
              b"X-Request-Id: %s\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s")
-_TOO_MANY_BODY = (b'{"error": {"message": "too many connections from this address; reuse keep-alive '
-                  b'connections or retry shortly", "type": "rate_limit_error", "code": "too_many_connections"}}')
 
 
 def server_options(*, client_idle_timeout: float = CLIENT_IDLE_TIMEOUT, max_field_size: int = MAX_HEADER_BYTES,
@@ -117,7 +117,7 @@ class ConnectionGuard:
                 # closed (force_close closes the transport) before that task's
                 # first step left it asserting on a cleared manager -- one "Task
                 # exception was never retrieved" traceback in the log per refused
-                # connection (issue 19 saw thousands when a fleet passed the cap).
+                # connection, thousands of them when a fleet passes the cap.
                 asyncio.get_running_loop().call_soon(handler.force_close)
                 return
             self.open[addr] = n + 1
@@ -161,9 +161,32 @@ _PROTOCOL_ERRORS = {
 _PROTOCOL_DEFAULT = ("the request is not valid HTTP/1.1", "malformed_request")
 
 
-def error_body(message: str, type_: str, code: str) -> bytes:
-    """An error in the OpenAI shape every llmgw server answers with."""
-    return json.dumps({"error": {"message": message, "type": type_, "code": code}}).encode()
+def error_document(message: str, type_: str, code: str | int) -> dict[str, Any]:
+    """An error in the OpenAI shape every llmgw server answers with: `{"error": {"message", "type", "code"}}`.
+
+    Clients are OpenAI SDKs: they read `error.message` and raise by status.
+    The router's `code` names the error, as OpenAI's does; the control API's
+    is the status. Built here only, so the two servers cannot drift apart.
+    """
+    return {"error": {"message": message, "type": type_, "code": code}}
+
+
+def error_body(message: str, type_: str, code: str | int) -> bytes:
+    """`error_document` as a response body."""
+    return json.dumps(error_document(message, type_, code)).encode()
+
+
+def error_response(status: int, message: str, type_: str, code: str | int, *,
+                   headers: dict[str, str] | None = None) -> web.Response:
+    """`error_body` as a JSON response with `status`."""
+    from aiohttp import web
+
+    return web.Response(status=status, body=error_body(message, type_, code), content_type="application/json",
+                        headers=headers)
+
+
+_TOO_MANY_BODY = error_body("too many connections from this address; reuse keep-alive connections or retry "
+                            "shortly", "rate_limit_error", "too_many_connections")
 
 
 def _protocol_error(exc: BaseException | None) -> tuple[str, str]:

@@ -1,6 +1,6 @@
 """A simulated fleet: thousands of node agents and N standalone routers, on one loop or two processes.
 
-Test tooling for the control plane at fleet scale (issue 19): `bench/fleet.py`
+Test tooling for the control plane at fleet scale: `python3 -m bench.fleet`
 measures a real `llmgwctl serve --no-local-agent` with it, and
 `tests/e2e/test_fleetsim.py` runs a small one as a test. Everything crosses
 the real HTTP protocol, built from the project's own contract types:

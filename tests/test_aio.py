@@ -44,6 +44,58 @@ async def test_a_cancelled_sleep_unless_cancels_its_waiters():
     assert all(t.done() for t in others)
 
 
+async def test_cancel_and_wait_ends_every_task_and_drops_their_outcomes():
+    ended: list[str] = []
+
+    async def slow_to_stop(name):
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            await asyncio.sleep(0.01)       # a cleanup that takes turns of the loop
+            ended.append(name)
+
+    async def failed():
+        raise RuntimeError("nobody asks for this any more")
+
+    tasks = [asyncio.create_task(slow_to_stop("a")), asyncio.create_task(slow_to_stop("b"))]
+    broken = asyncio.create_task(failed())
+    finished = asyncio.create_task(asyncio.sleep(0, "done"))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert broken.done() and finished.done()
+    await aio.cancel_and_wait(*tasks, broken, finished)
+    assert sorted(ended) == ["a", "b"]
+    assert all(t.cancelled() for t in tasks)
+    await aio.cancel_and_wait()             # nothing to take down: returns at once
+
+
+async def test_cancel_and_wait_lets_the_callers_own_cancellation_through():
+    async def stubborn():
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            await asyncio.sleep(3600)       # a cleanup that ends only when cancelled again
+
+    helper = asyncio.create_task(stubborn())
+    await asyncio.sleep(0)
+    reached_the_end = False
+
+    async def owner():
+        nonlocal reached_the_end
+        await aio.cancel_and_wait(helper)
+        reached_the_end = True
+
+    caller = asyncio.create_task(owner())
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert not caller.done()                # waiting for the helper's end
+    caller.cancel()                         # reaches the helper's cleanup too
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(caller, 10)
+    assert caller.cancelled() and not reached_the_end
+    assert helper.done() and helper.cancelled()
+
+
 async def test_waiters_resume_every_waiting_task_in_one_step_of_the_loop():
     waiters = aio.Waiters()
     tasks = [asyncio.create_task(waiters.wait(3600)) for _ in range(3)]
@@ -51,8 +103,8 @@ async def test_waiters_resume_every_waiting_task_in_one_step_of_the_loop():
     assert len(waiters) == 3 and not any(t.done() for t in tasks)
     waiters.wake()
     # One turn of the loop: each woken task runs before this one does again. An Event
-    # waited on through sleep_unless takes three (issue 19: a held long-poll's answer
-    # then went out turns later, each turn as long as the reports queued meanwhile).
+    # waited on through sleep_unless takes three, and a held long-poll's answer would
+    # go out turns later, each turn as long as the reports queued meanwhile.
     await asyncio.sleep(0)
     assert all(t.done() and t.result() is True for t in tasks)
     assert len(waiters) == 0
@@ -135,7 +187,7 @@ async def test_sleep_unless_on_a_flag_resumes_in_one_step_of_the_loop():
     assert not sleeper.done()
     flag.set()
     # One turn: the reconciler's pass starts right after the report that woke it, not
-    # three turns later (each as long as the reports queued meanwhile, issue 19).
+    # three turns later (each as long as the reports queued meanwhile).
     await asyncio.sleep(0)
     assert sleeper.done() and sleeper.result() is True
     assert not flag._futures, "nothing left registered on the flag"

@@ -18,7 +18,7 @@ from typing import Any, Callable, Protocol
 
 import aiohttp
 
-from ..aio import follow_file, sleep_unless
+from ..aio import cancel_and_wait, follow_file, sleep_unless
 from ..backoff import Backoff
 from ..contracts import AgentReport, ReplicaSpec
 from .desired import DesiredFile, parse_replicas
@@ -235,14 +235,11 @@ async def desired_loop(client: ControllerClient, agent: DesiredSink, stop: async
         except asyncio.CancelledError:
             # Cancelled from outside (the agent shutting down): take the poll
             # down with us, or its failure would surface as an unretrieved error.
-            poll.cancel()
-            stopper.cancel()
-            await asyncio.gather(poll, stopper, return_exceptions=True)
+            await cancel_and_wait(poll, stopper)
             raise
         stopper.cancel()
         if not poll.done():
-            poll.cancel()
-            await asyncio.gather(poll, return_exceptions=True)
+            await cancel_and_wait(poll)
             return
         try:
             got = poll.result()

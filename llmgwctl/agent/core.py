@@ -48,7 +48,7 @@ from ..engines.errors import EngineError, LaunchError, NotAllowed
 from ..engines.spec import Driver
 from . import procs, state
 from .state import Record
-from ..aio import sleep_unless
+from ..aio import cancel_and_wait, sleep_unless
 from ..backoff import Backoff
 from .backoff import restart_schedule
 from .ports import PortRange, pick_port
@@ -76,9 +76,9 @@ TICK = 1.0
 PROBE_TIMEOUT = 2.0
 # A starting engine is probed between passes too: the moment its health passes
 # is the moment it can serve, and a notice one pass late is up to a second of
-# a cold start that its model's queue pays for (issue 17 traced a replica from
-# placement to the router: the wait for the agent's next pass was the largest
-# share of what was not the engine's own start-up). The wait between probes
+# a cold start that its model's queue pays for (traced from placement to the
+# router, the wait for the agent's next pass was the largest share of what
+# was not the engine's own start-up). The wait between probes
 # grows with the time it has been starting -- 5 % of it, from 50 ms up to one
 # pass -- so readiness is noticed within about 5 % of the start-up's length:
 # ~0.2 s after a 4 s start, at most a pass after vLLM's minutes. That is ~50
@@ -279,11 +279,7 @@ class Agent:
         Stops in progress are cancelled; their records stay in the state file
         as long as their processes live, so the next run finishes them.
         """
-        for r in self.replicas.values():
-            if r.group_task and not r.group_task.done():
-                r.group_task.cancel()
-        await asyncio.gather(*(r.group_task for r in self.replicas.values() if r.group_task),
-                             return_exceptions=True)
+        await cancel_and_wait(*(r.group_task for r in self.replicas.values() if r.group_task))
         await self._save_state()
 
     async def _observe_exits(self) -> None:

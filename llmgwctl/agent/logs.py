@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from ..aio import follow_file, sleep_unless
+from ..aio import cancel_and_wait, follow_file, sleep_unless
 
 log = logging.getLogger("llmgw.agent.logs")
 
@@ -99,9 +99,7 @@ class LogSender:
             task.add_done_callback(self.tasks.discard)
 
     async def close(self) -> None:
-        for task in list(self.tasks):
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await cancel_and_wait(*self.tasks)
 
     async def _answer(self, req: dict) -> None:
         rid, replica = req["id"], req["replica"]
@@ -175,5 +173,4 @@ class LogSender:
             await sleep_unless(None, ended, self.stop)
         finally:
             ended.set()
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
+            await cancel_and_wait(watcher)

@@ -120,9 +120,7 @@ async def _run(cfg: AgentConfig, stop: asyncio.Event) -> None:
         try:
             await stop.wait()
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await aio.cancel_and_wait(*tasks)
             if logs is not None:
                 await logs.close()
             await agent.close()

@@ -36,17 +36,18 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, cast
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import yaml
 
+from ..fsutil import OPEN_FLAGS, file_kind, read_upto
+from ..yamlkit import LOADER, NodeCount
 from .durations import parse_duration
 from .sizes import parse_size_mib
 from .errors import CatalogError, Problem, format_path
 from .model import Autoscale, Catalog, EngineSpec, Model, Origin, Profile, Replicas
 
 SUFFIXES = (".yaml", ".yml")
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster on big catalogs
 _CONSTRUCTOR = yaml.constructor.SafeConstructor()        # only to read floats' values while walking nodes
 
 # How much of a line or value a message may quote. An error must let the
@@ -424,7 +425,7 @@ def _read(path: str, root: str | None, max_bytes: int, cache: FileCache | None
         if stat.S_ISDIR(st.st_mode):
             return Problem(path, (), "is a directory, not a catalog file")
         if not stat.S_ISREG(st.st_mode):
-            return Problem(path, (), f"is {_file_kind(st.st_mode)}, not a regular file; only regular files are read")
+            return Problem(path, (), f"is {file_kind(st.st_mode)}, not a regular file; only regular files are read")
         if st.st_size > max_bytes:
             return Problem(path, (), _too_big(st.st_size, max_bytes, "file"))
         if cache is not None:
@@ -432,7 +433,7 @@ def _read(path: str, root: str | None, max_bytes: int, cache: FileCache | None
             if known is not None:
                 return None, _stat_key(st), st.st_size, known
         now_ns = time.time_ns()
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, OPEN_FLAGS)
     except FileNotFoundError:
         # Deleted between listing and reading (an editor's rename dance); the
         # watcher reloads again on the next event.
@@ -445,30 +446,14 @@ def _read(path: str, root: str | None, max_bytes: int, cache: FileCache | None
             return Problem(path, (), "was replaced by something that is not a regular file while reading")
         racy = now_ns - max(opened.st_mtime_ns, opened.st_ctime_ns) < RACY_NS
         key = None if racy else _stat_key(opened)
-        chunks, size = [], 0
-        while size <= max_bytes:
-            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
+        data = read_upto(fd, max_bytes)
         if cache is not None:
             cache.reads += 1
-        return b"".join(chunks), key, size, None
+        return data, key, len(data), None
     except OSError as exc:
         return Problem(path, (), f"cannot read: {exc.strerror or exc}")
     finally:
         os.close(fd)
-
-
-def _file_kind(mode: int) -> str:
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "a special file"
 
 
 def load_text(text: str | bytes, file: str = "<input>", *, limits: Limits = DEFAULT_LIMITS) -> Catalog:
@@ -557,7 +542,7 @@ def _load_file(file: str, data: bytes, limits: Limits = DEFAULT_LIMITS, node_bud
         nodes, refused = _measure(text, budget, limits.max_depth, deadline)
         if refused:
             return _FileResult(problems=(Problem(file, (), refused[0], *refused[1]),), nodes=nodes)
-        loader = _Loader(text)
+        loader = LOADER(text)
         try:
             node = loader.get_single_node()
             if node is None:
@@ -659,43 +644,28 @@ def _measure(text: str, budget: int, max_depth: int,
     events up to the point where the budget runs out. An alias adds the size
     of what it names without expanding it.
     """
-    loader = _Loader(text)
-    sizes: dict[str, int] = {}
-    stack: list[tuple[int, str | None]] = []
-    nodes = events = 0
+    loader = LOADER(text)
+    count = NodeCount()
+    events = 0
     try:
         while loader.check_event():
             event = loader.get_event()
             events += 1
-            if isinstance(event, yaml.AliasEvent):
-                # An alias always names its anchor (the scanner refuses a bare
-                # `*`); only the stubs' shared NodeEvent type allows None.
-                alias = cast(str, event.anchor)
-                if any(anchor == alias for _, anchor in stack):
-                    return nodes, (f"alias *{excerpt(alias)[1:-1]} refers to a node that contains it; "
-                                   "a catalog cannot be recursive", _at_mark(event))
-                nodes += sizes.get(alias, 1)
-            elif isinstance(event, yaml.ScalarEvent):
-                nodes += 1
-                if event.anchor:
-                    sizes[event.anchor] = 1
-            elif isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
-                nodes += 1
-                stack.append((nodes - 1, event.anchor))
-                if len(stack) > max_depth:
-                    return nodes, (f"nested more than {max_depth} levels deep; a catalog is about 6", _at_mark(event))
-            elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
-                start, anchor = stack.pop()
-                if anchor:
-                    sizes[anchor] = nodes - start
+            recursive = count.add(event)
+            if recursive is not None:
+                return count.nodes, (f"alias *{excerpt(recursive)[1:-1]} refers to a node that contains it; "
+                                     "a catalog cannot be recursive", _at_mark(event))
+            if count.depth > max_depth:
+                return count.nodes, (f"nested more than {max_depth} levels deep; a catalog is about 6",
+                                     _at_mark(event))
             if not events & 0xFFF and deadline.passed():
-                return nodes, (deadline.message(), _at_mark(event))
-            if nodes > budget:
-                return nodes, (f"holds more than {budget} YAML nodes (each alias counted at the size of what it "
-                               "repeats); an alias bomb, or a catalog to split", _at_mark(event))
+                return count.nodes, (deadline.message(), _at_mark(event))
+            if count.nodes > budget:
+                return count.nodes, (f"holds more than {budget} YAML nodes (each alias counted at the size of "
+                                     "what it repeats); an alias bomb, or a catalog to split", _at_mark(event))
     finally:
         loader.dispose()
-    return nodes, None
+    return count.nodes, None
 
 
 def _at_mark(event: Any) -> tuple[int, int]:

@@ -110,7 +110,7 @@ MAX_GPU_MEMORY_MIB = 1 << 20
 # An idle timeout past a year is "never" (write null), and a bound keeps clock
 # arithmetic (now + timeout) exact in floats.
 MAX_IDLE_TIMEOUT = 365 * 86400.0
-# --- autoscale bounds (issue 17) ---
+# --- autoscale bounds ---
 # A target is per replica: a million requests in flight or waiting on one
 # replica is past any engine's batch (vLLM's max_num_seqs caps at thousands);
 # KV-cache use is a fraction, so its target is (0, 1].
@@ -193,7 +193,8 @@ class Replicas:
 # - inflight 16: requests in flight per replica as the routers count them
 #   (immediate, for every engine, other routers' traffic included). vLLM
 #   batches dozens of sequences, so below 16 a new replica costs a GPU without
-#   helping latency; this was llmgw's fixed scale-up point before issue 17.
+#   helping latency; it was llmgw's fixed scale-up point before autoscaling
+#   had a target, so fleets tuned for that behave as they did.
 # - waiting 2: requests queued at the engine beyond its batch (vLLM's
 #   num_requests_waiting). A request or two waiting is the normal edge of a
 #   full batch; more means the batch limit, not the GPU's speed, sets latency.
@@ -343,7 +344,7 @@ class Model:
         if self.idle_timeout is not None:
             out["idle_timeout"] = format_duration(self.idle_timeout)
         if self.autoscale != Autoscale():
-            # Only when set: catalogs written before issue 17 keep their version.
+            # Only when set: a catalog that does not mention autoscaling keeps its version.
             out["autoscale"] = self.autoscale.to_dict()
         out["profiles"] = [p.to_dict() for p in self.profiles]
         if self.routing is not None:

@@ -42,9 +42,10 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from ..fsutil import file_kind, off_loop
+from ..health import Failure, error_text, failure
 from .diff import CatalogDiff, diff
 from .errors import CatalogError, Problem
 from .live import Live
@@ -137,7 +138,7 @@ class CatalogWatcher:
         # Reloads that raised something no rule expected (a bug, a hung read),
         # and the last one: /metrics counts them, status shows the watcher degraded.
         self.failures = 0
-        self.last_failure: dict[str, Any] | None = None
+        self.last_failure: Failure | None = None
         self.degraded = False
         # What the directory resolves to and is watched as; why it cannot be
         # followed now (gone, not a directory), and since when.
@@ -202,11 +203,6 @@ class CatalogWatcher:
                     extra={"event": "catalog-rejected"})
         return Outcome(current, rejection=self.last_rejection)
 
-    async def reload_async(self) -> Outcome:
-        # Parsing and validating a big directory must not stall the event loop
-        # (the router shares it); the swap is one assignment back on the loop.
-        return self._apply(await self._load_off_loop())
-
     async def _load_off_loop(self) -> Catalog | tuple[Problem, ...]:
         """`_load` on a daemon thread (`fsutil.off_loop`), given up after the load timeout."""
         try:
@@ -218,7 +214,7 @@ class CatalogWatcher:
     def _failed(self, what: str, exc: BaseException) -> None:
         self.failures += 1
         self.degraded = True
-        self.last_failure = {"at": self._wall(), "what": what, "error": f"{type(exc).__name__}: {exc}"[:500]}
+        self.last_failure = failure(what, error_text(exc), self._wall())
         log.error("catalog watcher: %s failed; keeping %s in force and watching on:\n%s", what,
                   self.live.current.version, "".join(traceback.format_exception(exc)).rstrip(),
                   extra={"event": "catalog-watcher-failed"})
@@ -338,7 +334,7 @@ class CatalogWatcher:
         self.problem = why
         self.problem_since = self.problem_since or now
         self.failures += 1
-        self.last_failure = {"at": now, "what": "following the directory", "error": why}
+        self.last_failure = failure("following the directory", why, now)
         log.error("catalog watcher: %s; keeping %s in force, and following the directory again once it is back",
                   why, self.live.current.version, extra={"event": "catalog-directory-lost"})
 

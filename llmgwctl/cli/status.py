@@ -79,7 +79,7 @@ def _degraded_loops(status: dict, now: float) -> list[str]:
 LOG_LINES = 5
 # Past this many replicas (or nodes) the table lists only the ones that are
 # not ready, under a count by state: 200 rows is a few screens, and at fleet
-# size (20,000 replicas, issue 19) a table of every one is searched, not read.
+# size (tens of thousands of replicas) a table of every one is searched, not read.
 # `-o wide`, `--model` and `-o json` still show every one.
 SUMMARY_ABOVE = 200
 

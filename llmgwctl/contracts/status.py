@@ -7,9 +7,9 @@ which `llmgwctl status` and scripts read) or read as typed fields by the
 control metrics collector. One record for both, so the metrics and the status
 page cannot disagree.
 
-At fleet size (issue 19: 20,000 replicas, 5,000 nodes) building and encoding
-every row per read was ~0.9 s on the event loop, per status call, scrape and
-console push. So a row record says only what its replica's or node's record
+At fleet size (20,000 replicas, 5,000 nodes) building and encoding every
+row per read would hold the event loop for most of a second, per status
+call, scrape and console push. So a row record says only what its replica's or node's record
 says and is kept by the reconciler until that changes; what moves without a
 change -- ages, in-flight counts, a node's report count -- is read per read
 into `FleetStatus` (`now`, `usage`, `seen_at`, `reports_of`) and joined in when the JSON is
@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from ..health import Failure
 from .states import ReplicaState
 from .usage import UNUSED, Usage
 
@@ -103,7 +104,7 @@ class ModelStatus:
     ready: int
     replicas: int
     unplaceable: str | None = None  # why no replica can be placed now; None: it can
-    # The autoscaler's view (issue 17): its metric and target per replica, the
+    # The autoscaler's view: its metric and target per replica, the
     # load it last measured (None: no reading yet) and the count that load needs.
     metric: str = "inflight"
     target: float | None = None
@@ -253,7 +254,7 @@ class FleetStatus:
     nodes: tuple[NodeStatus, ...] = ()
     events: tuple[Event, ...] = ()
     # Passes that raised since start; `degraded` while the last one did (the
-    # loop goes on, from the records that pass left). `last_failure`: at, what, error.
+    # loop goes on, from the records that pass left). `last_failure`: at, what, error (`health.Failure`).
     failures: int = 0
     degraded: bool = False
     last_failure: Mapping[str, Any] | None = None
@@ -374,7 +375,7 @@ class CatalogStatus:
     # The catalog in force is then still the last good one.
     failures: int = 0
     degraded: bool = False
-    last_failure: Mapping[str, Any] | None = None
+    last_failure: Failure | None = None
     # Why the directory cannot be followed now (gone, not a directory), and
     # what it resolves to while it can (a symlink switched to a release).
     problem: str | None = None
@@ -406,7 +407,7 @@ class WatcherStatus:
     problem: str | None = None
     since: float | None = None      # wall-clock time the problem began
     failures: int = 0
-    last_failure: Mapping[str, Any] | None = None     # {at, what, error}
+    last_failure: Failure | None = None     # {at, what, error}
     applied_at: float | None = None                   # wall-clock time its content last went in force
 
     @property

@@ -12,8 +12,8 @@ what standalone routers report. A standalone router sends it as a
                           "load": {"running": 3, "waiting": 0, "kv_cache": 0.4}}}}   # optional
 
 `load` is the router's latest fresh reading of the replica's engine gauges
-(absent: none, or a router from before issue 17; a controller from before it
-ignores the key). The autoscaler reads it through a `LoadSource`.
+(absent: none, or a router older than autoscaling; a controller older than
+it ignores the key). The autoscaler reads it through a `LoadSource`.
 
 `inflight_seconds` is the replica's in-flight count integrated over time
 since this router first listed it (request-seconds): a counter that only

@@ -60,6 +60,7 @@ from aiohttp import web
 
 from ..catalog import CatalogError
 from ..httporigin import BrowserGuard
+from ..httpserver import error_document
 from ..contracts import UNBOUNDED, AgentReport, NodeClaims, ReportError
 from ..inventory import ConflictError
 from ..observability.metrics import CONTENT_TYPE_LATEST, ControlMetrics
@@ -106,9 +107,7 @@ _OK = json.dumps({"ok": True}).encode()
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error", **extra) -> web.Response:
-    body = {"error": {"message": message, "type": kind, "code": status}}
-    body.update(extra)
-    return web.json_response(body, status=status)
+    return web.json_response({**error_document(message, kind, status), **extra}, status=status)
 
 
 def _retry_later(status: int, message: str, kind: str) -> web.Response:
@@ -225,8 +224,8 @@ def _after(request: web.Request) -> int | None:
     try:
         return int(raw)
     except ValueError:
-        raise web.HTTPBadRequest(text=json.dumps({"error": {"message": f"after must be an integer, got {raw!r}",
-                                                            "type": "invalid_request_error", "code": 400}}),
+        raise web.HTTPBadRequest(text=json.dumps(error_document(f"after must be an integer, got {raw!r}",
+                                                                "invalid_request_error", 400)),
                                  content_type="application/json") from None
 
 
@@ -240,7 +239,7 @@ def _poll_timeout(request: web.Request) -> float:
 
 # Replica URLs checked once each, not in every report: a changed report
 # carries every replica of its node again, and a rollout at 5,000 nodes is
-# thousands of changed reports on the loop (issue 19). Only ready replicas
+# thousands of changed reports on the loop. Only ready replicas
 # have a URL: 20,000 at that size, and a rollout's new ones beside them.
 URL_CHECKS = 65536
 
@@ -744,16 +743,16 @@ class ControlAPI:
         reconciler = self.c.reconciler
         return {"version": self.c.watch.version, "catalog": self.c.live.current.to_dict(),
                 "endpoints": [e.to_dict() for e in reconciler.endpoints],
-                # issue 15: models starting or unplaceable (contracts.ModelState); routers
-                # older than the field ignore it and wait as before.
+                # Models starting or unplaceable (contracts.ModelState), so a router can
+                # answer at once; routers older than the field ignore it and wait as before.
                 "models": [m.to_dict() for m in reconciler.model_states]}
 
     def _encoded(self, kind: str, answer: Callable[[], dict]) -> web.Response:
         """A watch answer, encoded once per state and sent to every router asking for it.
 
         Fifty routers woken by one change asked for the same document fifty
-        times, and with 20,000 endpoints each encoding was tens of ms on the
-        loop (issue 19). The key is everything the answer is made of: the watch
+        times, and with tens of thousands of endpoints each encoding holds the
+        loop for a while. The key is everything the answer is made of: the watch
         version (bumped on every change), and the catalog, endpoint and model
         state objects themselves, which are replaced, never changed in place.
         """

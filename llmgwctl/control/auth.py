@@ -71,6 +71,7 @@ from aiohttp import web
 
 from ..contracts import UNBOUNDED, NodeClaims
 from ..contracts.claims import DEFAULT_MAX_GPUS
+from ..httpserver import error_document
 from .errors import ControlError
 
 log = logging.getLogger("llmgw.control.auth")
@@ -88,8 +89,6 @@ ROUTER_PREFIXES = ("/api/v1/watch/", "/api/v1/wake", "/api/v1/usage")
 ADMIN_WATCHES = frozenset({"/api/v1/watch/status"})
 # `/api/v1/agents/{node}/...`: reports and the desired long-poll, one node's each.
 NODE_PREFIX = "/api/v1/agents/"
-# Every route an agent or a router may call (kept for readers of the old name).
-FLEET_PREFIXES = (NODE_PREFIX, *ROUTER_PREFIXES)
 NODE_TOKEN_PREFIX = "llmgwn."
 # Shorter than this is guessable by someone who can reach the port and try; 16
 # characters of `openssl rand -hex 32` output are already 64 bits.
@@ -272,10 +271,6 @@ class ControlAuth:
         # node -> the lowest serial still good, None: every token of it revoked (follow_revocations swaps it whole).
         self.revocations: Mapping[str, int | None] = MappingProxyType({})
 
-    @property
-    def enabled(self) -> bool:
-        return self._admin is not None
-
     def allowed(self, path: str, authorization: str | None, node: str | None = None) -> bool:
         return self.check(path, authorization, node) is None
 
@@ -385,8 +380,7 @@ class ControlAuth:
                             extra={"event": "control-unauthorized"})
                 count(route, refusal.status)
                 kind = "authentication_error" if refusal.status == 401 else "permission_error"
-                return web.json_response({"error": {"message": refusal.message, "type": kind, "code": refusal.status}},
-                                         status=refusal.status,
+                return web.json_response(error_document(refusal.message, kind, refusal.status), status=refusal.status,
                                          headers={"WWW-Authenticate": "Bearer"} if refusal.status == 401 else None)
             try:
                 resp = await handler(request)

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any, Callable, Mapping
 
-from ..aio import Flag
+from ..aio import Flag, cancel_and_wait
 from ..catalog import Catalog, Live
 from ..catalog.watcher import CatalogWatcher
 from ..contracts import UNBOUNDED, AgentReport, CatalogStatus, ControlStatus, NodeClaims, WatcherStatus
@@ -36,7 +36,7 @@ class Controller:
         self.inventory = Inventory(clock=clock, **({"unreachable_after": node_timeout} if node_timeout else {}))
         self.desired = DesiredStore()
         # Flags, not Events: the pass they wake starts one step of the loop after
-        # the set, not three (aio.Flag; issue 19, a rollout's reports).
+        # the set, not three, which matters when a rollout's reports crowd the loop (aio.Flag).
         self.wake_event = Flag()
         # Set with wake_event for a pass that should not wait out the spacing of
         # woken passes: a catalog swap, a request waiting for a model (reconciler.WOKEN_SHARE).
@@ -163,9 +163,7 @@ class Controller:
         try:
             await stop.wait()
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(*tasks)
 
     def state(self) -> ControlStatus:
         """Everything `status` shows, typed: the control metrics read this, the status JSON is its `to_dict`."""

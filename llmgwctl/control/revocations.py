@@ -14,13 +14,13 @@ once per distinct problem; the loop itself never dies of one.
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import os
 import stat
 from typing import Callable, Mapping
 
 from ..aio import sleep_unless
+from ..fsutil import OPEN_FLAGS, read_upto
 from .auth import ControlAuth, TokenError, parse_revocations
 
 log = logging.getLogger("llmgw.control.revocations")
@@ -40,12 +40,9 @@ class RevocationFileError(TokenError):
 
 
 def read_bounded(path: str, limit: int = MAX_REVOCATIONS_BYTES) -> str:
-    """The text of regular file `path`, at most `limit` bytes; RevocationFileError otherwise. Never blocks on open.
-
-    Kept small and alone so it can give way to one shared bounded reader.
-    """
+    """The text of regular file `path`, at most `limit` bytes; RevocationFileError otherwise. Never blocks on open."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0))
+        fd = os.open(path, OPEN_FLAGS)
     except OSError as exc:
         raise RevocationFileError(f"{path}: cannot open: {exc.strerror or exc}") from None
     try:
@@ -54,24 +51,16 @@ def read_bounded(path: str, limit: int = MAX_REVOCATIONS_BYTES) -> str:
             raise RevocationFileError(f"{path}: not a regular file")
         if info.st_size > limit:
             raise RevocationFileError(f"{path}: {info.st_size} bytes, more than the {limit} a revocation list may hold")
-        chunks, total = [], 0
-        while total <= limit:
-            try:
-                chunk = os.read(fd, min(65536, limit + 1 - total))
-            except OSError as exc:
-                if exc.errno == errno.EAGAIN:
-                    break
-                raise RevocationFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > limit:
+        try:
+            data = read_upto(fd, limit)
+        except OSError as exc:
+            raise RevocationFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        if len(data) > limit:
             raise RevocationFileError(f"{path}: grew past the {limit} bytes a revocation list may hold")
     finally:
         os.close(fd)
     try:
-        return b"".join(chunks).decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise RevocationFileError(f"{path}: not UTF-8 text") from None
 

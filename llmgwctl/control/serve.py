@@ -69,8 +69,7 @@ SHUTDOWN_GRACE = SHUTDOWN_DRAIN + SHUTDOWN_ENGINES + SHUTDOWN_LOOPS
 # router's 256 (httpserver.MAX_CONNECTIONS_PER_CLIENT): every agent holds two
 # at all times -- its desired long-poll and its report's keep-alive -- and a
 # fleet behind one NAT address or one load balancer reaches the controller
-# from that one address, so 256 refused the 129th agent (issue 19 measured
-# 1,000 agents behind one address). 4096 carries 2,000 agents per address
+# from that one address, so 256 refused the 129th agent. 4096 carries 2,000 agents per address
 # and still bounds what one stranger can hold to a small share of the file
 # descriptors serve raises its limit to. Larger fleets behind one address:
 # raise it (--control-connections-per-client) or set 0.
@@ -323,10 +322,10 @@ def _address(host_port: tuple[str, int]) -> str:
 # nodes' reports, ~600,000 tracked objects -- and a reconcile pass's
 # short-lived lists and tuples, alive across two young collections within
 # the pass, were promoted and made a full collection of every live object
-# (~240 ms) come every second or third pass (issue 19, in process: steady
-# passes 320 ms mean, 465 max). A young collection every 50,000 net
-# allocations instead of 700 lets a pass's garbage die young: 184 ms mean,
-# 193 max, no full collection in 10 passes. Cycles are still collected,
+# come every second or third pass. A young collection every 50,000 net
+# allocations instead of 700 lets a pass's garbage die young, and no full
+# collection comes in a steady run (bench/README.md, "GC thresholds in
+# serve", has the passes before and after). Cycles are still collected,
 # only in larger batches; memory barely moves (a young generation of 50,000
 # objects is a few MiB).
 GC_THRESHOLDS = (50_000, 20, 20)

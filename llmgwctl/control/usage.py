@@ -166,8 +166,8 @@ class UsageBoard:
     def usage_snapshot(self) -> UsageSnapshot:
         # The local router's values are Usages already (the UsageSource contract): taken as they
         # are. Made again, one per replica, they were 20,000 objects per read at fleet size, alive
-        # through the read, which the collector promoted until a full collection -- a pause of
-        # ~0.4 s at a serve-sized heap -- came every dozen status reads (issue 19).
+        # through the read, which the collector promoted until a full collection -- a long
+        # pause at a serve-sized heap -- came every dozen status reads.
         local: UsageSnapshot = self.local.usage_snapshot() if self.local else {}
         merged: dict[str, Usage] = dict(local)
         current = self._version()

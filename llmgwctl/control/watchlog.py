@@ -2,8 +2,8 @@
 
 A watch answer used to be the whole endpoint list every time: at 20,000
 endpoints that is ~4 MB to each of 50 routers for every replica that turns
-ready, and the routers fell behind the changes (issue 19: a replica ready on
-its node reached the last router 25 s later, at 5,000 nodes). A router that
+ready, and the routers fell behind the changes (at 5,000 nodes, by tens of
+seconds: bench/README.md, "Figures behind the comments"). A router that
 asks with `delta=1` and the version it holds is answered with the endpoints
 added or changed since then and the ids removed; when this controller does
 not know that version (too old, or handed out by an earlier controller

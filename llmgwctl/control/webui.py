@@ -64,7 +64,7 @@ class StatusView(Protocol):
 
     So the stream need not know which fields age (contracts.status says, in
     `unaged`), nor build and compare the whole document as a dict: at 20,000
-    replicas that was ~1 s per look, twice a second per open page (issue 19).
+    replicas that held the loop for most of a second per look, twice a second per open page.
     """
 
     def to_json(self) -> bytes: ...

@@ -34,9 +34,6 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-FAULTS = ("huge-length", "endless-body", "endless-headers", "growing-header", "no-headers", "redirect")
-METRICS_FAULTS = ("many-series", "huge-page", "redirect")
-
 # What the raw modes keep queued on the socket at most before waiting for it to drain.
 _BUFFERED = 1024 * 1024
 _FILLER = b" " * 65536          # JSON whitespace: a body that stays "valid" as far as it goes

@@ -49,7 +49,7 @@ class Node:
     # Bumped by every report that says something the last one did not (or
     # brings the node back): a heartbeat repeating the last report leaves it
     # as it was, so the controller wakes the reconciler only when this moves
-    # (issue 19: at 1,000 nodes every heartbeat woke a pass over the fleet).
+    # (otherwise, at 1,000 nodes, every heartbeat would wake a pass over the fleet).
     revision: int = 0
     last_report: AgentReport | None = field(default=None, repr=False)
     # What the token of its last report lets it claim, and what that report
@@ -131,7 +131,7 @@ class Inventory:
             node.boot_id = report.boot_id
             # New objects only when the report changed: the reconciler keeps what
             # it derived from a node (its merge, placement's view of it) while
-            # these are the same objects (issue 19).
+            # these are the same objects, so a heartbeat costs it nothing.
             node.pools, node.gpus = frozenset(report.pools), report.gpus
             node.engines = report.engines
             node.replicas = {r.id: r for r in report.replicas}

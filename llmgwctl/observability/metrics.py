@@ -227,8 +227,8 @@ class EndpointSlots:
             # Where each model/profile's search for a free index goes on from: slots are only
             # taken within one call, so the lowest free index never goes below the last one
             # handed out. Searching from 0 for each newcomer was quadratic in a model's
-            # replicas: a rollout of 1,000 while the 1,000 it replaces still hold 0-999 was
-            # ~1.5 million probes, most of a publishing pass in serve (issue 19).
+            # replicas: a rollout of 1,000 while the 1,000 it replaces still hold 0-999 is
+            # ~1.5 million probes in one publishing pass.
             next_free: dict[tuple[str, str], int] = {}
             for ep in newcomers:
                 group = (ep.model, ep.profile)
@@ -635,7 +635,7 @@ class _ControlCollector:
         self.status = status
         # The tallies of the last scrape and the row tuples they were made from:
         # the reconciler hands out the same tuple while no row changed, so a
-        # scrape at 20,000 replicas walks them only after a change (issue 19).
+        # scrape at fleet size (tens of thousands of replicas) walks them only after a change.
         self._replica_tally: tuple[tuple, tuple, bytes] = ((), (), b"")
         self._node_tally: tuple[tuple, dict, dict] = ((), {}, {})
         self._last: ControlStatus | None = None
@@ -659,8 +659,8 @@ class _ControlCollector:
 
     def fleet_text(self) -> bytes:
         """The families with a series per catalog model or per node, written here rather than by
-        prometheus_client, whose ~6 us a sample was 12,000 samples and most of a scrape at 5,000
-        nodes and 1,000 models (issue 19); per replica state they are kept until a row changes."""
+        prometheus_client, whose cost per sample made these families most of a scrape at fleet
+        size (thousands of nodes and models); per replica state they are kept until a row changes."""
         s = self._last
         if s is None:
             return b""

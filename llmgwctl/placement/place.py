@@ -80,7 +80,7 @@ class Memo:
     A rollout at fleet size calls place() on every pass with nearly the same
     input (a few dozen of 20,000 replicas changed state); rebuilding every
     node's free GPUs and every model's tally from all of them was most of
-    the call (50-60 ms of a 215 ms pass, issue 19). Two kinds of piece are
+    the call, and a large share of the pass. Two kinds of piece are
     kept, each with exactly the input it was built from, and reused only
     when that input compares equal (the same objects, in the reconciler):
 

@@ -147,7 +147,7 @@ class Balancer:
         """Change the list by `changed` (replica id -> its new Endpoint, or None: it left).
 
         At the cost of the changes: a publish that turns a few replicas ready
-        among 20,000 no longer walks them all (issue 19). Changed fields (a new
+        among tens of thousands does not walk them all. Changed fields (a new
         url after a restart) mean fresh counters, but the last use still counts
         for the idle timeout. Returns the models that gained an endpoint, the
         endpoints added or replaced, and the ids removed.

@@ -20,6 +20,7 @@ from typing import Awaitable, TypeVar
 
 from aiohttp import web
 
+from ..aio import cancel_and_wait
 from . import errors, routes
 from .headers import REQUEST_ID, new_id, valid_id
 
@@ -99,12 +100,9 @@ async def held_for_cold_start(call, wait: Awaitable[T], interval: float) -> T:
             await _comment(call, f": waiting for model {call.model} to start, "
                                  f"{perf_counter() - t0:.0f} s so far\n\n".encode())
     finally:
-        if not task.done():
-            task.cancel()
-            try:
-                await task
-            except BaseException:       # its outcome no longer matters: the client left or we were cancelled
-                pass
+        # Its outcome no longer matters (the client left, or this handler was
+        # cancelled: that cancellation goes on to the caller).
+        await cancel_and_wait(task)
 
 
 async def _comment(call, line: bytes) -> None:

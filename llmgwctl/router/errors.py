@@ -23,10 +23,11 @@ through untouched: the router is transparent.
 from __future__ import annotations
 
 import difflib
-import json
 from typing import Iterable
 
 from aiohttp import web
+
+from ..httpserver import error_body, error_response
 
 
 
@@ -65,14 +66,8 @@ def quote(text: str, limit: int = QUOTE_CHARS) -> str:
     return f"{text[:limit]!r}... ({len(text)} characters)"
 
 
-def body(status: int, message: str, type_: str, code: str) -> bytes:
-    return json.dumps({"error": {"message": message, "type": type_, "code": code}}).encode()
-
-
-def response(status: int, message: str, type_: str, code: str, *, headers: dict[str, str] | None = None,
-             ) -> web.Response:
-    return web.Response(status=status, body=body(status, message, type_, code),
-                        content_type="application/json", headers=headers)
+# The one builder of the OpenAI error shape, shared with the control API.
+response = error_response
 
 
 def invalid_json(detail: str) -> web.Response:
@@ -187,6 +182,5 @@ def not_found(path: str) -> web.Response:
 
 def stream_error_event(detail: str) -> bytes:
     """The last SSE event of a stream whose engine died: OpenAI SDKs raise APIError on it instead of hanging."""
-    doc = {"error": {"message": f"the engine stopped mid-stream: {detail}", "type": "upstream_error",
-                     "code": "upstream_disconnected"}}
-    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+    return (b"data: " + error_body(f"the engine stopped mid-stream: {detail}", "upstream_error",
+                                   "upstream_disconnected") + b"\n\n")

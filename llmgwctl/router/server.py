@@ -50,6 +50,7 @@ from .balancer import Balancer, Chooser, EndpointState
 from .conventions import RID, ClientGone, held_for_cold_start, method_not_allowed, stamp_request_id
 from .coldstart import ColdStart, ColdTimeout, QueueFull, Waker
 from .. import httpbody
+from ..aio import cancel_and_wait
 from ..contracts import Endpoint, LoadReading, ModelCondition, ModelState, Usage
 from ..httpserver import ConnectionGuard, bound_port, json_errors, server_options
 from ..httporigin import BrowserGuard
@@ -360,11 +361,7 @@ class Router:
 
     async def _on_cleanup(self, app: web.Application) -> None:
         if self._poll_task is not None:
-            self._poll_task.cancel()
-            try:
-                await self._poll_task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._poll_task)
         if self._session is not None:
             await self._session.close()
         if self.poller is not None:

@@ -26,7 +26,7 @@ from typing import Callable
 
 import aiohttp
 
-from ..aio import sleep_unless
+from ..aio import cancel_and_wait, sleep_unless
 from ..catalog import Live
 from .config import DEFAULTS, RouterConfig
 from .server import Router, start
@@ -69,9 +69,7 @@ async def run(host: str, port: int, *, endpoints_file: str | None = None, catalo
             on_listening(bound)
         await stop.wait()
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*tasks)
         if runner is not None:
             await runner.cleanup()
         await session.close()

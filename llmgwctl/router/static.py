@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 from ..catalog import Catalog
@@ -29,7 +28,7 @@ from ..contracts import Endpoint
 from ..fsutil import FollowedFile
 from .errors import RouterError
 from .upstream import BadEndpointURL, parse_target
-from .yamlfile import MAX_BYTES, load_yaml, parse_yaml
+from .yamlfile import MAX_BYTES, parse_yaml
 
 log = logging.getLogger("llmgw.router")
 
@@ -38,11 +37,6 @@ _FIELDS = {"model", "url", "profile", "id", "priority", "weight", "engine", "met
 
 class EndpointFileError(RouterError):
     """The endpoint file cannot be used; the message lists every problem, one per line."""
-
-
-def load_endpoints(path: str | Path, catalog: Catalog) -> list[Endpoint]:
-    """The endpoints in `path`; EndpointFileError if it is not a usable file (`yamlfile` has the bounds). Blocking."""
-    return parse_endpoints(load_yaml(path, EndpointFileError, "endpoint file"), catalog, str(path))
 
 
 class EndpointFileFollower(FollowedFile[list[Endpoint]]):

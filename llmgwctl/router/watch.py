@@ -24,7 +24,7 @@ Watch (long poll)::
     }
 
 - `after` is the last version the router applied; the first call sends 0.
-- `delta=1` (issue 19): when the controller still knows the state it
+- `delta=1`: when the controller still knows the state it
   answered with `after`, it answers with what changed since instead of the
   whole list::
 
@@ -214,7 +214,7 @@ class ControllerWatch:
         ordered = tuple(sorted(endpoints.values(), key=lambda e: e.replica_id))
         if changed is not None and isinstance(self._sink, ChangeSink):
             # A delta to a router that takes changes: what it costs is the change, not
-            # the 20,000 endpoints a fleet lists (issue 19).
+            # the tens of thousands of endpoints a large fleet lists.
             self._sink.change_endpoints(ordered, changed)
         else:
             self._sink.set_endpoints(ordered)

@@ -14,13 +14,13 @@ the event stream before anything is composed.
 from __future__ import annotations
 
 import os
-from typing import Any, cast
+from typing import Any
 
 import yaml
 
 from ..fsutil import UnusableFile, read_regular
+from ..yamlkit import LOADER, NodeCount
 
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
 
 # One catalog file's cap. A key is ~120 bytes of YAML and an endpoint ~100, so
 # this holds 35,000 keys or 40,000 endpoints; a file past it is not one an
@@ -55,7 +55,7 @@ def parse_yaml(data: bytes, source: str, error: type[Exception]) -> Any:
         refused = _measure(text)
         if refused:
             raise error(f"{source}: {refused}")
-        return yaml.load(text, Loader=_Loader)
+        return yaml.load(text, Loader=LOADER)
     except yaml.YAMLError as exc:
         raise error(f"{source}: not valid YAML: {exc}") from None
     except (ValueError, TypeError, OverflowError, ArithmeticError) as exc:
@@ -70,33 +70,18 @@ def _measure(text: str) -> str | None:
     costs more than the events up to where the bound runs out. An alias adds
     the size of what it names without expanding it.
     """
-    loader = _Loader(text)
-    sizes: dict[str, int] = {}
-    stack: list[tuple[int, str | None]] = []
-    nodes = 0
+    loader = LOADER(text)
+    count = NodeCount()
     try:
         while loader.check_event():
             event = loader.get_event()
             line = getattr(event.start_mark, "line", -1) + 1
-            if isinstance(event, yaml.AliasEvent):
-                alias = cast(str, event.anchor)
-                if any(anchor == alias for _, anchor in stack):
-                    return f"line {line}: alias *{alias[:40]} refers to a node that contains it"
-                nodes += sizes.get(alias, 1)
-            elif isinstance(event, yaml.ScalarEvent):
-                nodes += 1
-                if event.anchor:
-                    sizes[event.anchor] = 1
-            elif isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
-                nodes += 1
-                stack.append((nodes - 1, event.anchor))
-                if len(stack) > MAX_DEPTH:
-                    return f"line {line}: nested more than {MAX_DEPTH} levels deep; this file is 4"
-            elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
-                start, anchor = stack.pop()
-                if anchor:
-                    sizes[anchor] = nodes - start
-            if nodes > MAX_NODES:
+            recursive = count.add(event)
+            if recursive is not None:
+                return f"line {line}: alias *{recursive[:40]} refers to a node that contains it"
+            if count.depth > MAX_DEPTH:
+                return f"line {line}: nested more than {MAX_DEPTH} levels deep; this file is 4"
+            if count.nodes > MAX_NODES:
                 return (f"line {line}: holds more than {MAX_NODES} YAML nodes (each alias counted at the size "
                         "of what it repeats); not parsed")
     finally:

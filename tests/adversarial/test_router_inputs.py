@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +26,7 @@ from llmgwctl.router.auth import hash_key
 
 from ..router.harness import _readline
 from ..support import wait_until
+from ..procs import kill_group
 
 CATALOG = """\
 apiVersion: llmgw/v1
@@ -88,9 +87,7 @@ def fleet_files(tmp_path, engines):
 
     yield tmp_path, eps, engine, spawn
     for proc in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        kill_group(proc)
 
 
 def raw_exchange(port: int, wire: bytes, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:

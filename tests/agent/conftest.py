@@ -1,11 +1,11 @@
 """Agent test fixtures: the real controller (recording what agents send it), agent processes, and no engine left behind."""
 from __future__ import annotations
 
-import socket
 
 import pytest
 
 from ..controlplane import ControlPlaneThread
+from ..procs import free_port
 from .harness import AgentProcess, kill_engines_under
 
 
@@ -27,9 +27,7 @@ def controller(tmp_path):
 @pytest.fixture
 def port_range():
     """A 20-port range around a port the kernel just said was free: no fixed ports in tests."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     low = max(1024, min(port, 65535 - 20))
     return f"{low}-{low + 19}"
 

@@ -11,7 +11,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,14 +22,9 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from .. import support
+from ..procs import free_port
 
 DEADLINE = 60.0   # seconds for any one condition; generous for a loaded 2-core CI machine
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def alive(pid: int) -> bool:

@@ -7,7 +7,8 @@ import sys
 
 import requests
 
-from .fleet import Fleet, free_port, wait_until
+from ..procs import free_port
+from .fleet import Fleet, wait_until
 
 CATALOG = """\
 apiVersion: llmgw/v1

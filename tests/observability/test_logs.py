@@ -4,8 +4,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
-import signal
 import subprocess
 import sys
 
@@ -13,6 +11,7 @@ import pytest
 import requests
 
 from llmgwctl.observability.logs import JsonFormatter, setup_logging
+from tests.procs import kill_group
 from tests.router.harness import _readline, static_router_args, wait_until
 
 MODEL = "log-model"
@@ -66,9 +65,7 @@ def router_proc(tmp_path, engines):
 
     yield start
     for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        kill_group(proc)
 
 
 def _access_lines(err) -> list[dict]:

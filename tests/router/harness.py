@@ -8,8 +8,6 @@ to it through its real interface, on its loop.
 """
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -25,6 +23,7 @@ from llmgwctl.contracts import Endpoint, LoadReading
 from llmgwctl.router import Router, RouterConfig, start
 
 from ..support import LoopThread, wait_until
+from ..procs import kill_group
 
 # Starting a Python process and binding takes well under a second here; ten
 # covers a loaded 2-core machine.
@@ -47,12 +46,7 @@ class Engine:
                         url=self.url, priority=priority, weight=weight)
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(timeout=10)
+        kill_group(self.proc)
 
 
 def spawn_engine(model: str, replica_id: str, *args: str, stderr=None) -> Engine:

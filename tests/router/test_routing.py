@@ -14,6 +14,7 @@ import requests
 from llmgwctl.catalog import Model, Profile
 from llmgwctl.contracts import Endpoint
 
+from ..procs import free_port
 from .harness import catalog, make_router, wait_until
 
 MODEL = "m"
@@ -96,9 +97,7 @@ def test_engine_killed_mid_stream_ends_the_stream_with_an_error_and_the_next_req
 
 def test_refused_connection_moves_the_request_and_ejects_the_endpoint(engines, routers):
     live = engines(MODEL, "live")
-    with socket.socket() as s:      # a port that was free a moment ago: nothing listens there
-        s.bind(("127.0.0.1", 0))
-        dead_port = s.getsockname()[1]
+    dead_port = free_port()         # free a moment ago: nothing listens there
     # In a higher tier, so every pick tries it first until it is ejected.
     dead = Endpoint(replica_id="dead", model=MODEL, profile="default", engine="fake",
                     url=f"http://127.0.0.1:{dead_port}", priority=10)
@@ -140,11 +139,7 @@ def test_an_endpoint_whose_url_cannot_be_used_is_left_out_not_ejected(engines, r
 
 
 def test_every_endpoint_refusing_is_a_502_after_bounded_tries(routers):
-    ports = []
-    for _ in range(4):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
+    ports = [free_port() for _ in range(4)]
     rt = routers(make_router(catalog((MODEL, ()))))
     rt.set_endpoints([Endpoint(f"d{i}", MODEL, "default", "fake", f"http://127.0.0.1:{p}") for i, p in enumerate(ports)])
     r = requests.post(rt.url + "/v1/completions", json={"model": MODEL, "prompt": "x"}, timeout=30)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from llmgwctl.router.static import EndpointFileError, parse_endpoints
 from llmgwctl.router.watch import BACKOFF_FIRST, BACKOFF_MAX, ControllerWatch, WatchError
 
 from ..controlplane import ControlPlane, ControlPlaneThread
+from ..procs import kill_group
 from ..support import until
 from .harness import _readline, catalog, wait_until
 
@@ -90,9 +90,7 @@ def router_process(tmp_path):
 
     yield spawn
     for proc in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        kill_group(proc)
 
 
 def test_cli_static_mode_serves_the_openai_client(engines, router_process, tmp_path):

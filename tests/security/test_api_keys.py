@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 
@@ -15,6 +14,7 @@ import pytest
 import requests
 
 from llmgwctl.router.auth import KeyFileError, KeyFileWatcher, hash_key, load_keys
+from tests.procs import kill_group
 from tests.router.harness import _readline, catalog, make_router, static_router_args, wait_until
 
 MODEL = "sec-qwen"
@@ -188,9 +188,7 @@ def test_standalone_router_follows_edits_of_the_key_file(tmp_path, engines):
                    timeout=15, what="the invalid edit to be rejected")
         assert chat(url, KEY_C).status_code == 200
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        kill_group(proc)
 
 
 def test_a_router_with_an_invalid_key_file_does_not_start(tmp_path):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ import requests
 
 from llmgwctl.fsutil import MissingFile, UnusableFile, read_regular
 from llmgwctl.router.auth import KeyFileError, hash_key, load_keys
+from tests.procs import kill_group
 from tests.router.harness import _readline, static_router_args, wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -126,9 +126,7 @@ class Router:
         return words in self.log.read_text(errors="replace")
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
+        kill_group(self.proc)
 
 
 # -- the reader -------------------------------------------------------------------------
