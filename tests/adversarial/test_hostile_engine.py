@@ -110,10 +110,11 @@ def hostile(tmp_path_factory):
         _model("metrics-redirect", "--metrics-fault", "redirect", *to),
     )))
     try:
-        # Ports for ten engines whatever the fleet's default range; a short
-        # headers bound, so the silent engine's request ends within the test.
+        # Ports for ten engines whatever the fleet's default range, and room
+        # for ten CPU replicas whatever the machine's cores; a short headers
+        # bound, so the silent engine's request ends within the test.
         fleet.start_serve("--ports", f"{fleet._port_base}-{fleet._port_base + 49}",
-                          "--upstream-headers-timeout", "3")
+                          "--upstream-headers-timeout", "3", "--max-cpu-replicas", "10")
         wait_until(lambda: len([r for r in fleet.replicas() if r["state"] == "ready"]) == 10,
                    "every engine ready", timeout=120)
         yield fleet, target
