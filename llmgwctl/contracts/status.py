@@ -401,7 +401,7 @@ class WatcherStatus:
     however long it lasts; `last_failure` is the last one even once it passed.
     """
 
-    name: str                       # catalog | api-keys | endpoints
+    name: str                       # catalog | api-keys | endpoints | node-revocations
     path: str
     state: str = "ok"               # ok | degraded
     problem: str | None = None

@@ -17,7 +17,8 @@ import asyncio
 import logging
 import os
 import stat
-from typing import Callable, Mapping
+import time
+from typing import Any, Callable, Mapping
 
 from ..aio import sleep_unless
 from ..fsutil import OPEN_FLAGS, read_upto
@@ -82,10 +83,47 @@ def _signature(path: str) -> tuple | None:
     return (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+class Followed:
+    """The follower's row of status' `watchers`: an operator who broke the list sees it there, not only in the log.
+
+    A revocation that does not apply is the one failure that must not pass
+    unseen: the token it meant to refuse keeps working.
+    """
+
+    def __init__(self, path: str, wall: Callable[[], float] = time.time):
+        self.path, self._wall = path, wall
+        self.problem: str | None = None
+        self.since: float | None = None
+        self.failures = 0
+        self.last_failure: dict[str, Any] | None = None
+        self.applied_at: float | None = wall()      # the caller read it before following
+
+    def failed(self, message: str) -> None:
+        now = self._wall()
+        self.problem, self.failures = message, self.failures + 1
+        if self.since is None:
+            self.since = now
+        self.last_failure = {"at": now, "what": "reading the revocation list", "error": message}
+
+    def applied(self) -> None:
+        self.problem = self.since = None
+        self.applied_at = self._wall()
+
+    def status(self) -> dict[str, Any]:
+        """contracts.WatcherStatus's fields."""
+        return {"name": "node-revocations", "path": self.path, "state": "ok" if self.problem is None else "degraded",
+                "problem": self.problem, "since": self.since, "failures": self.failures,
+                "last_failure": self.last_failure, "applied_at": self.applied_at}
+
+
 async def follow_revocations(auth: ControlAuth, path: str, stop: asyncio.Event,
                              on_change: Callable[[Mapping[str, int | None]], None] = lambda revoked: None,
-                             recheck: float = RECHECK) -> None:
-    """Keep `auth.revocations` what `path` says, until `stop`. The first read is the caller's (serve refuses a bad file)."""
+                             recheck: float = RECHECK, followed: Followed | None = None) -> None:
+    """Keep `auth.revocations` what `path` says, until `stop`. The first read is the caller's (serve refuses a bad file).
+
+    `followed`: where each read's outcome is kept for status (`Followed.status`).
+    """
+    followed = followed or Followed(path)
     seen = await asyncio.to_thread(_signature, path)
     pending: tuple | None = None
     problem: str | None = None
@@ -109,12 +147,15 @@ async def follow_revocations(auth: ControlAuth, path: str, stop: asyncio.Event,
             if str(exc) != problem:
                 log.error("%s; the last revocation list read stays in force", exc,
                           extra={"event": "revocations-unreadable"})
+                followed.failed(f"{exc}; the last revocation list read stays in force")
             problem, seen = str(exc), now
             continue
-        except Exception:   # noqa: BLE001 -- a bug here must not end the follower: revocations would stop applying
+        except Exception as exc:   # noqa: BLE001 -- a bug here must not end the follower: revocations would stop applying
             log.exception("reading the revocation list %s failed unexpectedly; trying again", path)
+            followed.failed(f"{path}: reading it failed unexpectedly ({type(exc).__name__}: {exc}); trying again")
             continue
         seen, problem = now, None
+        followed.applied()
         if revoked != auth.revocations:
             auth.revocations = revoked
             log.info("revocation list %s: %d node(s) listed", path, len(revoked), extra={"event": "revocations-read"})

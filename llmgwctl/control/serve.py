@@ -159,9 +159,11 @@ class Server:
             # taken for a moment; a list that cannot be read stops the start
             # (RevocationFileError), as an invalid catalog does.
             auth.revocations = await asyncio.to_thread(revocations.load, self.cfg.node_revocations)
+            followed = revocations.Followed(self.cfg.node_revocations)
+            self.controller.followed.append(followed.status)     # status' `watchers`
             self._tasks.append(asyncio.create_task(
                 revocations.follow_revocations(auth, self.cfg.node_revocations, self.stop_event,
-                                               on_change=self.controller.revocations_changed),
+                                               on_change=self.controller.revocations_changed, followed=followed),
                 name="node-revocations"))
         metrics = ControlMetrics(self.controller.state)
         self.controller.reconciler.on_pass = metrics.observe_pass

@@ -37,7 +37,7 @@ Router (hot path first):
     llmgw_router_engine_refusals_total{reason}                counter, engine answers or /metrics pages refused
                                                               for breaking a bound (answer_too_large,
                                                               headers_too_large, redirect, metrics_too_large,
-                                                              metrics_redirect)
+                                                              metrics_redirect, metrics_interim)
     llmgw_router_endpoint_ejected{endpoint,reason}            gauge, 1 per endpoint kept out of picks for a
                                                               cause (router/ejection.py), reason as above
     llmgw_build_info{version,python}                          gauge, 1 (on both /metrics)

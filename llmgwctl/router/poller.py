@@ -41,6 +41,41 @@ def parse_with_drivers(engine: str, text: str) -> LoadReading | None:
     return parse_load(engine, text)
 
 
+# Interim (1xx) answers a /metrics page may come after. A real engine sends
+# none to a GET (a 100 Continue answers a request that asked for it, which no
+# scrape does); aiohttp reads each one as a message of its own, on the loop,
+# and caps each one's headers but not how many arrive, so an engine sending
+# 103s without end held the router's loop for half a second a poll.
+MAX_INTERIM = 8
+
+
+class InterimBound(ValueError):
+    """More interim (1xx) answers than MAX_INTERIM before the page: the scrape is dropped, its connection closed."""
+
+
+class BoundedResponse(aiohttp.ClientResponse):
+    """The poller session's `response_class`: at most MAX_INTERIM interim answers before the real one."""
+
+    async def start(self, connection):  # aiohttp's own signature
+        protocol = connection.protocol
+        read, seen = protocol.read, 0
+
+        async def bounded():
+            nonlocal seen
+            message, payload = await read()
+            seen += 1
+            if seen > MAX_INTERIM + 1:
+                protocol.close()        # nothing more of it is parsed
+                raise InterimBound(f"sent more than {MAX_INTERIM} interim (1xx) answers before its page")
+            return message, payload
+
+        protocol.read = bounded
+        try:
+            return await super().start(connection)
+        finally:
+            del protocol.read       # the class's own again, for the connection's next request
+
+
 class LoadPoller:
     """Reads every endpoint's /metrics each `interval`; `poll_once()` is one pass, for tests."""
 
@@ -97,6 +132,9 @@ class LoadPoller:
                 if resp.status != 200:
                     return
                 data = await self._read(resp)
+        except InterimBound as exc:
+            self._refuse(st, "metrics_interim", f"/metrics {exc}")
+            return
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
             return      # ValueError: aiohttp refusing a header line past its limits
         if data is None:

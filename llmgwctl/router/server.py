@@ -56,7 +56,7 @@ from ..httpserver import ConnectionGuard, bound_port, json_errors, server_option
 from ..httporigin import BrowserGuard
 from .config import DEFAULTS, RouterConfig
 from .limits import BodyBudget, BudgetFull, PathError, check_target
-from .poller import LoadPoller, ParseLoad, parse_with_drivers
+from .poller import BoundedResponse, LoadPoller, ParseLoad, parse_with_drivers
 from .prefix import DEFAULT_POLICY, LEAST_LOAD, Policies
 from .ejection import Ejector
 from .upstream import (BadEndpointURL, ConnectFailed, OutOfBounds, Pool, Response, UpstreamError, UpstreamTimeout,
@@ -353,7 +353,7 @@ class Router:
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
                                               skip_auto_headers=("Accept-Encoding", "User-Agent"),
                                               max_line_size=cfg.max_header_bytes, max_field_size=cfg.max_header_bytes,
-                                              max_headers=cfg.max_headers)
+                                              max_headers=cfg.max_headers, response_class=BoundedResponse)
         self.poller = LoadPoller(self.balancer, self._session, interval=cfg.poll_interval, parse=self._parse_load,
                                  max_bytes=cfg.max_metrics_bytes,
                                  on_refused=lambda code: self.metrics.engine_refusals.labels(code).inc())
