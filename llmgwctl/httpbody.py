@@ -12,9 +12,12 @@ between steps, keeping nothing, and stops as soon as the count passes
 `limit` (BodyTooLarge): a bomb costs one step of memory and one step of CPU
 at a time, however many arrive together. Only a body known to fit is
 inflated again, whole, and kept -- the same memory as an uncompressed body
-of that size, which the size limit already allows. Compressed request
-bodies are rare (OpenAI SDKs send them plain), so the second pass costs
-almost nobody anything.
+of that size, which the size limit already allows. That pass runs in a
+thread when it is more than one step (zlib lets go of the GIL while it
+inflates, so the loop serves others meanwhile: inflating 32 MiB in one go on
+it cost every other request some 50 ms), and on the loop otherwise.
+Compressed request bodies are rare (OpenAI SDKs send them plain), so the
+second pass costs almost nobody anything.
 
 Encodings: gzip (and x-gzip), deflate (zlib-wrapped, or raw as some clients
 send it), identity. Anything else, br included (brotli is not a dependency,
@@ -139,6 +142,13 @@ async def decode(data: bytes, encoding: str | None, limit: int, *, step: int = S
             await asyncio.sleep(0)      # the loop serves others between steps
     if admit is not None:
         admit(size)
+    if size <= step:
+        return _inflated(data, wbits)
+    return await asyncio.to_thread(_inflated, data, wbits)
+
+
+def _inflated(data: bytes, wbits: int) -> bytes:
+    """`data` inflated whole (known to be valid and to fit)."""
     pieces = list(_pieces(data, wbits, 0))
     # One gzip member (the usual body) is one piece: kept as it is, not copied by a join.
     return pieces[0] if len(pieces) == 1 else b"".join(pieces)

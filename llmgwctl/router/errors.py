@@ -59,11 +59,15 @@ RETRY_LARGE_BODIES = 1
 QUOTE_CHARS = 100
 
 
-def quote(text: str, limit: int = QUOTE_CHARS) -> str:
-    """`text`, as a client sent it, for an error message: repr'd, at most `limit` characters of it, and its length when cut."""
-    if len(text) <= limit:
+def quote(text: str, limit: int = QUOTE_CHARS, length: int | None = None) -> str:
+    """`text`, as a client sent it, for an error message: repr'd, at most `limit` characters of it, and its length when cut.
+
+    `length`: the length of what the client sent, when `text` is already only its start.
+    """
+    length = len(text) if length is None else length
+    if length <= limit:
         return repr(text)
-    return f"{text[:limit]!r}... ({len(text)} characters)"
+    return f"{text[:limit]!r}... ({length} characters)"
 
 
 # The one builder of the OpenAI error shape, shared with the control API.
@@ -101,8 +105,8 @@ def unknown_model(name: str, known: Iterable[str]) -> web.Response:
 MAX_NAME_CHARS = 128
 
 
-def name_too_long(name: str) -> web.Response:
-    return response(400, f"the model name {quote(name, 40)} is longer than any model's: names and aliases have "
+def name_too_long(name: str, length: int | None = None) -> web.Response:
+    return response(400, f"the model name {quote(name, 40, length)} is longer than any model's: names and aliases have "
                     f"at most {MAX_NAME_CHARS} characters; GET /v1/models lists them",
                     "invalid_request_error", "invalid_model")
 

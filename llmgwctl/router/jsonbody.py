@@ -9,14 +9,16 @@ whose cost grows with the number of values in it, not its bytes: a 16 MB
 base64 image parses in tens of milliseconds, a 16 MB object of 1,000,000
 keys in over a second. A thread does not help: the C parser holds the GIL
 from start to end, so the loop waits just as long (measured: four such
-bodies in `asyncio.to_thread` left the loop without a turn for 5 s). So a
+bodies in `asyncio.to_thread` left the loop without a turn for 5 s). Bytes
+cost too, only less: one 30 MB string takes the parser about 100 ms. So a
 body is parsed on the loop only when it is cheap for certain -- at most
-`ON_LOOP_COMMAS` commas, the bound on its values beyond nesting, which the
-depth limit bounds -- and otherwise in a separate process (`OffLoop`, one
-worker, started on the first such body), which sends back only the `Facts`.
-Ordinary requests, however long their text, have few commas outside their
-text and never leave the loop; a body of many values waits for the worker,
-at most `OffLoop.max_waiting` of them at once (then 503).
+`OFF_LOOP_BYTES` long and at most `ON_LOOP_COMMAS` commas, the bound on its
+values beyond nesting, which the depth limit bounds -- and otherwise in a
+separate process (`OffLoop`, one worker, started on the first such body),
+which sends back only the `Facts`. Ordinary requests have few commas outside
+their text and are far shorter than that, and never leave the loop; a body
+of many values or of megabytes waits for the worker, at most
+`OffLoop.max_waiting` of them at once (then 503).
 
 The alias rewrite. A request naming a model by alias reaches the engine
 under the canonical name (engines 404 a name they do not serve), written
@@ -42,7 +44,7 @@ from dataclasses import dataclass
 from json import scanner
 from typing import Any, Callable, Mapping
 
-from .errors import RouterError
+from .errors import MAX_NAME_CHARS, RouterError
 from .limits import DepthError, check_depth
 
 # Commas a body may hold and still be parsed on the loop: 50,000 values cost
@@ -53,6 +55,15 @@ from .limits import DepthError, check_depth
 # ON_LOOP_BYTES, which cannot hold more commas than that.
 ON_LOOP_COMMAS = 50_000
 ON_LOOP_BYTES = ON_LOOP_COMMAS
+# Bytes past which a body is parsed off the loop whatever it holds: the C
+# parser reads a long string at a few milliseconds per MB, so 2 MiB costs the
+# loop a few ms at most, while one 30 MB string (a hostile model name, a
+# body of padding) cost it 100 ms and every other request waited. Chat
+# requests are far smaller; one carrying megabytes of base64 images pays the
+# trip to the worker, a copy through a pipe, which costs the loop less than
+# parsing it. Such a body is charged to the large-body budget, which bounds
+# how many wait for the worker at once.
+OFF_LOOP_BYTES = 2 << 20
 
 
 class BodyRefused(RouterError, ValueError):
@@ -95,11 +106,14 @@ class Facts:
     # Whether the body spells a lone surrogate (`lone_surrogate`), looked at
     # off the loop too, where a large body's scan costs the loop nothing; None: not yet.
     lone_surrogate: bool | None = None
+    # The model name's length when `model` is only its start (a name too long to be any model's).
+    model_chars: int | None = None
 
 
 def heavy(body: bytes) -> bool:
     """Whether `body` may be costly to parse, so it goes to the off-loop parser (see the module docstring)."""
-    return len(body) > ON_LOOP_BYTES and body.count(b",") > ON_LOOP_COMMAS
+    size = len(body)
+    return size > OFF_LOOP_BYTES or (size > ON_LOOP_BYTES and body.count(b",") > ON_LOOP_COMMAS)
 
 
 def parse(body: bytes, key: str, max_depth: int) -> Facts:
@@ -129,6 +143,10 @@ def _parse_off_loop(body: bytes, key: str, prompt: PromptReader | None, max_dept
     except BodyRefused as exc:
         return exc
     doc, model = facts.doc, facts.model
+    if type(model) is str and len(model) > MAX_NAME_CHARS:
+        # Refused as too long, quoting only its start: a 30 MB name is not
+        # sent back whole for the router to unpickle (tens of ms, holding the GIL).
+        return Facts({}, model[:MAX_NAME_CHARS + 1], facts.stream, off_loop=True, model_chars=len(model))
     user = doc.get("user")
     return Facts({"user": user} if type(user) is str else {}, model if type(model) is str else None,
                  facts.stream, prompt(doc) if prompt is not None else None,
@@ -148,9 +166,12 @@ class OffLoop:
     a process with threads) and is started again if it dies.
     """
 
-    # Eight bodies: a burst of large batch requests is served in order, and
-    # at the 32 MiB body limit the queue holds at most 256 MiB.
-    def __init__(self, max_waiting: int = 8):
+    # Thirty-two bodies: a burst of large batch requests or image-laden
+    # chats is served in order rather than refused. A waiting body is held
+    # by its request anyway, and one past 1 MiB is charged to the large-body
+    # budget (128 MiB in all), which refuses the burst past it first; the
+    # bound here is for the smaller bodies of many values.
+    def __init__(self, max_waiting: int = 32):
         self.max_waiting = max_waiting
         self._pool: ProcessPoolExecutor | None = None
         self._waiting = 0

@@ -628,7 +628,7 @@ class Router:
             raise _Refused(errors.missing_model())
         if len(name) > errors.MAX_NAME_CHARS:
             # Before any lookup, key pattern or "did you mean": no name is that long.
-            raise _Refused(errors.name_too_long(name))
+            raise _Refused(errors.name_too_long(name, facts.model_chars))
         view = call.view
         model = view.catalog.resolve(name)
         call.model = model.name if model is not None else ""

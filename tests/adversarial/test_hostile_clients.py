@@ -1,0 +1,73 @@
+"""Hostile clients' bodies leave the router's loop free while they are handled.
+
+- a body of megabytes with few commas (a 30 MB `model` string, a body of
+  padding) is parsed off the loop: the C parser reads a long string at a few
+  ms per MB, and the comma count alone let such a body be parsed on the loop;
+- a gzip body inflating to megabytes is inflated, once known to fit, with the
+  loop taking turns meanwhile (it was inflated whole in one go on the loop);
+- a name too long to be any model's comes back from the worker cut, with its
+  length, and is refused quoting its true length.
+
+Ordering, not timing: a ticker task on the same loop must get turns after
+the counting pass and before the body is ready.
+"""
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+
+from llmgwctl import httpbody
+from llmgwctl.router import errors, jsonbody
+
+
+def test_a_body_of_megabytes_without_commas_is_parsed_off_the_loop():
+    name_body = b'{"model": "' + b"m" * (3 << 20) + b'", "messages": []}'
+    pad_body = b'{"model":"good","messages":[],"pad":"' + b" " * (3 << 20) + b'"}'
+    assert name_body.count(b",") < jsonbody.ON_LOOP_COMMAS
+    assert jsonbody.heavy(name_body) and jsonbody.heavy(pad_body)
+    # An ordinary request stays on the loop, and so does a long prompt below the bound.
+    small = json.dumps({"model": "good", "messages": [{"role": "user", "content": "hi " * 100_000}]}).encode()
+    assert not jsonbody.heavy(small)
+    assert not jsonbody.heavy(b'{"model":"good"}')
+
+
+def test_an_inflating_body_leaves_the_loop_turns_after_it_is_known_to_fit():
+    raw = b'{"model":"good","messages":[],"pad":"' + b" " * (16 << 20) + b'"}'
+    data = gzip.compress(raw, 6)
+    turns: list[str] = []
+
+    async def main() -> bytes:
+        done = False
+
+        async def ticker() -> None:
+            while not done:
+                turns.append("tick")
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        try:
+            return await httpbody.decode(data, "gzip", 32 << 20, admit=lambda size: turns.append("admitted"))
+        finally:
+            done = True
+            await task
+
+    out = asyncio.run(main())
+    assert out == raw
+    # The counting pass takes turns with the loop, and so must the pass that keeps the body.
+    assert "tick" in turns[turns.index("admitted") + 1:], turns[-5:]
+
+
+def test_a_small_compressed_body_is_inflated_on_the_loop_as_before():
+    raw = json.dumps({"model": "good", "messages": []}).encode()
+    assert asyncio.run(httpbody.decode(gzip.compress(raw), "gzip", 1 << 20)) == raw
+
+
+def test_a_too_long_name_parsed_off_the_loop_comes_back_cut_and_keeps_its_length():
+    body = b'{"model": "' + b"q" * (3 << 20) + b'", "messages": []}'
+    facts = jsonbody._parse_off_loop(body, "model", None, 64)
+    assert isinstance(facts, jsonbody.Facts)
+    assert len(facts.model) == errors.MAX_NAME_CHARS + 1 and facts.model_chars == 3 << 20
+    message = json.loads(errors.name_too_long(facts.model, facts.model_chars).body)["error"]["message"]
+    assert f"({3 << 20} characters)" in message and "q" * 101 not in message
