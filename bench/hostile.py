@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gzip
-import http.server
 import json
 import os
 import shutil
@@ -39,8 +38,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from tests.httptarget import CountingTarget
 from tests.procs import free_port
 
 # `bulk` is what the hostile clients name: a model of its own, so what is
@@ -81,29 +80,6 @@ def pct(values: list[float], q: float) -> float:
         return float("nan")
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
-
-
-class Target:
-    """Where the redirects point; counts what reaches it (the router must follow none)."""
-
-    def __init__(self) -> None:
-        hits = self.hits = [0]
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                hits[0] += 1
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            do_POST = do_GET
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/followed"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
 class Phase:
@@ -243,8 +219,8 @@ def main() -> None:
     os.mkdir(cat)
     with open(os.path.join(cat, "good.yaml"), "w") as f:
         f.write(GOOD)
-    target = Target()
-    text, answers, pages = hostile_catalog(target.url)
+    target = CountingTarget()
+    text, answers, pages = hostile_catalog(target.url + "/followed")
     rport, cport = free_port(), free_port()
     router, control = f"http://127.0.0.1:{rport}", f"http://127.0.0.1:{cport}"
     base = 30000 + os.getpid() % 1000 * 20
@@ -277,7 +253,7 @@ def main() -> None:
                 serve.wait(60)
             except subprocess.TimeoutExpired:
                 os.killpg(serve.pid, signal.SIGKILL)
-        target.server.shutdown()
+        target.close()
         log.close()
 
     print(f"{os.cpu_count()} CPUs shared by the client, serve and 1-10 fake engines; normal traffic: "
@@ -297,7 +273,7 @@ def main() -> None:
               f"RSS peak {p.rss_peak - quiet.rss_peak:+.0f} MB (target < 200), "
               f"/health worst {p.health_max * 1e3:.1f} ms (target < 100)")
     print(f"after: RSS {after.rss_end - quiet.rss_end:+.0f} MB against quiet; "
-          f"redirect target hit {target.hits[0]} times (target 0)")
+          f"redirect target hit {len(target.hits)} times (target 0)")
     print("\nwhat status said about the hostile replicas:")
     for r in rows:
         if r["model"] not in ("good", "bulk"):

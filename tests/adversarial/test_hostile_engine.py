@@ -14,7 +14,6 @@ grow with what the engine sends (a 10 GB body, a 100 MB page), not a figure.
 """
 from __future__ import annotations
 
-import http.server
 import threading
 from pathlib import Path
 
@@ -22,40 +21,13 @@ import pytest
 import requests
 
 from tests.e2e.fleet import Fleet, wait_until
+from tests.httptarget import CountingTarget
 
 pytestmark = pytest.mark.timeout(240)
 
 # serve's memory may grow by this much at most while hostile engines are at
 # work: far below what any of them sends (GBs), far above what serving needs.
 RSS_GROWTH_MB = 300
-
-
-class _Target:
-    """An HTTP server counting every request it gets: where the redirects point. It must get none."""
-
-    def __init__(self) -> None:
-        hits = self.hits = []
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                hits.append(self.path)
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            do_POST = do_GET
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def _model(name: str, *args: str) -> str:
@@ -94,7 +66,7 @@ class _Watch:
 
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory):
-    target = _Target()
+    target = CountingTarget()
     fleet = Fleet(tmp_path_factory.mktemp("hostile") / "fleet")
     to = ("--redirect-to", target.url + "/followed")
     (fleet.catalogs / "models.yaml").write_text("apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n" + "".join((
