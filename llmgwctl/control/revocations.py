@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping
 
 from ..aio import sleep_unless
 from ..fsutil import OPEN_FLAGS, read_upto
+from ..health import Failure, failure
 from .auth import ControlAuth, TokenError, parse_revocations
 
 log = logging.getLogger("llmgw.control.revocations")
@@ -95,7 +96,7 @@ class Followed:
         self.problem: str | None = None
         self.since: float | None = None
         self.failures = 0
-        self.last_failure: dict[str, Any] | None = None
+        self.last_failure: Failure | None = None
         self.applied_at: float | None = wall()      # the caller read it before following
 
     def failed(self, message: str) -> None:
@@ -103,7 +104,7 @@ class Followed:
         self.problem, self.failures = message, self.failures + 1
         if self.since is None:
             self.since = now
-        self.last_failure = {"at": now, "what": "reading the revocation list", "error": message}
+        self.last_failure = failure("reading the revocation list", message, now)
 
     def applied(self) -> None:
         self.problem = self.since = None
