@@ -4,8 +4,8 @@
     failure    build one; `error_text` says an exception the same way everywhere
 
 The catalog watcher, the followed files (`fsutil.FollowedFile`: API keys,
-endpoints, revocations) and the reconciler each keep their last failure in
-this shape, and `contracts.status` passes it on as it is, so the status
+endpoints; `control.revocations.Followed` for the node revocation list) and
+the reconciler each keep their last failure in this shape, and `contracts.status` passes it on as it is, so the status
 page, `llmgwctl status` and the console read one spelling. This module
 imports nothing of ours, so any piece may use it.
 """

@@ -21,7 +21,8 @@ import time
 from typing import Any, Callable, Mapping
 
 from ..aio import sleep_unless
-from ..fsutil import OPEN_FLAGS, read_upto
+from ..fsutil import OPEN_FLAGS, read_upto, stamp
+from ..health import Failure, failure
 from .auth import ControlAuth, TokenError, parse_revocations
 
 log = logging.getLogger("llmgw.control.revocations")
@@ -75,14 +76,6 @@ def load(path: str) -> Mapping[str, int | None]:
         raise RevocationFileError(str(exc)) from None
 
 
-def _signature(path: str) -> tuple | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
 class Followed:
     """The follower's row of status' `watchers`: an operator who broke the list sees it there, not only in the log.
 
@@ -95,7 +88,7 @@ class Followed:
         self.problem: str | None = None
         self.since: float | None = None
         self.failures = 0
-        self.last_failure: dict[str, Any] | None = None
+        self.last_failure: Failure | None = None
         self.applied_at: float | None = wall()      # the caller read it before following
 
     def failed(self, message: str) -> None:
@@ -103,7 +96,7 @@ class Followed:
         self.problem, self.failures = message, self.failures + 1
         if self.since is None:
             self.since = now
-        self.last_failure = {"at": now, "what": "reading the revocation list", "error": message}
+        self.last_failure = failure("reading the revocation list", message, now)
 
     def applied(self) -> None:
         self.problem = self.since = None
@@ -124,15 +117,15 @@ async def follow_revocations(auth: ControlAuth, path: str, stop: asyncio.Event,
     `followed`: where each read's outcome is kept for status (`Followed.status`).
     """
     followed = followed or Followed(path)
-    seen = await asyncio.to_thread(_signature, path)
-    pending: tuple | None = None
+    seen = await asyncio.to_thread(stamp, path)
+    pending: tuple[int, ...] | None = None
     problem: str | None = None
     while not stop.is_set():
         await sleep_unless(recheck, stop)
         if stop.is_set():
             return
         try:
-            now = await asyncio.to_thread(_signature, path)
+            now = await asyncio.to_thread(stamp, path)
             if now == seen:
                 pending = None
                 continue        # unchanged: in force, or still the problem already logged
