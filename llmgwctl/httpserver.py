@@ -31,9 +31,11 @@ if TYPE_CHECKING:   # only for the annotation: the constants above load without 
 
 log = logging.getLogger("llmgw.httpserver")
 
-# A client's request id passed on as it is: the router's rule (router.headers),
-# printable and short enough to log, quote and put in a header again.
-_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
+# A client's request id passed on as it is: printable and short enough to log,
+# quote and put in a header again. 128: room for a UUID, a ULID or a trace id
+# with a prefix, and small enough that an id cannot bloat every log line it is
+# written to. The one rule: the router's own (router.headers) is this one.
+REQUEST_ID_PATTERN = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 
 # An idle keep-alive connection is closed after this, and a new connection
 # (or the next request on one) must complete its headers within it, which
@@ -225,13 +227,23 @@ def _is_payload_error(exc: BaseException | None) -> bool:
 def request_id(headers: Any) -> str:
     """The id an answer carries: the client's `X-Request-Id` when it is one llmgw would make or pass on, else a new one.
 
-    The same rule as the router's (`router.headers`), for the answers no
+    The router's rule too (`router.headers` uses this one), for the answers no
     route makes: aiohttp's own refusals here, and the connection limit's.
     """
     sent = headers.get("X-Request-Id") if headers is not None else None
-    if sent is not None and _ID.fullmatch(sent):
+    if sent is not None and REQUEST_ID_PATTERN.fullmatch(sent):
         return str(sent)
-    return f"{random.getrandbits(64):016x}"
+    return new_request_id()
+
+
+def new_request_id() -> str:
+    """A fresh id: 64 random bits as hex.
+
+    Not from `secrets`: an id names a request in logs, it guards nothing, and
+    the Mersenne Twister makes one in a fraction of a microsecond without a
+    system call.
+    """
+    return "%016x" % random.getrandbits(64)
 
 
 def _handle_error(self: Any, request: Any, status: int = 500, exc: BaseException | None = None,

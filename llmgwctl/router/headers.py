@@ -23,14 +23,16 @@ It must not know about routing: the server calls `take` once per request.
 """
 from __future__ import annotations
 
-import random
 import re
+
+from ..httpserver import REQUEST_ID_PATTERN as _ID
+from ..httpserver import new_request_id as new_id
 
 REQUEST_ID = "x-request-id"
 
-# 128: room for a UUID, a ULID or a trace id with a prefix, and small enough
-# that an id cannot bloat every log line it is written to.
-_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
+# What an id from outside may be, and how a fresh one is made: one rule for
+# every llmgw server (httpserver), so an answer aiohttp or the connection
+# limit makes carries an id by the same rule as the router's own.
 # version-traceid-parentid-flags; future versions may append fields after a '-'.
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-[\x21-\x7e]*)?")
 _TRACEPARENT_MAX = 256
@@ -39,16 +41,6 @@ _ZERO_TRACE, _ZERO_PARENT = "0" * 32, "0" * 16
 # The spec's own bound for what a vendor must pass on.
 _TRACESTATE_MAX = 512
 _PRINTABLE = re.compile(r"[\x20-\x7e]*")
-
-
-def new_id() -> str:
-    """A fresh id: 64 random bits as hex.
-
-    Not from `secrets`: an id names a request in logs, it guards nothing, and
-    the Mersenne Twister makes one in a fraction of a microsecond without a
-    system call.
-    """
-    return "%016x" % random.getrandbits(64)
 
 
 def valid_id(value: str | None) -> bool:
