@@ -149,7 +149,8 @@ class Refusal:
 
 def code_options(engine: str, args: Sequence[str], allowed: Iterable[str] = ()) -> list[Refusal]:
     """The args that would make `engine` run code the catalog chooses, minus the options `allowed` (names)."""
-    table = [o for o in CODE_OPTIONS if engine in o.engines and o.name not in set(allowed)]
+    allowed = frozenset(allowed)     # once, not once per option: `allowed` may be a one-shot iterable
+    table = [o for o in CODE_OPTIONS if engine in o.engines and o.name not in allowed]
     if not table:
         return []
     found = []

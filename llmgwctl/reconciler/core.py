@@ -179,12 +179,9 @@ class Reconciler:
     def unplaceable_detail(self) -> dict[str, Unplaceable]:
         return self.planner.unplaceable_detail
 
-    # Settable, as before the parts: serve and tests set them after construction.
-    load = _delegate("scaling", "load")
+    # Settable, as before the parts: tests set them after construction.
     concurrency = _delegate("scaling", "concurrency")
-    drain_grace = _delegate("planner", "drain_grace")
     move_every = _delegate("planner", "move_every")
-    replace_after = _delegate("adoption", "replace_after")
 
     def add_sink(self, sink: EndpointSink) -> None:
         self.publisher.add_sink(sink)
