@@ -125,8 +125,10 @@ FAST_FACTOR_RANGE = (1.0, 1000.0)
 # 1.5x its target (or half of it) without a step, which is no policy at all.
 TOLERANCE_RANGE = (0.0, 0.5)
 # --- end autoscale bounds ---
-# How the router picks among a model's replicas (llmgwctl.router.prefix
-# implements them). None in a Model means the router's default.
+# How the router picks among a model's replicas: the labels of
+# llmgwctl.router.policies.Policy, the registry that implements them, which
+# this layer cannot import; tests/router/policies/test_registry.py holds this
+# tuple and the schema's enum to it. None in a Model means the router's default.
 ROUTING_POLICIES = ("round-robin", "least-load", "prefix", "session")
 
 

@@ -24,9 +24,9 @@ The pick, for one model:
    loaded would send every request arriving in the same poll interval to the
    same endpoint (herding); two random choices keep nearly the same balance
    without that.
-   A per-request `Chooser` (see `prefix.py`: round robin, prefix and
-   session affinity) may take this step's place; it is handed the same
-   candidates, so tiers, room and ejection hold for every policy.
+   A per-request `Chooser` (see the `policies` package: round robin,
+   prefix and session affinity) may take this step's place; it is handed
+   the same candidates, so tiers, room and ejection hold for every policy.
 3. Ejected endpoints (a refused or reset connection) are skipped until their
    ejection runs out; if every endpoint of the model is ejected, they are used
    anyway rather than failing a request on a guess.
@@ -82,9 +82,12 @@ Tiers = tuple[tuple[EndpointState, ...], ...]
 class Chooser(Protocol):
     """Picks one of a tier's candidates for one request, in place of the two random choices.
 
-    Declared here, by the pick that calls it, so a routing policy (prefix.py)
-    plugs in without the balancer knowing any policy: the balancer still
-    decides which endpoints are candidates (tier, room, ejection).
+    Declared here, by the pick that calls it, so a routing policy (the
+    `policies` package, which re-exports it) plugs in without the balancer
+    knowing any policy: the balancer still decides which endpoints are
+    candidates (tier, room, ejection). Here and not in `policies`: that
+    package imports the balancer (`EndpointState`, its load score), so the
+    balancer importing it back would be an import cycle.
     """
 
     def choose(self, cands: Sequence[EndpointState], now: float) -> EndpointState: ...
@@ -101,7 +104,7 @@ class Balancer:
         self.stale_after = stale_after
         self._eject_base = eject_base
         self._eject_max = eject_max
-        self._rand = (rng or random.Random()).random
+        self._rand: Callable[[], float] = (rng or random.Random()).random
         self._states: dict[str, EndpointState] = {}
         # Endpoints taken out of the list while requests were still running on them.
         self._withdrawn: dict[str, EndpointState] = {}
@@ -402,7 +405,7 @@ class Balancer:
         withdrawn by the controller.
         """
         state.failures += 1
-        duration = min(self._eject_base * 2 ** (state.failures - 1), self._eject_max)
+        duration: float = min(self._eject_base * 2 ** (state.failures - 1), self._eject_max)
         state.ejected_until = self._clock() + duration
         return duration
 

@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable, Mapping
 from aiohttp import web
 
 from ..catalog import Catalog
-from .prefix import chat_prompt, completion_prompt
+from .policies.prefix import chat_prompt, completion_prompt
 
 PromptReader = Callable[[Mapping[str, Any]], "str | None"]
 # The router's refusal (an OpenAI-shaped error) in the route's own shape.

@@ -57,7 +57,7 @@ from ..httporigin import BrowserGuard
 from .config import DEFAULTS, RouterConfig
 from .limits import BodyBudget, BudgetFull, PathError, check_target
 from .poller import BoundedResponse, LoadPoller, ParseLoad, parse_with_drivers
-from .prefix import DEFAULT_POLICY, LEAST_LOAD, Policies
+from .policies import DEFAULT_POLICY, LEAST_LOAD, Policies
 from .ejection import Ejector
 from .upstream import (BadEndpointURL, ConnectFailed, OutOfBounds, Pool, Response, UpstreamError, UpstreamTimeout,
                        parse_target)

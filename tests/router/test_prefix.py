@@ -6,10 +6,9 @@ import random
 
 from llmgwctl.catalog.model import ROUTING_POLICIES
 from llmgwctl.contracts import Endpoint, LoadReading
-from llmgwctl.router import prefix
 from llmgwctl.router.balancer import Balancer
-from llmgwctl.router.prefix import (BLOCK_CHARS, EndpointIndex, Policies, block_hashes, capacity_blocks,
-                                    prompt_text)
+from llmgwctl.router.policies import POLICIES, Policies, prefix
+from llmgwctl.router.policies.prefix import BLOCK_CHARS, EndpointIndex, block_hashes, capacity_blocks, prompt_text
 
 from ..support import FakeClock
 
@@ -236,5 +235,5 @@ def test_round_robin_takes_each_candidate_in_turn():
 
 
 def test_the_catalogs_policies_are_the_routers():
-    assert ROUTING_POLICIES == prefix.POLICIES
+    assert ROUTING_POLICIES == POLICIES
 

@@ -1,9 +1,10 @@
-"""Routing policies beyond least-load: round robin, prefix affinity, session affinity.
+"""The `prefix` policy: the replica most likely to hold the prompt's prefix in its engine's cache, weighed against load.
 
 Owns, per model, an approximate index of which endpoint recently served which
-prompt prefixes, and the choosers the balancer's pick hands a tier's
-candidates to (`balancer.Chooser`). It must not know about HTTP or the
-catalog: the server hands it the parsed body and the model's policy name.
+prompt prefixes, and the cost model's pick (`CostPick`), which the `session`
+policy (session.py) reuses with one block standing for a whole session.
+It must not know about HTTP or the catalog: the registry hands it the parsed
+body and the route's way of reading the prompt.
 
 Why it pays. An engine with a prefix cache (vLLM's automatic prefix caching,
 SGLang's radix cache) skips the prefill of every prompt block it has seen:
@@ -33,7 +34,7 @@ dependency. It is seeded per process, which is fine because the index never
 leaves the process: each router learns from its own traffic (see below).
 The seed also keeps a client from crafting colliding prompts.
 
-The pick (`_PrefixPick.choose`) is a cost model, expected time to first token
+The pick (`CostPick.choose`) is a cost model, expected time to first token
 in units of "one more request ahead":
 
     cost(e) = load(e) + uncached_tokens(e) / (TOKENS_PER_REQUEST * weight(e))
@@ -60,21 +61,10 @@ state on the request path.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from .balancer import Balancer, EndpointState
-
-ROUND_ROBIN = "round-robin"
-LEAST_LOAD = "least-load"
-PREFIX = "prefix"
-SESSION = "session"
-POLICIES = (ROUND_ROBIN, LEAST_LOAD, PREFIX, SESSION)
-# A model whose catalog entry names no policy gets this one. bench/routing.py
-# decided it: on shared prompts prefix+load cut TTFT p50 to ~0.05x of round
-# robin and least-load; without reuse it makes least-load's very picks (it
-# falls back to them when nothing is cached), so it costs only its hashing
-# (~20 us a request at 2,000 tokens, bench/router.py).
-DEFAULT_POLICY = PREFIX
+from ..balancer import Balancer, EndpointState
+from .plugin import PromptReader, Settings
 
 # 256 characters is about 64 tokens: four of vLLM's 16-token blocks, so a
 # 2,000-token prompt is ~31 hashes (6 us) and a shared prefix is located to
@@ -99,9 +89,6 @@ MAX_BLOCKS = 512
 # (hit rate 0.71 and 0.55 against 0.77, TTFT p50 0.07x and 0.73x of round
 # robin against 0.06x), while a replica with requests queued still drops out.
 TOKENS_PER_REQUEST = 256.0
-# The header a client can name its session in, for the `session` policy,
-# when it does not set OpenAI's `user` field.
-SESSION_HEADER = "x-llmgw-session"
 
 
 def prompt_text(doc: Mapping[str, Any]) -> str | None:
@@ -244,21 +231,7 @@ class ModelIndex:
         return len(self._by_state)
 
 
-class _RoundRobin:
-    """Each candidate in turn; the baseline the bench measures the others against."""
-
-    __slots__ = ("_next",)
-
-    def __init__(self) -> None:
-        self._next = 0
-
-    def choose(self, cands: Sequence[EndpointState], now: float) -> EndpointState:
-        i = self._next % len(cands)
-        self._next = i + 1
-        return cands[i]
-
-
-class _PrefixPick:
+class CostPick:
     """One request's pick by the cost model in the module docstring; records the prompt on the endpoint chosen."""
 
     __slots__ = ("_balancer", "_index", "_hashes", "_block_tokens", "_tokens", "_per_request")
@@ -305,75 +278,55 @@ class _PrefixPick:
         return best
 
 
-class Policies:
-    """The router's routing policies: `chooser()` per request, the per-model state behind it.
+class Indexes:
+    """A `ModelIndex` per model, as the prefix and session plugins each keep one."""
 
-    Owned by the router next to its balancer; only the request path calls it.
-    """
+    __slots__ = ("block", "_by_model")
 
-    def __init__(self, balancer: Balancer, *, block_chars: int = BLOCK_CHARS,
-                 tokens_per_request: float = TOKENS_PER_REQUEST):
-        self._balancer = balancer
-        self.block_chars = block_chars
-        self.tokens_per_request = tokens_per_request
-        self._indexes: dict[str, ModelIndex] = {}
-        self._rr: dict[str, _RoundRobin] = {}
-        self._generation = balancer.generation
+    def __init__(self, block: int = BLOCK_CHARS):
+        self.block = block
+        self._by_model: dict[str, ModelIndex] = {}
 
-    def index(self, model: str) -> ModelIndex:
-        idx = self._indexes.get(model)
+    def of(self, model: str) -> ModelIndex:
+        idx = self._by_model.get(model)
         if idx is None:
-            idx = self._indexes[model] = ModelIndex(self.block_chars)
+            idx = self._by_model[model] = ModelIndex(self.block)
         return idx
 
-    def _prune(self) -> None:
-        """The endpoint list changed: drop the indexes of endpoints no longer in it."""
-        self._generation = self._balancer.generation
-        alive = set(self._balancer.states())
-        for model, idx in list(self._indexes.items()):
+    def retain(self, alive: set[EndpointState]) -> None:
+        """Drop the indexes of endpoints not in `alive`, and the models left with none."""
+        for model, idx in list(self._by_model.items()):
             idx.retain(alive)
             if not len(idx):
-                del self._indexes[model]
-        self._rr = {m: rr for m, rr in self._rr.items() if self._balancer.ready_count(m)}
+                del self._by_model[model]
 
-    def chooser(self, policy: str | None, model: str, doc: Mapping[str, Any],
-                headers: Mapping[str, str] | None = None, *,
-                prompt: Callable[[Mapping[str, Any]], str | None] | None = prompt_text,
-                ) -> "_RoundRobin | _PrefixPick | None":
-        """What picks among a tier's candidates for this request; None: least-load (the balancer's own).
 
-        `prompt` reads the prompt out of `doc` as the request's route says
-        (routes.py); None: the route has none, so `prefix` picks by load.
-        """
-        if policy is None or policy == LEAST_LOAD:
+class Prefix:
+    """The plugin: every model's index, and a `CostPick` for each request with a prompt of a block or more."""
+
+    __slots__ = ("_balancer", "_block_chars", "_per_request", "_indexes")
+
+    def __init__(self, settings: Settings) -> None:
+        self._balancer = settings.balancer
+        self._block_chars = settings.block_chars
+        self._per_request = settings.tokens_per_request
+        self._indexes = Indexes(settings.block_chars)
+
+    def index(self, model: str) -> ModelIndex:
+        return self._indexes.of(model)
+
+    def chooser(self, model: str, doc: Mapping[str, Any], headers: Mapping[str, str] | None,
+                prompt: PromptReader | None) -> CostPick | None:
+        """None (least-load) without a prompt to hash: `prompt` is None when the route has none."""
+        text = prompt(doc) if prompt is not None else None
+        if not text:
             return None
-        if self._generation != self._balancer.generation:
-            self._prune()
-        if policy == ROUND_ROBIN:
-            rr = self._rr.get(model)
-            if rr is None:
-                rr = self._rr[model] = _RoundRobin()
-            return rr
-        if policy == PREFIX:
-            text = prompt(doc) if prompt is not None else None
-            if not text:
-                return None
-            hashes = block_hashes(text, self.block_chars)
-            if not hashes:
-                return None     # shorter than a block: nothing an engine would cache
-            per_block = self.block_chars / CHARS_PER_TOKEN
-            return _PrefixPick(self._balancer, self.index(model), hashes, per_block,
-                               len(text) / CHARS_PER_TOKEN, self.tokens_per_request)
-        if policy == SESSION:
-            session = doc.get("user")
-            if type(session) is not str or not session:
-                session = headers.get(SESSION_HEADER) if headers is not None else None
-            if not session:
-                return None
-            text = (prompt(doc) if prompt is not None else None) or ""
-            # The session stands for its whole prompt: one "block" worth all of it.
-            tokens = max(1.0, len(text) / CHARS_PER_TOKEN)
-            return _PrefixPick(self._balancer, self.index(model), [hash(("session", session))], tokens,
-                               tokens, self.tokens_per_request)
-        return None
+        hashes = block_hashes(text, self._block_chars)
+        if not hashes:
+            return None     # shorter than a block: nothing an engine would cache
+        per_block = self._block_chars / CHARS_PER_TOKEN
+        return CostPick(self._balancer, self._indexes.of(model), hashes, per_block,
+                        len(text) / CHARS_PER_TOKEN, self._per_request)
 
+    def forget(self, alive: set[EndpointState]) -> None:
+        self._indexes.retain(alive)
