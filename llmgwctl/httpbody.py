@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from typing import Callable, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 # Output per inflate step of the counting pass: about a millisecond of CPU, so
 # other requests wait at most that long behind a bomb, and the memory one
@@ -44,25 +44,29 @@ STEP = 1 << 20
 
 
 class BodyError(Exception):
-    """A request body the server will not take as sent; `status` is the HTTP answer."""
+    """A request body the server will not take as sent; `status` is the HTTP answer, `code` the OpenAI error code.
 
-    status = 400
-    code = "invalid_body"
+    Each kind names its own in its class line (the tree at the top says which is which).
+    """
 
+    status: ClassVar[int] = 400
+    code: ClassVar[str] = "invalid_body"
 
-class BodyTooLarge(BodyError):
-    status = 413
-    code = "request_too_large"
-
-
-class UnsupportedEncoding(BodyError):
-    status = 415
-    code = "unsupported_content_encoding"
+    def __init_subclass__(cls, *, status: int, code: str, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.status, cls.code = status, code
 
 
-class BadEncoding(BodyError):
-    status = 400
-    code = "invalid_body_encoding"
+class BodyTooLarge(BodyError, status=413, code="request_too_large"):
+    pass
+
+
+class UnsupportedEncoding(BodyError, status=415, code="unsupported_content_encoding"):
+    pass
+
+
+class BadEncoding(BodyError, status=400, code="invalid_body_encoding"):
+    pass
 
 
 _GZIP = 16 + zlib.MAX_WBITS

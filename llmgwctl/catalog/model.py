@@ -11,120 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-import re
-import string
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
+from .bounds import MAX_TOTAL_REPLICAS, check_numbers
+from .commands import check_engine
 from .durations import format_duration
-from .sizes import format_size_mib
 from .engine_env import env_refusal
 from .errors import CatalogError, Problem, format_path
+from .sizes import format_size_mib
 
 API_VERSION = "llmgw/v1"
 KIND = "Catalog"
-
-# Placeholders an engine command template may use; anything else in braces is a
-# typo that would otherwise reach the engine's command line verbatim.
-TEMPLATE_FIELDS = frozenset({"source", "port", "host", "model", "gpus"})
-# Programs whose `-c STRING` is shell code. A placeholder there is filled
-# shlex-quoted (llmgwctl.engines.custom), since `source: "x; touch INJECTED #"`
-# would otherwise run as a second command; everywhere else a placeholder only
-# ever fills one argv element, which no shell reads.
-SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox"})
-# Engine routes that change the engine for every client -- loading adapters,
-# sleeping, shutting down, dropping caches, profiling, swapping weights --
-# which an engine's `routes` may never name: the router never proxies them
-# (router.routes), and the catalog must not open them either. Matched on any
-# path segment, so `/v1/load_lora_adapter` and a future `/v2/sleep` both are.
-ADMIN_ROUTE_WORDS = ("lora", "adapter", "sleep", "wake", "shutdown", "reset", "flush", "cache", "profile",
-                     "weights", "collective_rpc", "rpc", "abort", "pause", "resume", "scale", "slots",
-                     "memory_occupation", "configure", "debug", "admin", "expert_distribution", "kill")
-# Client routes an engine may add: under /v1/ (where the router proxies), a
-# few plain segments, nothing the router answers itself.
-ENGINE_ROUTE = re.compile(r"/v1(/[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}){1,4}")
-
-
-def shell_strings(command: Iterable[str]) -> frozenset[int]:
-    """Indexes of the elements of `command` that a shell runs as code: what follows `-c` (or `-ec`, `-lc`...) after a shell."""
-    command = list(command)
-    out: set[int] = set()
-    shell_at = None
-    for i, part in enumerate(command):
-        if shell_at is None:
-            if part.rsplit("/", 1)[-1] in SHELLS:
-                shell_at = i
-            continue
-        if part.startswith("-") and not part.startswith("--") and "c" in part[1:] and i + 1 < len(command):
-            out.add(i + 1)
-            shell_at = None
-    return frozenset(out)
-
-
-def _quoted_fields(part: str) -> list[str]:
-    """Placeholders of a shell string that sit inside quotes, where a shlex-quoted value would break out again."""
-    out, state, escaped = [], None, False
-    for literal, name, _, _ in string.Formatter().parse(part):
-        for ch in literal:
-            if escaped:
-                escaped = False
-            elif state == "'":
-                state = None if ch == "'" else state
-            elif ch == "\\":
-                escaped = True
-            elif state == '"':
-                state = None if ch == '"' else state
-            elif ch in "'\"":
-                state = ch
-        if name is not None and state is not None:
-            out.append(name)
-    return out
-
-# Bounds on every number a catalog holds. The catalog repository is trusted to
-# describe the fleet, not to crash it: placement and the reconciler do work per
-# wanted replica, so an unbounded count is unbounded work on the event loop.
-# They are repeated in schemas/catalog.schema.json (editors show them); these
-# are what holds when a Catalog is built in code.
-#
-# 1000 replicas of one model need at least 1000 GPUs (500 H100 boxes of 8 is a
-# big fleet for one gateway), and a reconcile pass over 1000 wanted replicas
-# takes milliseconds; past that the number is a typo, not a plan.
-MAX_REPLICAS = 1000
-# ...and the whole catalog wants at most this many: 1000 models scaling to 100
-# each. It bounds a pass's work however many files a catalog is split into.
-MAX_TOTAL_REPLICAS = 100_000
-# The widest GPU count one replica spans: tensor parallelism across 8 nodes of 8.
-MAX_GPUS = 64
-# Weights are ratios between profiles; a million to one is already "never the
-# other", and a bound keeps sums of weights far from float overflow.
-MAX_WEIGHT = 1e6
-# Priorities only order profiles; ±1e6 leaves room for any numbering scheme and
-# stays exact in every int and float a metric or JSON reader uses.
-PRIORITY_RANGE = (-1_000_000, 1_000_000)
-# The most memory a profile may ask for per GPU: 1 TiB. The largest GPUs
-# today hold under 300 GB, so this leaves room for generations to come and
-# keeps sums of needs across a node's GPUs exact in every int.
-MAX_GPU_MEMORY_MIB = 1 << 20
-# An idle timeout past a year is "never" (write null), and a bound keeps clock
-# arithmetic (now + timeout) exact in floats.
-MAX_IDLE_TIMEOUT = 365 * 86400.0
-# --- autoscale bounds ---
-# A target is per replica: a million requests in flight or waiting on one
-# replica is past any engine's batch (vLLM's max_num_seqs caps at thousands);
-# KV-cache use is a fraction, so its target is (0, 1].
-MAX_AUTOSCALE_TARGET = 1e6
-# The stable window bounds how long load history is kept per model (one
-# sample a pass); a day is past any diurnal lull worth holding replicas for.
-MAX_SCALE_DOWN_WINDOW = 86400.0
-# The fast path's factor: 1000x the target per replica is "always"; below 1 it
-# would be below the target itself, where the normal path already steps.
-FAST_FACTOR_RANGE = (1.0, 1000.0)
-# The tolerance band: past half the target a band would let a fleet run at
-# 1.5x its target (or half of it) without a step, which is no policy at all.
-TOLERANCE_RANGE = (0.0, 0.5)
-# --- end autoscale bounds ---
 # How the router picks among a model's replicas: the labels of
 # llmgwctl.router.policies.Policy, the registry that implements them, which
 # this layer cannot import; tests/router/policies/test_registry.py holds this
@@ -373,7 +272,7 @@ class Catalog:
             if spec.name in BUILTIN_ENGINES:
                 problems.append(_at(spec.origin, (), f"redefines the built-in engine {spec.name!r}; choose another name"))
                 continue
-            problems.extend(_at(spec.origin, path, msg) for path, msg in _check_engine(spec))
+            problems.extend(_at(spec.origin, path, msg) for path, msg in check_engine(spec))
             all_engines[spec.name] = spec
         index: dict[str, Model] = {}
         # name -> where it was first used, so the second use can point back at the first
@@ -470,82 +369,10 @@ def _names_of(model: Model):
             yield alias, "alias", ("aliases", i)
 
 
-def _bounded(value: object, low: float, high: float, *, integer: bool = False) -> str | None:
-    """Why `value` is not a number in [low, high] (None when it is)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        return f"expected {'an integer' if integer else 'a number'} from {low:g} to {high:g}, got {type(value).__name__}"
-    if not math.isfinite(value):
-        return f"expected a finite number from {low:g} to {high:g}, got {value}"
-    if not low <= value <= high:
-        return f"expected a number from {low:g} to {high:g}, got {value:g}" if isinstance(value, float) else \
-            f"expected a number from {low:g} to {high:g}, got {value}"
-    return None
-
-
-def _check_numbers(model: Model) -> Iterable[tuple[tuple[str | int, ...], str]]:
-    """Every number of a model finite and in range, so no later pass can overflow or loop on it."""
-    for key in ("min", "max"):
-        why = _bounded(getattr(model.replicas, key), 0, MAX_REPLICAS, integer=True)
-        if why:
-            yield ("replicas", key) if model.replicas.min != model.replicas.max else ("replicas",), \
-                why + f" (at most {MAX_REPLICAS} replicas of one model)"
-            break
-    if model.idle_timeout is not None:
-        why = _bounded(model.idle_timeout, 0, MAX_IDLE_TIMEOUT)
-        if why:
-            yield ("idle_timeout",), why.replace(f"{MAX_IDLE_TIMEOUT:g}", "31536000 (365d)") + \
-                " seconds; omit it or write null to never scale down"
-    yield from _check_autoscale(model.autoscale)
-    why = _bounded(model.priority, *PRIORITY_RANGE, integer=True)
-    if why:
-        yield ("priority",), why
-    for i, profile in enumerate(model.profiles):
-        if profile.gpu_memory_mib is not None:
-            why = _bounded(profile.gpu_memory_mib, 1, MAX_GPU_MEMORY_MIB, integer=True)
-            if why:
-                yield ("profiles", i, "gpu_memory"), why.replace(f"{MAX_GPU_MEMORY_MIB:g}", "1048576 (1TiB)") + " MiB"
-            elif profile.gpus == 0:
-                yield ("profiles", i, "gpu_memory"), ("a profile with gpus: 0 uses no GPU memory; "
-                                                      "remove gpu_memory or give it gpus")
-        for key, low, high, integer in (("gpus", 0, MAX_GPUS, True), ("priority", *PRIORITY_RANGE, True),
-                                        ("weight", 0, MAX_WEIGHT, False)):
-            value = getattr(profile, key)
-            why = _bounded(value, low, high, integer=integer)
-            if why is None and key == "weight" and value <= 0:
-                why = f"expected a number greater than 0, got {value:g}"
-            if why:
-                yield ("profiles", i, key), why
-
-
-def _check_autoscale(policy: Autoscale) -> Iterable[tuple[tuple[str | int, ...], str]]:
-    """The autoscale block's numbers finite and bounded, and its metric one llmgw can read."""
-    if policy.metric not in AUTOSCALE_METRICS:
-        yield ("autoscale", "metric"), f"{policy.metric!r} is not one of {', '.join(AUTOSCALE_METRICS)}"
-        return
-    high = 1.0 if policy.metric == "kv_cache" else MAX_AUTOSCALE_TARGET
-    target = policy.policy().target
-    why = _bounded(target, 0, high)
-    if why is None and target <= 0:
-        why = f"expected a number greater than 0, got {target:g}"
-    if why:
-        yield ("autoscale", "target"), why + (" (KV-cache use is a fraction of the cache)" if high == 1.0 else "")
-    why = _bounded(policy.scale_down_window, 0, MAX_SCALE_DOWN_WINDOW)
-    if why:
-        yield ("autoscale", "scale_down_window"), why + " seconds (at most 1d)"
-    why = _bounded(policy.fast_factor, *FAST_FACTOR_RANGE)
-    if why:
-        yield ("autoscale", "fast_factor"), why
-    why = _bounded(policy.max_step, 1, MAX_REPLICAS, integer=True)
-    if why:
-        yield ("autoscale", "max_step"), why
-    why = _bounded(policy.tolerance, *TOLERANCE_RANGE)
-    if why:
-        yield ("autoscale", "tolerance"), why
-
 
 def _check_model(model: Model, engines: Mapping[str, EngineSpec]) -> Iterable[Problem]:
     file, base = model.origin.file, model.origin.path
-    for path, message in _check_numbers(model):
+    for path, message in check_numbers(model):
         yield Problem(file, base + path, message)
     if isinstance(model.replicas.min, int) and isinstance(model.replicas.max, int) \
             and model.replicas.min > model.replicas.max:
@@ -583,48 +410,3 @@ def _check_env(profile: Profile) -> Iterable[tuple[tuple[str | int, ...], str]]:
         why = env_refusal(key)
         if why:
             yield ("env", key), why
-
-
-def _check_engine(spec: EngineSpec) -> Iterable[tuple[tuple[str | int, ...], str]]:
-    if not spec.command:
-        yield ("command",), "a catalog-defined engine needs a command"
-    shells = shell_strings(spec.command)   # once: per element it was quadratic in the command's length
-    for i, part in enumerate(spec.command):
-        try:
-            fields = {f for _, f, _, _ in string.Formatter().parse(part) if f is not None}
-        except ValueError as exc:
-            yield ("command", i), f"bad template {part!r}: {exc}"
-            continue
-        unknown = sorted(f for f in fields if f not in TEMPLATE_FIELDS)
-        if unknown:
-            yield ("command", i), (f"unknown placeholder {{{unknown[0]}}}; expected one of "
-                                   + ", ".join("{" + f + "}" for f in sorted(TEMPLATE_FIELDS)))
-        elif i in shells:
-            quoted = _quoted_fields(part)
-            if quoted:
-                yield ("command", i), (f"placeholder {{{quoted[0]}}} is inside quotes in a shell string; write it "
-                                       "bare: llmgw fills it shell-quoted, and a quote around that would undo it")
-    for key in ("health", "metrics"):
-        value = getattr(spec, key)
-        if value is not None and not value.startswith("/"):
-            yield (key,), f"expected a path starting with '/', got {value!r}"
-    for i, route in enumerate(spec.routes):
-        problem = engine_route_problem(route)
-        if problem is not None:
-            yield ("routes", i), problem
-
-
-def engine_route_problem(route: str) -> str | None:
-    """Why `route` cannot be a client route of an engine (see ENGINE_ROUTE, ADMIN_ROUTE_WORDS), or None."""
-    if not ENGINE_ROUTE.fullmatch(route):
-        return (f"{route[:100]!r} is not a client route: expected a path under /v1/ of plain segments "
-                "(letters, digits, . _ -), such as /v1/score")
-    segments = route.lower().split("/")[2:]
-    if segments[0] == "models":
-        return f"{route!r} is the router's own (GET /v1/models lists the catalog)"
-    for word in ADMIN_ROUTE_WORDS:
-        if any(word in seg for seg in segments):
-            return (f"{route!r} looks like an engine-admin route ({word!r}): those change the engine for "
-                    "every client, and clients never reach them")
-    return None
-

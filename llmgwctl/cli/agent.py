@@ -3,30 +3,31 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ..agent.controller import HEARTBEAT
 from ..agent.core import START_TIMEOUT, STOP_GRACE
-from .common import PORT_RANGE, log_format_option, log_level_options, setup_logging
+from .common import PORT_RANGE, log_format_option, log_level_options, parsed_by, setup_logging
+
+if TYPE_CHECKING:
+    from ..engines.custom import AllowedEngines
 
 
-def _gpus(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from ..agent.gpus import GpuSpecError, parse_spec
+@parsed_by
+def _gpus(value: str) -> str:
+    """auto, none, or a SPEC that parses; kept as written, for the agent to read when it starts."""
+    from ..agent.gpus import parse_spec
     if value not in ("auto", "none"):
-        try:
-            parse_spec(value)
-        except GpuSpecError as exc:
-            raise click.BadParameter(str(exc)) from None
+        parse_spec(value)
     return value
 
 
-def _allow_engines(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]):
+@parsed_by
+def _allow_engines(values: tuple[str, ...]) -> AllowedEngines:
     from ..engines.custom import AllowedEngines
-    try:
-        return AllowedEngines.parse(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+    return AllowedEngines.parse(values)
 
 
 # Nothing by default: whoever writes the catalog decides which models run, the
@@ -37,12 +38,10 @@ allow_engine_option = click.option(
          "repeatable. Without it no catalog-defined engine runs on this node.")
 
 
-def _allow_engine_args(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]):
+@parsed_by
+def _allow_engine_args(values: tuple[str, ...]) -> tuple[str, ...]:
     from ..engines.codeargs import normalize_option
-    try:
-        return tuple(normalize_option(v) for v in value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+    return tuple(normalize_option(v) for v in values)
 
 
 # Nothing by default: an option such as --trust-remote-code makes the engine

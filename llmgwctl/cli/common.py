@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Callable, TypeVar
 
 import click
+
+_In = TypeVar("_In")
+_Out = TypeVar("_Out")
 
 # Where `status` and `catalog apply` find the controller: $LLMGW_CONTROLLER, else
 # the control API's default address on this machine.
@@ -21,6 +25,20 @@ def host_port(ctx: click.Context, param: click.Parameter, value: str) -> tuple[s
     if not sep or not host.strip("[]") or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise click.BadParameter(f"expected HOST:PORT such as 127.0.0.1:8080, got {value!r}")
     return host.strip("[]"), int(port)
+
+
+def parsed_by(parse: Callable[[_In], _Out]) -> Callable[[click.Context, click.Parameter, _In], _Out]:
+    """A click callback passing an option's value through `parse`, whose ValueError is that option's usage error.
+
+    So every option refuses a bad value alike: exit 2, the option named,
+    `parse`'s own message (which says what was wrong) after it.
+    """
+    def callback(ctx: click.Context, param: click.Parameter, value: _In) -> _Out:
+        try:
+            return parse(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return callback
 
 
 def setup_logging(verbose: int, log_format: str = "text", level: str | None = None) -> None:
@@ -131,20 +149,16 @@ def _router_options() -> tuple:
     )
 
 
-def _origins(ctx, param, values):
+@parsed_by
+def _origins(values: tuple[str, ...]) -> tuple[str, ...]:
     from ..httporigin import check_origins
-    try:
-        return check_origins(values, "--cors-origin")
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+    return check_origins(values, "--cors-origin")
 
 
-def _host_names(ctx, param, values):
+@parsed_by
+def _host_names(values: tuple[str, ...]) -> tuple[str, ...]:
     from ..httporigin import check_names
-    try:
-        return check_names(values, "--allowed-host")
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+    return check_names(values, "--allowed-host")
 
 
 def router_options(command):

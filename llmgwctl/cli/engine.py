@@ -1,12 +1,16 @@
 """`llmgwctl engine ...`: the built-in fake engine, and which engines this node can run."""
 from __future__ import annotations
 
+import dataclasses
 import sys
-from typing import Any
+from typing import Any, Callable, Mapping, TypeVar
 
 import click
 
+from ..engines.fake_config import FakeConfig
 from .output import dump, echo, output_option, visible
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 @click.group("engine")
@@ -14,45 +18,51 @@ def command() -> None:
     """Inference engines: run the built-in fake one, list what this node can run."""
 
 
+# Each option is named as the FakeConfig field it sets, and a knob shows that
+# field's default: one list (the decorators below) and one default per knob,
+# not options, parameters and fields that must agree.
+_DEFAULTS: Mapping[str, Any] = {f.name: f.default for f in dataclasses.fields(FakeConfig)}
+_SECONDS = click.FloatRange(min=0)
+
+
+def _knob(flag: str, kind: click.ParamType[Any], help_: str) -> Callable[[_F], _F]:
+    """`--flag` of type `kind`, defaulting to (and showing) the default of FakeConfig's field of that name."""
+    return click.option(flag, type=kind, default=_DEFAULTS[flag[2:].replace("-", "_")], show_default=True,
+                        help=help_)
+
+
 @command.command("fake")
 @click.option("--model", required=True, help="The model name to serve (requests naming another get 404).")
 @click.option("--port", type=click.IntRange(0, 65535), required=True,
               help="Port to listen on; 0 picks a free one (printed on the first stdout line).")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@_knob("--host", click.STRING, "Address to bind.")
 @click.option("--replica-id", default="", help="Shown in every reply, to tell replicas apart. [default: the port]")
-@click.option("--startup-delay", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Seconds /health answers 503 (as while a real engine loads weights).")
-@click.option("--tokens-per-second", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Stream pacing per request; 0 = as fast as possible.")
-@click.option("--ttft", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Seconds before the first token, once a slot is free.")
-@click.option("--max-num-seqs", type=click.IntRange(min=1), default=256, show_default=True,
-              help="Requests generated at once; more wait and count as waiting.")
-@click.option("--fail-rate", type=click.FloatRange(0, 1), default=0.0, show_default=True,
-              help="Share of requests answered 500, spread evenly by a request counter (reproducible).")
-@click.option("--default-max-tokens", type=click.IntRange(min=0), default=16, show_default=True,
-              help="Reply length when a request sets no max_tokens (finish_reason stop).")
-@click.option("--embedding-dim", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Length of the deterministic embedding vectors.")
-@click.option("--crash-after", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+@_knob("--startup-delay", _SECONDS, "Seconds /health answers 503 (as while a real engine loads weights).")
+@_knob("--tokens-per-second", _SECONDS, "Stream pacing per request; 0 = as fast as possible.")
+@_knob("--ttft", _SECONDS, "Seconds before the first token, once a slot is free.")
+@_knob("--max-num-seqs", click.IntRange(min=1), "Requests generated at once; more wait and count as waiting.")
+@_knob("--fail-rate", click.FloatRange(0, 1),
+       "Share of requests answered 500, spread evenly by a request counter (reproducible).")
+@_knob("--default-max-tokens", click.IntRange(min=0),
+       "Reply length when a request sets no max_tokens (finish_reason stop).")
+@_knob("--embedding-dim", click.IntRange(min=1), "Length of the deterministic embedding vectors.")
+@click.option("--crash-after", type=_SECONDS, default=None, metavar="SECONDS",
               help="Print a CUDA out-of-memory error and exit this long after starting (as a real engine that "
                    "runs out of GPU memory does).")
-@click.option("--crash-code", type=click.IntRange(1, 255), default=3, show_default=True,
-              help="The exit code of --crash-after.")
+@_knob("--crash-code", click.IntRange(1, 255), "The exit code of --crash-after.")
 @click.option("--log-requests", is_flag=True,
               help="One line per request on stdout, like vLLM's access log, and one on stderr with its X-Request-Id, "
                    "traceparent and tracestate; echo X-Request-Id.")
 # -- behaving like an engine under load: a prefix cache and a cost model (all off by default) --
-@click.option("--prefix-cache-tokens", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Tokens the LRU prefix cache holds (the KV cache's size); 0 = no cache.")
-@click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Tokens per cached block, as vLLM's --block-size; only full blocks are cached.")
-@click.option("--prefill-time-per-token", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Seconds per uncached prompt token; prefills run one at a time.")
-@click.option("--decode-time-per-token", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Seconds per generated token for a batch of one; replaces --tokens-per-second when set.")
-@click.option("--batch-slowdown", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Share of a decode step each further running request adds (0.1: a batch of 11 is half speed).")
+@_knob("--prefix-cache-tokens", click.IntRange(min=0),
+       "Tokens the LRU prefix cache holds (the KV cache's size); 0 = no cache.")
+@_knob("--block-size", click.IntRange(min=1),
+       "Tokens per cached block, as vLLM's --block-size; only full blocks are cached.")
+@_knob("--prefill-time-per-token", _SECONDS, "Seconds per uncached prompt token; prefills run one at a time.")
+@_knob("--decode-time-per-token", _SECONDS,
+       "Seconds per generated token for a batch of one; replaces --tokens-per-second when set.")
+@_knob("--batch-slowdown", _SECONDS,
+       "Share of a decode step each further running request adds (0.1: a batch of 11 is half speed).")
 # -- end of the cache and cost model options --
 # -- misbehaving on purpose, for tests and benches of what the router bounds (see engines/fake_faults.py) --
 @click.option("--fault", type=click.Choice(("huge-length", "endless-body", "endless-headers", "growing-header",
@@ -64,10 +74,8 @@ def command() -> None:
 @click.option("--redirect-to", default="", metavar="URL", help="Where the redirect faults send.")
 def fake(**options: Any) -> None:
     """Serve a fake vLLM: OpenAI routes, /health, /metrics, no GPU."""
-    from ..engines.fake_server import FakeConfig, run
+    from ..engines.fake_server import run
 
-    # Each option is named as the FakeConfig field it sets: one list (the
-    # decorators above), not three that must agree (options, parameters, fields).
     config = FakeConfig(**options)
     model, host, port = config.model, config.host, config.port
 

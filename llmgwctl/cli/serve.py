@@ -7,17 +7,16 @@ import click
 
 from .. import aio
 from .agent import allow_engine_arg_option, allow_engine_option
-from .common import PORT_RANGE, host_port, log_format_option, log_level_options, raise_fd_limit, router_options, setup_logging
+from .common import (PORT_RANGE, host_port, log_format_option, log_level_options, parsed_by, raise_fd_limit,
+                     router_options, setup_logging)
 from .output import visible
 
 
-def _control_origins(ctx, param, values):
+@parsed_by
+def _control_origins(values: tuple[str, ...]) -> tuple[str, ...]:
     from ..httporigin import check_origins
-    try:
-        # No "*": on loopback with no token, any page could then rewrite the catalog.
-        return check_origins(values, "--control-cors-origin", allow_any=False)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+    # No "*": on loopback with no token, any page could then rewrite the catalog.
+    return check_origins(values, "--control-cors-origin", allow_any=False)
 
 
 @click.command("serve")

@@ -3,7 +3,7 @@
 The catalog checked the template's placeholders when it loaded ({source}
 {port} {host} {model} {gpus}); here they are filled with `str.format`, one
 argv element at a time, so a value with spaces stays one argument. Inside a
-shell string (`sh -c "..."`, see `catalog.model.shell_strings`) a value is
+shell string (`sh -c "..."`, see `catalog.commands.shell_strings`) a value is
 filled `shlex.quote`d: a catalog's `source: "x; touch INJECTED #"` is then
 one word to the shell, not a second command. (The catalog refuses a
 placeholder written inside quotes there, where quoting would be undone.)
@@ -34,7 +34,8 @@ import shutil
 from types import MappingProxyType
 from typing import Iterable, Mapping, Sequence
 
-from ..catalog.model import BUILTIN_ENGINES, shell_strings
+from ..catalog.commands import shell_strings
+from ..catalog.model import BUILTIN_ENGINES
 
 from .base import replica_env
 from .codeargs import normalize_option, spec_refusal

@@ -16,7 +16,8 @@ scale. A caller may hand each call the same `Memo`, which only makes a call
 whose input is mostly the last one's cheaper, never its plan different.
 """
 from .model import Assignment, NodeView, Plan, Running, Stop, Unplaceable
-from .place import MODEL_LEFT, REPLACED, REPLACED_NO_ROOM, SCALED_DOWN, Memo, place
+from .place import MODEL_LEFT, REPLACED_NO_ROOM, place
+from .tally import REPLACED, SCALED_DOWN, Memo
 
 __all__ = [
     "Assignment", "Memo", "NodeView", "Plan", "Running", "Stop", "Unplaceable", "place",

@@ -11,6 +11,10 @@ from dataclasses import dataclass
 
 from ..httpserver import CLIENT_IDLE_TIMEOUT, MAX_CONNECTIONS_PER_CLIENT, MAX_HEADER_BYTES, MAX_HEADERS
 
+# vLLM's default --max-num-seqs: how many requests one engine generates at
+# once. The defaults below that are sized to one engine's batch count in it.
+VLLM_MAX_NUM_SEQS = 256
+
 
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
@@ -25,8 +29,8 @@ class RouterConfig:
     # vLLM); past it, a 503 with Retry-After lets the client decide.
     cold_timeout: float = 120.0
     # Waiting requests per cold model: a burst costs memory in proportion but not
-    # without limit; 256 is one vLLM engine's default max_num_seqs.
-    cold_queue: int = 256
+    # without limit; one vLLM engine's batch.
+    cold_queue: int = VLLM_MAX_NUM_SEQS
     # Endpoints tried per request when connections are refused or reset: the
     # first failure is usually one replica going away, a third in a row means
     # the model is in trouble and the client should hear about it.
@@ -38,7 +42,7 @@ class RouterConfig:
     # max_num_seqs, so every slot plus a visible queue is reachable and requests
     # past that wait in the router, where they count as in-flight load. Total:
     # bounded well under the file-descriptor limit the CLI raises to.
-    connections_per_endpoint: int = 512
+    connections_per_endpoint: int = 2 * VLLM_MAX_NUM_SEQS
     connections_total: int = 8192
     # Below uvicorn's default 5 s keep-alive (vLLM, SGLang), so the router closes
     # an idle connection before the engine does and never sends a request down

@@ -20,8 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from llmgwctl.catalog import Catalog, CatalogError, Live
-from llmgwctl.catalog.model import (MAX_GPUS, MAX_IDLE_TIMEOUT, MAX_REPLICAS, MAX_TOTAL_REPLICAS, MAX_WEIGHT,
-                                    PRIORITY_RANGE, EngineSpec, Model, Profile, Replicas)
+from llmgwctl.catalog.bounds import (MAX_GPUS, MAX_IDLE_TIMEOUT, MAX_REPLICAS, MAX_TOTAL_REPLICAS, MAX_WEIGHT,
+                                     PRIORITY_RANGE)
+from llmgwctl.catalog.model import EngineSpec, Model, Profile, Replicas
 from llmgwctl.inventory import Inventory
 from llmgwctl.reconciler import DesiredStore, Reconciler
 

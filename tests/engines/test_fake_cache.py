@@ -8,7 +8,9 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmgwctl.engines import parse_load
-from llmgwctl.engines.fake_server import FakeConfig, FakeEngine, PrefixCache, prompt_tokens_of
+from llmgwctl.engines.fake_config import FakeConfig
+from llmgwctl.engines.fake_load import PrefixCache, prompt_tokens_of
+from llmgwctl.engines.fake_server import FakeEngine
 
 MODEL = "fake-cache"
 
@@ -77,10 +79,10 @@ def test_prefill_is_spent_on_uncached_tokens_only():
         engine = FakeEngine(FakeConfig(model=MODEL, prefix_cache_tokens=1000, block_size=4,
                                        prefill_time_per_token=0.0001))
         prompt = words(30)
-        await engine._prefill(prompt)
-        first = engine.prefill_seconds
-        await engine._prefill(prompt)                  # 28 of 30 cached: 2 tokens to prefill
-        return first, engine.prefill_seconds - first
+        await engine.load.prefill(prompt)
+        first = engine.load.prefill_seconds
+        await engine.load.prefill(prompt)                  # 28 of 30 cached: 2 tokens to prefill
+        return first, engine.load.prefill_seconds - first
     first, second = asyncio.run(run())
     assert first == pytest.approx(30 * 0.0001)
     assert second == pytest.approx(2 * 0.0001)
@@ -88,10 +90,10 @@ def test_prefill_is_spent_on_uncached_tokens_only():
 
 def test_a_decode_step_grows_with_the_batch():
     engine = FakeEngine(FakeConfig(model=MODEL, decode_time_per_token=0.01, batch_slowdown=0.1))
-    engine.slots.running = 1
-    assert engine._decode_step() == pytest.approx(0.01)
-    engine.slots.running = 11
-    assert engine._decode_step() == pytest.approx(0.02)
+    engine.load.slots.running = 1
+    assert engine.load.decode_step() == pytest.approx(0.01)
+    engine.load.slots.running = 11
+    assert engine.load.decode_step() == pytest.approx(0.02)
 
 
 # -- as a process, configured on its command line -----------------------------------------

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from llmgwctl.engines.fake_replies import BadRequest, Chunks, parse_generation, reply_tokens
-from llmgwctl.engines.fake_server import FakeConfig, FakeEngine
+from llmgwctl.engines.fake_config import FakeConfig
+from llmgwctl.engines.fake_server import FakeEngine
 
 
 def gen(body, kind="chat", natural=16):

@@ -1,0 +1,243 @@
+"""Preemption (rule 7 of `place`): stopping lower-priority replicas so a model short of its minimum fits.
+
+`short_of_min` says how many replicas a model may preempt for; one
+`Preemption` per pass chooses the victims, node by node (`_NodeRoom` is one
+node's GPUs as it sees them), and says in the model's note what it waits for.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Mapping, Sequence
+
+from ..catalog import Profile
+from .fleet import Fleet
+from .model import Running, Stop, serving
+from .tally import Share, id_key, stop_order
+
+# What a preemptor replica needs, as the walk over victims keys it: pool,
+# engine, GPUs, MiB per GPU (0: whole GPUs), and the preemptor's priority.
+_Shape = tuple[str | None, str, int, int, int]
+
+
+def short_of_min(share: Share) -> int:
+    """Replicas of its minimum the model still lacks after filling: what it may preempt for, and only that.
+
+    Not while it rolls out a profile change (its stale replicas serve, and
+    rule 5 replaces them) nor while some of its replicas are on a lost node
+    (the node may come back with them; replacing them is the lost-node path's
+    business, which waits for room rather than making it).
+    """
+    if share.stale or share.lost:
+        return 0
+    protected = min(share.want, share.model.replicas.min)
+    return min(share.missing, max(0, protected - len(share.current) - share.placed))
+
+
+class _NodeRoom:
+    """One node's GPUs as preemption sees them: who holds what, and what would be free without some of them.
+
+    Built only for nodes preemption looks at. `held` maps a GPU index to the
+    existing replicas on it (replica id -> MiB declared, 0 for a whole GPU);
+    `fixed_*` is what this pass took for its starts and for the preemptors it
+    already promised room to, which nothing frees. `replicas` are the node's
+    victim candidates in victim order, less those already given up.
+    """
+
+    __slots__ = ("gpus", "memory", "held", "fixed_whole", "fixed_mib", "foreign", "replicas")
+
+    def __init__(self, fleet: Fleet, name: str, existing: Sequence[Running], candidates: list[Running]):
+        node = fleet.nodes[name]
+        self.gpus = tuple(node.gpus)
+        self.memory = node.memory
+        self.replicas = candidates
+        self.held: dict[int, dict[str, int]] = defaultdict(dict)
+        for r in existing:
+            for i in r.gpu_indices:
+                self.held[i][r.replica_id] = r.memory_mib
+        base_whole, base_needs = fleet.base_whole.get(name, set()), fleet.base_needs.get(name, {})
+        needs = fleet.needs.get(name, {})
+        self.fixed_whole = set(fleet.whole.get(name, ())) - base_whole
+        self.fixed_mib = {i: needs.get(i, 0) - base_needs.get(i, 0) for i in self.gpus}
+        # Memory something outside llmgw holds, as far as the report tells:
+        # used minus what our replicas there declared. Where a serving replica
+        # holds a GPU whole, all of its used memory may be that replica's, so 0;
+        # where the one holding it whole is still starting, it may not have
+        # allocated yet (as in `fleet`), so what is used is someone else's --
+        # counting it as freeable would preempt for room that does not come.
+        self.foreign = {}
+        serving_whole = {i for r in existing if not r.memory_mib and serving(r) for i in r.gpu_indices}
+        pending = fleet.pending.get(name, {})
+        for i in self.gpus:
+            total, free = self.memory.get(i, (0, 0))
+            # Allocated by our replicas: what they declared, less what is not yet seen allocated
+            # (pending also holds this pass's starts, which are in fixed_mib instead).
+            allocated = base_needs.get(i, 0) - (pending.get(i, 0) - self.fixed_mib[i])
+            self.foreign[i] = 0 if i in serving_whole else max(0, total - free - allocated)
+
+    def fits(self, gpus: int, memory_mib: int, gone: set[str]) -> list[int] | None:
+        """The GPUs one replica (`gpus` of them, `memory_mib` each or whole) gets once `gone` have left, or None."""
+        usable = []
+        for i in self.gpus:
+            if i in self.fixed_whole:
+                continue
+            holders = [m for rid, m in self.held.get(i, {}).items() if rid not in gone]
+            if 0 in holders:
+                continue                    # held whole by one that stays
+            if not memory_mib:
+                if not holders and not self.fixed_mib[i]:
+                    usable.append((0, i))
+                continue
+            total = self.memory.get(i, (0, 0))[0]
+            budget = total - sum(holders) - self.fixed_mib[i] - self.foreign[i]
+            if total > 0 and budget >= memory_mib:
+                usable.append((budget, i))
+        if len(usable) < gpus:
+            return None
+        return sorted(i for _, i in sorted(usable)[:gpus])
+
+    def claim(self, indices: list[int], memory_mib: int, gone: set[str]) -> None:
+        for holders in self.held.values():
+            for rid in gone:
+                holders.pop(rid, None)
+        self.replicas = [r for r in self.replicas if r.replica_id not in gone]
+        for i in indices:
+            if memory_mib:
+                self.fixed_mib[i] += memory_mib
+            else:
+                self.fixed_whole.add(i)
+
+
+class Preemption:
+    """Choosing victims for models short of their minimum, for one pass (rule 7).
+
+    Victims are ordered once: replicas already leaving first (their room is
+    coming free at no cost), then by their model's priority, lowest first;
+    within it replicas above their own model's minimum before the ones its
+    minimum needs, not serving before serving, newest first. A victim may be
+    taken below its own model's minimum: priority says the higher model's
+    minimum matters more, and otherwise a fleet filled by low-priority
+    minimums could never make room. A preemptor replica goes, profile by
+    profile best first, through that order and stops at the first node where
+    freeing that node's eligible replicas, in order, makes it fit; the fewest
+    of them that still make it fit are stopped. A node found short for a
+    profile shape stays short for the pass (room only shrinks), so each shape
+    walks the order once.
+    """
+
+    def __init__(self, fleet: Fleet, running: Sequence[Running], shares: Mapping[str, Share], stops: list[Stop]):
+        self.fleet, self.shares = fleet, shares
+        stopping = {s.replica_id for s in stops}
+        self.leaving = {r.replica_id for r in running if r.leaving or r.replica_id in stopping}
+        self.existing: dict[str, list[Running]] = defaultdict(list)
+        for r in running:
+            if r.node in fleet:
+                self.existing[r.node].append(r)
+        above_min: set[str] = set()
+        for share in shares.values():
+            order = stop_order(share.current, share.rank)
+            above_min.update(r.replica_id for r in order[:max(0, len(order) - share.model.replicas.min)])
+        self.priority = {r.replica_id: shares[r.model].model.priority if r.model in shares else -(1 << 62)
+                         for r in running}
+        # Lost replicas hold their GPUs (nobody can stop them), so they are never victims.
+        order = [r for r in running if r.node in fleet and not r.lost]
+        order.sort(key=lambda r: id_key(r.replica_id), reverse=True)   # once per replica, then stable sorts
+        order.sort(key=lambda r: (r.replica_id not in self.leaving, self.priority[r.replica_id],
+                                  r.replica_id not in above_min, serving(r)))
+        self.order = order
+        self.by_node: dict[str, list[Running]] = defaultdict(list)
+        for r in order:
+            self.by_node[r.node].append(r)
+        self.rooms: dict[str, _NodeRoom] = {}
+        self.short_nodes: dict[_Shape, set[str]] = defaultdict(set)
+        self.cursor: dict[_Shape, int] = defaultdict(int)
+
+    def make_room(self, share: Share, short: int) -> list[Stop]:
+        stops: list[Stop] = []
+        notes: list[str] = []
+        for _ in range(short):
+            found = None
+            for profile in share.ranked:
+                if profile.gpus:
+                    found = self._victims_for(share.model.priority, profile)
+                    if found is not None:
+                        break
+            if found is None:
+                break
+            node, (fresh, victims) = found
+            self.leaving.update(v.replica_id for v in fresh)
+            p = share.model.priority
+            for v in fresh:
+                stops.append(Stop(v.replica_id, f"preempted by {share.model.name} (priority {p}) to place its "
+                                                f"minimum of {share.model.replicas.min}", preempted_by=share.model.name))
+            names = _names(self.shares, victims or fresh)
+            notes.append(f"preempting {names} on {node}" if fresh else f"waiting for {names} to leave {node}")
+        if notes:
+            share.note = "; ".join(dict.fromkeys(notes)) + " (it starts once they are gone)"
+        return stops
+
+    def _victims_for(self, p: int, profile: Profile) -> tuple[str, tuple[list[Running], list[Running]]] | None:
+        memory = profile.gpu_memory_mib or 0
+        shape = (profile.pool, profile.engine, profile.gpus, memory, p)
+        short_nodes = self.short_nodes[shape]
+        i = self.cursor[shape]
+        order = self.order
+        while i < len(order):
+            candidate = order[i]
+            node = candidate.node
+            if candidate.replica_id not in self.leaving and self.priority[candidate.replica_id] >= p:
+                break                       # by priority from here on: nothing further is eligible
+            if node not in short_nodes:
+                if self.fleet.can_host(node, profile.pool, profile.engine):
+                    chosen = self._on_node(node, profile.gpus, memory, p)
+                    if chosen is not None:
+                        self.cursor[shape] = i      # this node may fit another one
+                        return node, chosen
+                short_nodes.add(node)
+            i += 1
+        self.cursor[shape] = i
+        return None
+
+    def _on_node(self, name: str, gpus: int, memory: int, p: int) -> tuple[list[Running], list[Running]] | None:
+        """(the replicas to stop, the replicas it waits for: those and any leaving ones on its GPUs), or None."""
+        room = self.rooms.get(name)
+        if room is None:
+            room = self.rooms[name] = _NodeRoom(self.fleet, name, self.existing[name], self.by_node[name])
+        eligible = [r for r in room.replicas if r.replica_id in self.leaving or self.priority[r.replica_id] < p]
+        gone = {r.replica_id for r in eligible if r.replica_id in self.leaving}
+        if room.fits(gpus, memory, {r.replica_id for r in eligible}) is None:
+            return None                     # not even with every eligible replica gone: the common case, ruled out at once
+        chosen: list[Running] = []
+        indices = room.fits(gpus, memory, gone)
+        for r in eligible:
+            if indices is not None:
+                break
+            if r.replica_id not in gone:
+                gone.add(r.replica_id)
+                chosen.append(r)
+                indices = room.fits(gpus, memory, gone)
+        if indices is None:
+            return None
+        # The fewest that still make it fit: drop, last chosen first, any it can do without.
+        for r in reversed(list(chosen)):
+            if room.fits(gpus, memory, gone - {r.replica_id}) is not None:
+                gone.discard(r.replica_id)
+                chosen.remove(r)
+        indices = room.fits(gpus, memory, gone)
+        assert indices is not None          # `gone` still holds every replica the last fit needed gone
+        room.claim(indices, memory, gone)
+        # What it waits for: the replicas on the GPUs it gets (leaving ones included).
+        needed = set(indices)
+        waits = [r for r in eligible if r.replica_id in gone and needed & set(r.gpu_indices)]
+        return chosen, waits
+
+
+def _names(shares: Mapping[str, Share], victims: list[Running]) -> str:
+    by_model: dict[str, list[str]] = {}
+    for v in victims:
+        by_model.setdefault(v.model, []).append(v.replica_id)
+    parts = []
+    for model, ids in by_model.items():
+        share = shares.get(model)
+        prio = f"priority {share.model.priority}, " if share is not None else ""
+        parts.append(f"{model} ({prio}{', '.join(ids)})")
+    return ", ".join(parts)
