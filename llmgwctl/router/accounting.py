@@ -26,6 +26,8 @@ access_log = logging.getLogger("llmgw.access")
 
 
 class Accounting:
+    """The caller's key, looked up once; each request counted in the metrics and logged once."""
+
     def __init__(self, config: RouterConfig, metrics: RouterMetrics, surface: Surface):
         self._config = config
         self._metrics = metrics

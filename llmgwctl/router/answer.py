@@ -40,6 +40,8 @@ _SMALL_WRITE = 16384
 
 
 class AnswerPath:
+    """An engine's answer, its headers in, passed back to the client: whole, streamed, or as a stream's last event."""
+
     def __init__(self, config: RouterConfig, *, balancer: Balancer, ejector: Ejector, metrics: RouterMetrics,
                  accounting: Accounting):
         self._config = config

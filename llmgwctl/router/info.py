@@ -27,6 +27,8 @@ __all__ = ["InfoRoutes"]
 
 
 class InfoRoutes:
+    """The handlers of the routes the router answers itself."""
+
     def __init__(self, config: RouterConfig, *, balancer: Balancer, metrics: RouterMetrics, surface: Surface,
                  accounting: Accounting):
         self._config = config

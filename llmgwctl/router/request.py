@@ -45,6 +45,8 @@ log = logging.getLogger("llmgw.router")
 
 
 class RequestPath:
+    """A proxied request from arrival to the answer path (`proxy`), and the handlers the app routes to it."""
+
     def __init__(self, config: RouterConfig, *, balancer: Balancer, policies: Policies, cold: ColdStart,
                  limiter: keyauth.Limiter, bodies: BodyBudget, parser: jsonbody.OffLoop, metrics: RouterMetrics,
                  surface: Surface, accounting: Accounting, answer: AnswerPath, info: InfoRoutes):

@@ -68,6 +68,8 @@ CORS_EXPOSE = "X-Request-Id, x-llmgw-replica, x-llmgw-catalog-version, x-llmgw-o
 
 
 class Router:
+    """The router: its parts built and wired once, the control plane's methods, the app and its lifecycle."""
+
     def __init__(self, catalog: Catalog | None = None, *, waker: Waker | None = None,
                  config: RouterConfig = DEFAULTS, clock: Callable[[], float] = time.monotonic,
                  parse_load: ParseLoad = parse_with_drivers):
