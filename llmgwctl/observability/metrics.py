@@ -94,7 +94,6 @@ views handed to it (`RouterProbe`, a callable returning a `ControlStatus`).
 from __future__ import annotations
 
 import math
-import re
 import time
 from bisect import bisect_left
 from dataclasses import dataclass
@@ -114,7 +113,7 @@ from ..contracts import ControlStatus, ReplicaState, WatcherStatus
 disable_created_metrics()
 
 __all__ = ["CONTENT_TYPE_LATEST", "ControlMetrics", "EndpointMetrics", "EndpointSlots", "RouterMetrics",
-           "RouterProbe", "render", "usage_tokens"]
+           "RouterProbe", "render"]
 
 # Request duration: from a cached embedding (a few ms) to a long generation
 # (minutes); past 300 s only the count matters.
@@ -129,58 +128,6 @@ COLD_WAIT_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 # Reconcile passes: well under a millisecond for a small fleet, tens of ms at
 # thousands of nodes (bench/placement.py); a second means something is wrong.
 PASS_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
-
-# The usage block is at the end of a reply (and in the last chunk of a stream
-# that asked for it); these read the two counts without parsing the reply.
-_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-# usage with its *_details sub-objects is well under this many bytes.
-_USAGE_SPAN = 600
-
-
-def usage_tokens(data: bytes) -> tuple[int, int] | None:
-    """(prompt_tokens, completion_tokens) from an OpenAI-shaped reply or SSE chunk, or None if it has no usage."""
-    at = data.rfind(b'"usage"')
-    if at < 0:
-        return None
-    tail = data[at:at + _USAGE_SPAN]
-    p = _PROMPT.search(tail)
-    if p is None:
-        return None
-    c = _COMPLETION.search(tail)
-    return int(p.group(1)), int(c.group(1)) if c else 0
-
-
-class StreamUsage:
-    """The token counts of a stream, read from its bytes as they pass.
-
-    The last usage block seen wins: engines that put usage on every chunk
-    (vLLM's continuous_usage_stats) send running totals, so adding them up
-    would count a stream many times over. A line cut between two reads of the
-    socket is carried over (its last `_CARRY` bytes), so a usage block split
-    across reads is still read once its end arrives.
-    """
-
-    __slots__ = ("usage", "_carry")
-
-    # A usage line (an SSE chunk with empty choices) is a few hundred bytes.
-    _CARRY = 2048
-
-    def __init__(self) -> None:
-        self.usage: tuple[int, int] | None = None
-        self._carry = b""
-
-    def feed(self, chunk: bytes) -> None:
-        seen = self._carry + chunk if self._carry else chunk
-        if b'"usage"' in seen:
-            found = usage_tokens(seen)
-            if found is not None:
-                self.usage = found
-        if chunk.endswith(b"\n"):
-            self._carry = b""
-        else:
-            self._carry = seen[seen.rfind(b"\n") + 1:][-self._CARRY:]
-
 
 class _BuildInfo:
     """`llmgw_build_info{version,python} 1`: which release a target runs, joinable onto any of its series."""

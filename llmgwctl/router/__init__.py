@@ -15,7 +15,14 @@ and reporting usage. Its modules:
     limits     input limits only the router checks (JSON depth, paths, large bodies held); the shared ones are in llmgwctl.httpserver
     routes     the route table: the APIs proxied, and the routes a catalog's engines add
     jsonbody   what the router reads out of a body, parsed off the loop when costly; the alias rewrite in place
-    server     Router (set_endpoints, set_catalog, usage_snapshot) and its aiohttp app
+    server     Router (set_endpoints, set_catalog, usage_snapshot): builds the parts below, its aiohttp app
+    surface    what the control plane tells the router: endpoints, catalog, model states, API keys
+    request    the request path: target, key and rate, body, model, endpoint, the attempts
+    answer     the answer path: whole or streamed, slow readers, a stream opened early for a cold start
+    accounting the caller's key; each request counted and logged once
+    info       /health, /healthz, /readyz, /metrics, /v1/models, the 404
+    call       what those parts pass each other: View, Call, Refused
+    usage      the token counts read off an answer's bytes, for metrics and the access log
     upstream   the keep-alive HTTP/1.1 client that carries requests to engines
     static     the static endpoint file (`llmgwctl router --endpoints FILE`)
     watch      following a controller's watch stream (`llmgwctl router --controller URL`)

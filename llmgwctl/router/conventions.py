@@ -9,7 +9,7 @@
   silence for a dead connection.
 
 It must not know how requests are routed: the server hands each function the
-request (and, for the cold start, the one `_Call`-like object it needs).
+request (and, for the cold start, the one `call.Call`-like object it needs).
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ async def stamp_request_id(request: web.Request, response: web.StreamResponse) -
     """Put the request's id on `response` as it is prepared (on_response_prepare).
 
     A proxied request's id was taken at arrival and stored on the request
-    (`Router._proxy`, which also sends it to the engine); any other route takes
+    (`request.RequestPath.proxy`, which also sends it to the engine); any other route takes
     the client's, if valid, or makes one here.
     """
     if REQUEST_ID in response.headers:

@@ -16,7 +16,7 @@ Each entry says, for its API:
   resolves it and rewrites an alias there, see `jsonbody`);
 - `streams`: whether `"stream": true` asks for an event stream (the
   upstream's idle timer then runs);
-- `prompt`: how the prompt is read for prefix routing (`prefix.py`); None:
+- `prompt`: how the prompt is read for prefix routing (`policies/prefix.py`); None:
   the pick is by load alone;
 - `error_shape`: the shape the router's own errors take on this route (today
   every route answers in OpenAI's; another API's SDK parses its own).

@@ -10,7 +10,7 @@ import threading
 import requests
 
 from llmgwctl.catalog import Catalog, Model, Profile
-from llmgwctl.observability.metrics import StreamUsage, usage_tokens
+from llmgwctl.router.usage import StreamUsage, usage_tokens
 from llmgwctl.contracts import Endpoint
 from tests.router.harness import catalog, make_router, wait_until
 

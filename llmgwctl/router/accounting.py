@@ -1,0 +1,89 @@
+"""Who a request is (its API key) and what it cost: counted and logged once per request.
+
+`Accounting.key` is the one place a request's key is looked up; `served`
+counts and logs a request an endpoint answered, `refuse` one the router
+answered itself. Each request is counted in the router's metrics (pre-bound
+children, see `llmgwctl.observability.metrics`) and, unless turned off,
+written as one line to the `llmgw.access` log.
+"""
+from __future__ import annotations
+
+import logging
+from time import perf_counter
+
+from aiohttp import web
+
+from ..observability.metrics import RouterMetrics
+from . import auth as keyauth
+from .balancer import EndpointState
+from .call import Call, Refused
+from .config import RouterConfig
+from .surface import Surface
+
+__all__ = ["Accounting"]
+
+access_log = logging.getLogger("llmgw.access")
+
+
+class Accounting:
+    """The caller's key, looked up once; each request counted in the metrics and logged once."""
+
+    def __init__(self, config: RouterConfig, metrics: RouterMetrics, surface: Surface):
+        self._config = config
+        self._metrics = metrics
+        self._surface = surface      # where the API keys are (set_api_keys)
+
+    def key(self, request: web.Request) -> keyauth.ApiKey | None:
+        """The caller's API key; None when the router is open. Refused (401) when keys are on and it sent none of them.
+
+        The one place a request's key is looked up, for every route but
+        /healthz (which probes use without one).
+        """
+        keys = self._surface.keys
+        if keys is None:
+            return None
+        key = keys.lookup(request.headers.get("Authorization"))
+        if key is None:
+            raise Refused(keyauth.unauthorized())
+        return key
+
+    def served(self, call: Call, state: EndpointState, status: int, first: float, overhead: float,
+               usage: tuple[int, int] | None) -> None:
+        """Count and log a request an endpoint answered; `first` is when its first byte left (0: at the end)."""
+        now = perf_counter()
+        elapsed = now - call.t0
+        metrics = self._metrics
+        metrics.endpoint(state.endpoint.model, state.replica_id).done(
+            status, elapsed, (first or now) - call.t0, overhead, usage)
+        if call.api_key is not None:
+            metrics.key_used(call.api_key.name, status, usage)
+        if self._config.access_log and access_log.isEnabledFor(logging.INFO):
+            self._log_access(call, status, state.replica_id, elapsed, overhead, usage)
+
+    def refuse(self, call: Call, resp: web.Response) -> web.Response:
+        """Count and log a request answered without an endpoint (4xx, 5xx of the router's own)."""
+        metrics = self._metrics
+        metrics.unrouted(call.model, resp.status)
+        if call.api_key is not None:
+            metrics.key_used(call.api_key.name, resp.status, None)
+        if self._config.access_log and access_log.isEnabledFor(logging.INFO):
+            self._log_access(call, resp.status, "", perf_counter() - call.t0)
+        return resp
+
+    def _log_access(self, call: Call, status: int, endpoint: str, seconds: float,
+                    overhead: float | None = None, usage: tuple[int, int] | None = None) -> None:
+        # The key's name, never the key; the client address, never a body.
+        # `endpoint` is the replica id: in a log line the exact replica is the
+        # point (metrics label by slot instead, see observability.metrics).
+        request, model = call.request, call.model
+        name = call.api_key.name if call.api_key is not None else "-"
+        tokens_in, tokens_out = usage if usage is not None else (None, None)
+        access_log.info("%s %s %s %d model=%s endpoint=%s key=%s id=%s tokens=%s/%s %.1fms", request.remote,
+                        request.method, request.path, status, model or "-", endpoint or "-", name, call.rid,
+                        "-" if tokens_in is None else tokens_in, "-" if tokens_out is None else tokens_out,
+                        seconds * 1e3,
+                        extra={"event": "access", "client": request.remote, "method": request.method,
+                               "path": request.path, "status": status, "model": model, "endpoint": endpoint,
+                               "key": name, "request_id": call.rid, "tokens_in": tokens_in,
+                               "tokens_out": tokens_out, "duration_ms": round(seconds * 1e3, 3),
+                               "overhead_ms": None if overhead is None else round(overhead * 1e3, 3)})

@@ -1,0 +1,241 @@
+"""The answer path: an engine's answer back to the client, whole or streamed, as bytes.
+
+`AnswerPath.respond` takes the engine's answer once its headers are in: an
+event stream is passed on chunk by chunk as it arrives (`_pass_stream`, a
+client that stops reading dropped after `client_write_timeout`), anything
+else read whole up to `max_answer_bytes` and sent in one piece
+(`_pass_whole`). A stream opened early to keep a client company through a
+cold start (see conventions.held_for_cold_start) ends with the refusal or the
+engine's error as its last event (`refuse_in_stream`, `_pass_whole_in_stream`).
+Token counts are read off the bytes as they pass (`usage`); each answered
+request is counted once, in `Accounting.served`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from time import perf_counter
+from typing import Awaitable, Callable
+
+from aiohttp import web
+
+from ..observability.metrics import RouterMetrics
+from . import errors
+from .accounting import Accounting
+from .balancer import Balancer, EndpointState
+from .call import Call, Refused
+from .config import RouterConfig
+from .ejection import Ejector
+from .upstream import OutOfBounds, Response, UpstreamError
+from .usage import StreamUsage, usage_tokens
+
+__all__ = ["AnswerPath"]
+
+log = logging.getLogger("llmgw.router")
+
+_EVENT_STREAM = "text/event-stream"
+# Well under asyncio's and uvloop's 64 KiB write high-water mark; SSE events are
+# a few hundred bytes, so only bursts take the timed path.
+_SMALL_WRITE = 16384
+
+
+class AnswerPath:
+    """An engine's answer, its headers in, passed back to the client: whole, streamed, or as a stream's last event."""
+
+    def __init__(self, config: RouterConfig, *, balancer: Balancer, ejector: Ejector, metrics: RouterMetrics,
+                 accounting: Accounting):
+        self._config = config
+        self._balancer = balancer
+        self._ejector = ejector
+        self._metrics = metrics
+        self._accounting = accounting
+
+    async def respond(self, call: Call, upstream: Response, state: EndpointState) -> web.StreamResponse:
+        """Pass the engine's answer on: an event stream as it arrives, anything else whole (up to max_answer_bytes).
+
+        OutOfBounds (the caller answers 502 and ejects the replica, see
+        `out_of_bounds`) for a redirect: the router never follows one, and
+        passing it on would send the client to wherever the engine says,
+        with the client's credentials in a browser's case.
+        """
+        status = upstream.status
+        if 300 <= status < 400:
+            location = upstream.headers.get("location", "")
+            log.warning("endpoint %s answered %d to %s (Location %r); refused, never followed", state.replica_id,
+                        status, call.request.path, location[:200])
+            raise OutOfBounds("redirect", f"answered {status}, a redirect, which the router never follows")
+        ctype = upstream.headers.get("content-type", "application/json")
+        headers = {"Content-Type": ctype, "x-llmgw-replica": state.replica_id,
+                   "x-llmgw-catalog-version": call.view.version}
+        encoding = upstream.headers.get("content-encoding")
+        if encoding is not None:
+            headers["Content-Encoding"] = encoding
+        if ctype.startswith(_EVENT_STREAM):
+            return await self._pass_stream(call, upstream, state, headers)
+        if call.early is not None:
+            return await self._pass_whole_in_stream(call, upstream, state)
+        return await self._pass_whole(call, upstream, state, headers)
+
+    def out_of_bounds(self, call: Call, state: EndpointState, exc: OutOfBounds) -> web.Response:
+        """An engine broke a bound (its answer too large, a redirect, headers without end): eject it for a
+        while with the reason, count it, log it; the 502 for the client, naming the replica."""
+        ejection = self._ejector.eject(state, exc.code, str(exc))
+        self._metrics.engine_refusals.labels(exc.code).inc()
+        log.warning("endpoint %s of %r %s; ejected for %.0f s", state.replica_id, call.model, exc, ejection.seconds,
+                    extra={"event": "endpoint-ejected", "endpoint": state.replica_id, "reason": exc.code})
+        return errors.engine_out_of_bounds(call.model, state.replica_id, str(exc))
+
+    async def _pass_whole(self, call: Call, upstream: Response, state: EndpointState,
+                          headers: dict[str, str]) -> web.Response:
+        r0 = perf_counter()
+        try:
+            data = await upstream.read(self._config.max_answer_bytes)
+        except OutOfBounds:
+            raise       # the caller's: answered 502, the replica ejected (out_of_bounds)
+        except UpstreamError as exc:
+            self._balancer.eject(state)
+            raise Refused(errors.upstream_failed(
+                call.model, f"{state.replica_id} stopped mid-response: {exc or type(exc).__name__}")) from None
+        call.waited += perf_counter() - r0
+        self._balancer.succeeded(state)
+        usage = usage_tokens(data)
+        status = upstream.status
+        overhead = perf_counter() - call.t0 - call.waited
+        headers["x-llmgw-overhead-ms"] = f"{overhead * 1e3:.3f}"
+        # A whole reply is handed to aiohttp in one piece: its first byte and
+        # its last leave together (first=0: at the end).
+        self._accounting.served(call, state, status, 0.0, overhead, usage)
+        return web.Response(status=status, body=data, headers=headers)
+
+    async def _pass_stream(self, call: Call, upstream: Response, state: EndpointState,
+                           headers: dict[str, str]) -> web.StreamResponse:
+        # No cache, and tell a buffering proxy in front (nginx) not to.
+        headers["Cache-Control"] = "no-cache"
+        headers["X-Accel-Buffering"] = "no"
+        # The router's own time ends with the headers it sends: past them, the
+        # stream runs at the engine's pace and the client's.
+        overhead = perf_counter() - call.t0 - call.waited
+        headers["x-llmgw-overhead-ms"] = f"{overhead * 1e3:.3f}"
+        status = upstream.status
+        request = call.request
+        resp = call.early
+        if resp is None:
+            resp = web.StreamResponse(status=status, headers=headers)
+            await resp.prepare(request)
+        self._balancer.succeeded(state)
+        served = self._accounting.served
+        write = resp.write
+        transport = request.transport
+        first = 0.0
+        usage = StreamUsage()
+        try:
+            # chunks() yields whatever bytes arrived, as soon as they arrive: no
+            # line splitting, no re-encoding, no waiting for a full event.
+            async for chunk in upstream.chunks():
+                # A write can block only when it leaves the client's socket
+                # backlogged past the transport's high-water mark (64 KiB): a
+                # small chunk onto an empty backlog never does.
+                if transport is not None and (transport.get_write_buffer_size() or len(chunk) > _SMALL_WRITE):
+                    await self._write_to_slow_reader(write, chunk, transport)
+                else:
+                    await write(chunk)
+                if not first:
+                    first = perf_counter()
+                usage.feed(chunk)
+        except UpstreamError as exc:
+            # The engine died (or went silent past upstream_idle_timeout)
+            # mid-stream. Headers are sent, so no retry: end the stream with an
+            # error event, which OpenAI SDKs raise, instead of a hang.
+            self._balancer.eject(state)
+            log.warning("endpoint %s died mid-stream: %s", state.replica_id, exc or type(exc).__name__)
+            try:
+                await write(errors.stream_error_event(f"{state.replica_id}: {exc or type(exc).__name__}"))
+                await resp.write_eof()
+            except ConnectionError:
+                pass
+        except ConnectionError:
+            # The client left: counted as nginx's 499; the caller closes the
+            # upstream connection.
+            served(call, state, 499, first, overhead, usage.usage)
+            return resp
+        except asyncio.CancelledError:
+            # The same, as a handler cancelled by aiohttp when the client disconnects.
+            served(call, state, 499, first, overhead, usage.usage)
+            raise
+        else:
+            await resp.write_eof()
+        served(call, state, status, first, overhead, usage.usage)
+        return resp
+
+    async def _write_to_slow_reader(self, write: Callable[[bytes], Awaitable[None]], chunk: bytes,
+                                    transport: asyncio.Transport) -> None:
+        """A write while the client has unread bytes queued: bounded by client_write_timeout.
+
+        Only this path pays for a timer; a client that keeps up has no backlog
+        when the next chunk comes, and events are small. Past the timeout the connection is
+        aborted and ConnectionResetError raised, so the stream ends as a client
+        that left (499) and the caller closes the upstream request.
+        """
+        timeout = self._config.client_write_timeout
+        if not timeout:
+            await write(chunk)
+            return
+        try:
+            await asyncio.wait_for(write(chunk), timeout)
+        except asyncio.TimeoutError:
+            log.warning("a streaming client at %s read nothing for %g s; dropping it", _peer(transport), timeout)
+            transport.abort()
+            raise ConnectionResetError("client stopped reading") from None
+
+    # -- a stream opened early for a cold start (see conventions.held_for_cold_start) ----------
+
+    async def refuse_in_stream(self, call: Call, refusal: web.Response) -> web.StreamResponse:
+        """A refusal (cold timeout, unplaceable, ...) for a stream whose 200 and headers are sent: its last event.
+
+        The OpenAI error body goes out as a `data:` event, which OpenAI SDKs
+        raise as an APIError; counted and logged under the refusal's status.
+        """
+        resp = call.early
+        assert resp is not None and isinstance(refusal.body, bytes)    # the caller checked; our refusals are JSON bytes
+        try:
+            await resp.write(b"data: " + refusal.body + b"\n\n")
+            await resp.write_eof()
+        except ConnectionError:
+            pass
+        self._accounting.refuse(call, refusal)
+        return resp
+
+    async def _pass_whole_in_stream(self, call: Call, upstream: Response, state: EndpointState) -> web.StreamResponse:
+        """An engine's whole (non-stream) answer to a stream already opened: an error, as the last event."""
+        status = upstream.status
+        try:
+            data = await upstream.read(self._config.max_answer_bytes)
+        except OutOfBounds as exc:
+            refusal = self.out_of_bounds(call, state, exc)
+            assert isinstance(refusal.body, bytes)      # our refusals are JSON bytes
+            data, status, detail = refusal.body, refusal.status, ""
+        except UpstreamError as exc:
+            self._balancer.eject(state)
+            data = b""
+            detail = f"{state.replica_id} stopped mid-response: {exc or type(exc).__name__}"
+        else:
+            self._balancer.succeeded(state)
+            detail = f"{state.replica_id} answered {upstream.status} without a stream"
+        event = (b"data: " + data.strip().replace(b"\n", b"") + b"\n\n" if data.lstrip().startswith(b'{"error"')
+                 else errors.stream_error_event(detail))
+        resp = call.early
+        assert resp is not None    # called only for a stream already opened for a cold start
+        served = self._accounting.served
+        try:
+            await resp.write(event)
+            await resp.write_eof()
+        except ConnectionError:
+            served(call, state, 499, 0.0, perf_counter() - call.t0 - call.waited, None)
+            return resp
+        served(call, state, status, 0.0, perf_counter() - call.t0 - call.waited, None)
+        return resp
+
+
+def _peer(transport: asyncio.BaseTransport | None) -> str:
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    return str(peer[0]) if peer else "?"

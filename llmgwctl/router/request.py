@@ -1,0 +1,388 @@
+"""The request path: a proxied request from arrival to an engine's answer.
+
+Only for a route in the route table (`routes`) or one the catalog's engines
+add. `RequestPath.proxy` checks the target, the caller's key and its rate
+before reading a byte of body; reads the body within its budget
+(`_read_body`, `limits.BodyBudget`) and parses it once (off the loop when
+costly, `jsonbody`); resolves the model against the catalog taken once for
+the request (`_resolve`); picks an endpoint, waiting once, bounded, for one
+when none is ready (`_wait_for_endpoint`); and tries endpoints in turn
+(`_forward`: `_attempt` each, `_send` the request in it) until one answers,
+whose answer the answer path (`answer.AnswerPath`) passes back. A step that
+answers the request itself raises `call.Refused`, counted and logged once here.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from time import perf_counter
+from typing import Awaitable, Callable
+
+from aiohttp import web
+
+from .. import httpbody
+from ..observability.metrics import RouterMetrics
+from . import auth as keyauth
+from . import errors, jsonbody
+from . import routes as routing
+from .accounting import Accounting
+from .answer import AnswerPath
+from .balancer import Balancer, EndpointState
+from .call import Call, Refused, known, usable_names
+from .coldstart import ColdStart, ColdTimeout, QueueFull
+from .config import RouterConfig
+from .conventions import ClientGone, held_for_cold_start
+from .info import InfoRoutes
+from .limits import BodyBudget, BudgetFull, PathError, check_target
+from .policies import Policies
+from .surface import Surface
+from .upstream import ConnectFailed, OutOfBounds, Pool, Response, UpstreamError, UpstreamTimeout
+
+__all__ = ["RequestPath"]
+
+log = logging.getLogger("llmgw.router")
+
+
+class RequestPath:
+    """A proxied request from arrival to the answer path (`proxy`), and the handlers the app routes to it."""
+
+    def __init__(self, config: RouterConfig, *, balancer: Balancer, policies: Policies, cold: ColdStart,
+                 limiter: keyauth.Limiter, bodies: BodyBudget, parser: jsonbody.OffLoop, metrics: RouterMetrics,
+                 surface: Surface, accounting: Accounting, answer: AnswerPath, info: InfoRoutes):
+        self._config = config
+        self._balancer = balancer
+        self.policies = policies
+        self._cold = cold
+        self._limiter = limiter
+        self._bodies = bodies
+        self._parser = parser
+        self._metrics = metrics
+        self._surface = surface
+        self._accounting = accounting
+        self._answer = answer
+        self._info = info           # the 404 of a POST no route of the catalog's takes
+        # Requests' connections to engines (see upstream.py): made by the Router as the app starts.
+        self.pool: Pool | None = None
+
+    def handler(self, route: routing.Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def proxy(request: web.Request) -> web.StreamResponse:
+            return await self.proxy(request, route)
+        return proxy
+
+    async def catalog_route(self, request: web.Request) -> web.StreamResponse:
+        """A POST under /v1/ that is not in the table: proxied if the current catalog's engines add it, else a 404."""
+        route = self._surface.view.routes.routes.get(request.raw_path.partition("?")[0])
+        if route is None:
+            return await self._info.not_found(request)
+        return await self.proxy(request, route)
+
+    async def proxy(self, request: web.Request, route: routing.Route) -> web.StreamResponse:
+        call = Call(request, route, perf_counter(), self._surface.view)
+        accounting = self._accounting
+        try:
+            try:
+                # The target the engine will get, before anything else is
+                # spent on the request.
+                check_target(request.raw_path)
+            except PathError as exc:
+                raise Refused(errors.response(400, str(exc), "invalid_request_error", "invalid_path")) from None
+            # The key and its rate before the body is read: a stranger or a
+            # key over its rate makes the router parse nothing.
+            api_key = call.api_key = accounting.key(request)
+            if api_key is not None:
+                wait = self._limiter.take(api_key)
+                if wait:
+                    raise Refused(keyauth.rate_limited(api_key, wait))
+            body = await self._resolve(call, await self._read_body(call))
+            return await self._forward(call, body)
+        except Refused as refused:
+            response = route.error_shape(refused.response)
+            if call.early is not None:
+                return await self._answer.refuse_in_stream(call, response)
+            return accounting.refuse(call, response)
+        except ClientGone:
+            # Left while held for a cold start: a keep-alive comment found the connection closed.
+            accounting.refuse(call, web.Response(status=499))
+            assert call.early is not None    # ClientGone is raised only by a keep-alive write to the opened stream
+            return call.early
+        except asyncio.CancelledError:
+            # The same, seen first by aiohttp, which cancels the handler; a
+            # request cancelled before its stream opened is not counted, as before.
+            if call.early is not None:
+                accounting.refuse(call, web.Response(status=499))
+            raise
+        finally:
+            if call.held:
+                self._bodies.give_back(request.remote or "?", call.held)
+
+    # -- the body and the model --------------------------------------------------------------------
+
+    async def _read_body(self, call: Call) -> bytes:
+        """The body as sent, decoded; its size (compressed and inflated) at most max_body_bytes.
+
+        aiohttp does not decompress (see httpserver.server_options): a gzip
+        body is inflated here by httpbody, which stops at the limit as it
+        inflates.
+        """
+        request, cfg = call.request, self._config
+        limit = cfg.max_body_bytes
+        length = request.content_length
+        if length is not None and length > limit:
+            raise Refused(errors.too_large(limit))
+        client = request.remote or "?"
+        try:
+            if length is not None:
+                # Declared: charged before a byte of it is held.
+                self._hold(call, client, length)
+            if request.content.is_eof():
+                data = await request.read()      # already buffered: the usual small request
+            else:
+                # wait_for, not asyncio.timeout: Python 3.10 is supported. Only
+                # bodies still arriving pay for it.
+                data = await asyncio.wait_for(request.read(), cfg.body_timeout)
+            if length is None:
+                self._hold(call, client, len(data))
+            encoding = request.headers.get("Content-Encoding")
+            if encoding is not None:
+                data = await httpbody.decode(data, encoding, limit,
+                                             admit=lambda size: self._hold(call, client, size))
+            return data
+        except web.HTTPRequestEntityTooLarge:
+            raise Refused(errors.too_large(limit)) from None
+        except httpbody.BodyTooLarge:
+            raise Refused(errors.response(
+                413, f"the request body inflates to more than the router's limit of {limit} bytes",
+                "invalid_request_error", "request_too_large")) from None
+        except httpbody.BodyError as exc:
+            raise Refused(errors.response(exc.status, str(exc), "invalid_request_error", exc.code)) from None
+        except web.RequestPayloadError:
+            # Bad chunked framing, or a body shorter than its Content-Length.
+            raise Refused(errors.response(
+                400, "the request body is not framed as its headers say (chunked encoding or Content-Length)",
+                "invalid_request_error", "invalid_body")) from None
+        except asyncio.TimeoutError:
+            raise Refused(errors.response(
+                408, f"the request body did not arrive within {cfg.body_timeout:g} s", "invalid_request_error",
+                "request_timeout", headers={"Connection": "close"})) from None
+
+    def _hold(self, call: Call, client: str, size: int) -> None:
+        """Charge a body of `size` bytes to the large-body budget (raised past what was charged); Refused when full."""
+        if size <= call.held:
+            return
+        budget = self._bodies
+        budget.give_back(client, call.held)
+        call.held = 0
+        try:
+            call.held = budget.take(client, size)
+        except BudgetFull as full:
+            raise Refused(errors.large_bodies_busy(full.per_client, full.limit)) from None
+
+    async def _parse(self, call: Call, body: bytes) -> jsonbody.Facts:
+        """The body's facts, parsed on the loop when cheap for certain, else off it (see jsonbody)."""
+        route, depth = call.route, self._config.max_json_depth
+        try:
+            if jsonbody.heavy(body):
+                return await self._parser.parse(body, route.model_key, route.prompt, depth)
+            return jsonbody.parse(body, route.model_key, depth)
+        except jsonbody.BodyRefused as exc:
+            raise Refused(errors.response(400, str(exc), "invalid_request_error", exc.code)) from None
+        except jsonbody.WorkerBusy:
+            raise Refused(errors.response(
+                503, "the router is parsing as many large request bodies as it may at once; retry shortly",
+                "service_unavailable", "too_many_large_bodies",
+                headers={"Retry-After": str(errors.RETRY_LARGE_BODIES)})) from None
+
+    async def _resolve(self, call: Call, body: bytes) -> bytes:
+        """Parse the body and resolve its model into `call`; return the body to forward."""
+        facts = await self._parse(call, body)
+        name = facts.model
+        if type(name) is not str or not name:
+            raise Refused(errors.missing_model())
+        if len(name) > errors.MAX_NAME_CHARS:
+            # Before any lookup, key pattern or "did you mean": no name is that long.
+            raise Refused(errors.name_too_long(name, facts.model_chars))
+        view = call.view
+        model = view.catalog.resolve(name)
+        call.model = model.name if model is not None else ""
+        if call.api_key is not None and not keyauth.allows(call.api_key, name, model):
+            raise Refused(keyauth.forbidden(name))
+        if model is None:
+            raise Refused(errors.unknown_model(name, usable_names(view.catalog, call.api_key)))
+        route = call.route
+        if not view.routes.allows(route, model.name):
+            raise Refused(errors.no_such_route(call.request.method, route.path, model.name))
+        call.stream = route.streams and facts.stream
+        policy = view.routing.get(model.name)
+        if policy is not None:
+            # Parsed on the loop, the prompt is read only now, when a policy wants it.
+            reader = known(facts.prompt) if facts.off_loop else route.prompt
+            call.chooser = self.policies.chooser(policy, model.name, facts.doc, call.request.headers, prompt=reader)
+        if name != model.name:
+            body = self._renamed(body, facts, route.model_key, model.name)
+        return body
+
+    def _renamed(self, body: bytes, facts: jsonbody.Facts, key: str, name: str) -> bytes:
+        """`body` naming the model `name` instead of the alias it was sent with: only the model's value changes."""
+        lone = facts.lone_surrogate
+        if lone is None:
+            lone = jsonbody.lone_surrogate(body)
+        if lone:
+            # A lone surrogate ("\ud800"): JSON's escapes can spell it, UTF-8
+            # cannot, and no engine could read it either. Refused by alias as
+            # ever (a rewrite once re-encoded the body, which failed on it).
+            raise Refused(errors.response(
+                400, "the request body holds a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape), "
+                "which is not text", "invalid_request_error", "invalid_json"))
+        span = facts.span or jsonbody.model_span(body, key)
+        if span is not None:
+            return jsonbody.with_model(body, span, name)
+        # Not UTF-8 (JSON may be UTF-16 or 32): re-encoded whole, as UTF-8.
+        doc = json.loads(body)
+        doc[key] = name
+        try:
+            return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+        except UnicodeEncodeError:
+            raise Refused(errors.response(
+                400, "the request body holds a lone UTF-16 surrogate, which is not text", "invalid_request_error",
+                "invalid_json")) from None
+
+    # -- an endpoint, and the attempts at it -------------------------------------------------------
+
+    async def _forward(self, call: Call, body: bytes) -> web.StreamResponse:
+        """Try endpoints of the model in turn, up to max_attempts, until one answers; Refused when none does.
+
+        Only an endpoint that refused the connection is retried elsewhere (the
+        request never ran there); when every one did, the request waits once
+        for an endpoint not tried yet, as for a cold start.
+        """
+        balancer = self._balancer
+        state: EndpointState | None = await self._first_endpoint(call)
+        tried: tuple[EndpointState, ...] = ()
+        failure = "no endpoint left to try"
+        attempts, held = self._config.max_attempts, False
+        while attempts and state is not None:
+            attempts -= 1
+            answer = await self._attempt(call, state, body)
+            if not isinstance(answer, str):
+                return answer
+            failure = answer
+            tried += (state,)
+            state = balancer.pick(call.model, tried, call.chooser)
+            if state is None and not held and self._cold.can_wait:
+                # Every endpoint of the model refused the connection: its engines
+                # are down -- the one replica crashed, say, and its agent is
+                # restarting it. That is missing capacity for a few seconds, as in
+                # a cold start, so wait as for one (bounded by the cold timeout)
+                # for an endpoint not tried yet -- the restarted replica joins
+                # anew once healthy -- rather than answer 502 for a gap that heals.
+                held = True
+                state = await self._wait_for_endpoint(call, tried)
+                attempts = max(attempts, 1)     # the endpoint that came back gets its try
+        raise Refused(errors.upstream_failed(call.model, failure))
+
+    async def _first_endpoint(self, call: Call) -> EndpointState:
+        """The endpoint of the first attempt: picked now, or waited for (a cold start); Refused when there can be none."""
+        balancer, model = self._balancer, call.model
+        top = call.view.top_profile.get(model)
+        if top is not None and not balancer.has_profile(model, top):
+            self._cold.demand(model)
+        state = balancer.pick(model, (), call.chooser)
+        if state is None:
+            self._unless_unplaceable(model)
+            if not self._cold.can_wait:
+                raise Refused(errors.no_replica(model))
+            state = await self._wait_for_endpoint(call, ())
+        return state
+
+    async def _attempt(self, call: Call, state: EndpointState, body: bytes) -> web.StreamResponse | str:
+        """One try at `state`: the answer passed back, or (a str) why it failed before taking the request.
+
+        Refused for any other failure: the request may have run there, so it
+        is not tried elsewhere.
+        """
+        balancer = self._balancer
+        balancer.started(state)
+        try:
+            upstream = await self._send(call, state, body)
+            if isinstance(upstream, str):
+                return upstream
+            try:
+                return await self._answer.respond(call, upstream, state)
+            finally:
+                # A response read to its end goes back to the pool; one cut
+                # short (client gone, error) closes, so the engine sees the
+                # disconnect and frees the slot.
+                upstream.release()
+        except OutOfBounds as exc:
+            raise Refused(self._answer.out_of_bounds(call, state, exc)) from None
+        except UpstreamError as exc:
+            raise Refused(errors.upstream_failed(call.model, f"{state.replica_id}: {exc or type(exc).__name__}")) from None
+        finally:
+            balancer.finished(state)
+
+    async def _send(self, call: Call, state: EndpointState, body: bytes) -> Response | str:
+        """The request sent to `state`, once its answer's headers are in; or (a str) why it could not connect."""
+        pool = self.pool
+        assert pool is not None     # made as the app starts, which aiohttp runs before it serves a request
+        idle_timeout = (self._config.upstream_idle_timeout or None) if call.stream else None
+        up0 = perf_counter()
+        try:
+            upstream = await pool.post(state.endpoint.url, call.request.raw_path, body, idle_timeout=idle_timeout,
+                                       headers=call.fwd)
+        except UpstreamTimeout as exc:
+            # The engine took the request and then said nothing for
+            # upstream_idle_timeout: wedged, and the request may have
+            # run there, so not retried elsewhere.
+            self._balancer.eject(state)
+            raise Refused(errors.response(
+                504, f"replica {state.replica_id} of {call.model!r} {exc}", "upstream_error",
+                "upstream_timeout")) from None
+        except ConnectFailed as exc:
+            call.waited += perf_counter() - up0
+            self._balancer.eject(state)
+            log.warning("endpoint %s failed before answering, trying another: %s", state.replica_id, exc)
+            return f"{state.replica_id}: {exc or type(exc).__name__}"
+        call.waited += perf_counter() - up0       # the engine's, until its headers
+        return upstream
+
+    def _unless_unplaceable(self, model: str) -> None:
+        """Refused (503 at once, with the placement's reason) when the controller says `model` cannot be placed now."""
+        unplaceable = self._surface.unplaceable
+        said = unplaceable.get(model) if unplaceable else None
+        if said is not None:
+            raise Refused(errors.unplaceable(model, said.reason, said.retry))
+
+    async def _wait_for_endpoint(self, call: Call, tried: tuple[EndpointState, ...]) -> EndpointState:
+        """Hold `call` until an endpoint of its model not in `tried` is ready: a cold start, or every one refusing.
+
+        Refused 429 when the model's queue is full, 503 past the cold timeout
+        or as soon as the controller says the model cannot be placed. Every
+        outcome is observed in the cold-wait histogram, and the time waited is
+        left out of the router's overhead.
+        """
+        model, balancer, cold = call.model, self._balancer, self._cold
+        observed = self._metrics.cold_wait
+        wait_from = perf_counter()
+
+        def pick() -> EndpointState | None:
+            got = balancer.pick(model, tried, call.chooser)
+            if got is None:
+                self._unless_unplaceable(model)
+            return got
+
+        try:
+            state = await held_for_cold_start(call, cold.wait(model, pick), self._config.cold_keepalive)
+        except Refused:
+            observed.labels(model, "unplaceable").observe(perf_counter() - wait_from)
+            raise
+        except QueueFull:
+            observed.labels(model, "queue_full").observe(0.0)
+            raise Refused(errors.queue_full(model, cold.max_waiting)) from None
+        except ColdTimeout:
+            observed.labels(model, "timeout").observe(perf_counter() - wait_from)
+            raise Refused(errors.cold_timeout(model, cold.timeout)) from None
+        waited = perf_counter() - wait_from
+        observed.labels(model, "served").observe(waited)
+        call.waited += waited
+        return state
