@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 import yaml
 
@@ -33,8 +33,7 @@ _NON_PRINTABLE = re.compile("[^\x09\x0A\x0D\x20-\x7E\x85\xA0-\uD7FF\uE000-\uFFFD
 _CONTROL_NAMES = {0: "NUL", 0x1b: "ESC", 0x7f: "DEL"}
 
 
-@dataclass(frozen=True, slots=True)
-class Parsed:
+class Parsed(NamedTuple):
     """A file's document, where its values are, what YAML let through that a catalog refuses, and its size."""
 
     document: Any

@@ -22,12 +22,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from typing import Callable
+from typing import Any, Callable
 
 import aiohttp
 
 from ..aio import cancel_and_wait, sleep_unless
-from ..catalog import Live
+from ..catalog import Catalog, Live
 from .config import DEFAULTS, RouterConfig
 from .server import Router, start
 from .static import follow_endpoints
@@ -45,7 +45,7 @@ async def run(host: str, port: int, *, endpoints_file: str | None = None, catalo
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    tasks: list[asyncio.Task] = []
+    tasks: list[asyncio.Task[Any]] = []
     session = aiohttp.ClientSession()     # control-plane calls only; engine traffic has its own pool
     runner = None
     try:
@@ -87,7 +87,7 @@ async def _first_contact(watch: ControllerWatch, controller: str, stop: asyncio.
             await sleep_unless(delay, stop)
 
 
-def _static(endpoints_file: str, catalogs_dir: str, config: RouterConfig, tasks: list[asyncio.Task], stop: asyncio.Event) -> Router:
+def _static(endpoints_file: str, catalogs_dir: str, config: RouterConfig, tasks: list[asyncio.Task[Any]], stop: asyncio.Event) -> Router:
     from ..catalog.watcher import CatalogWatcher
 
     live = Live()
@@ -95,7 +95,8 @@ def _static(endpoints_file: str, catalogs_dir: str, config: RouterConfig, tasks:
     catalog = watcher.load_initial()          # CatalogError: nothing to serve yet, the CLI reports it
     router = Router(catalog, config=config)
     router.metrics.follow(watcher.watcher_status)
-    endpoints = follow_endpoints(router, endpoints_file, stop)    # EndpointFileError likewise
+    endpoints = follow_endpoints(router, endpoints_file, stop, lambda: live.current)    # EndpointFileError likewise
+    router.metrics.follow(endpoints.status)
     loop = asyncio.get_running_loop()
 
     def reread() -> None:
@@ -104,8 +105,8 @@ def _static(endpoints_file: str, catalogs_dir: str, config: RouterConfig, tasks:
         tasks.append(task)          # cancelled with the rest at exit; forgotten once done
         task.add_done_callback(lambda t: tasks.remove(t) if t in tasks else None)
 
-    def swapped(old, new) -> None:
-        router.set_catalog(new)
+    def swapped(old: Catalog, new: Catalog) -> None:
+        router.set_catalog(new)     # first: the file's endpoints are read against it next
         reread()
 
     live.subscribe(swapped)
