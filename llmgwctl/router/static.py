@@ -24,7 +24,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..catalog import Catalog
+from ..catalog import Catalog, Live
 from ..contracts import Endpoint, RouterSink
 from ..fsutil import FollowedFile
 from .errors import RouterError
@@ -79,6 +79,53 @@ def follow_endpoints(sink: RouterSink, path: str | os.PathLike[str], stop: async
     follower.load_initial()
     follower.start(stop)
     return follower
+
+
+class StaticSource:
+    """A router's source with no control plane: a catalog directory and an endpoint file, told to a `RouterSink`.
+
+    The directory is followed by the catalog watcher (a valid edit swaps in,
+    an invalid one is logged and ignored), the file by `EndpointFileFollower`,
+    read again after every catalog swap (its defaults come from the catalog)
+    and on `reread()` (SIGHUP). The sink is told a new catalog before the
+    endpoints read against it. Never model states: nothing here knows of a
+    replica starting or a model that cannot be placed.
+    """
+
+    def __init__(self, endpoints_file: str | os.PathLike[str], catalogs_dir: str | os.PathLike[str]):
+        from ..catalog.watcher import CatalogWatcher      # the loader is heavy; only this mode needs it
+
+        self.live = Live()
+        self.catalogs = CatalogWatcher(os.fspath(catalogs_dir), self.live)
+        self._endpoints_file = endpoints_file
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    def load_initial(self) -> Catalog:
+        """The catalog in the directory now; CatalogError if there is none to serve. Blocking."""
+        return self.catalogs.load_initial()
+
+    def start(self, sink: RouterSink, stop: asyncio.Event, tasks: list[asyncio.Task[Any]]) -> EndpointFileFollower:
+        """Tell `sink` the catalog and the endpoints now, and follow both until `stop`, the tasks doing so in `tasks`
+        (a reread's only while it runs). EndpointFileError if the file is unusable now. On the loop, after `load_initial`."""
+        self._tasks = tasks
+        sink.set_catalog(self.live.current)
+        self.endpoints = follow_endpoints(sink, self._endpoints_file, stop, lambda: self.live.current)
+
+        def swapped(old: Catalog, new: Catalog) -> None:
+            sink.set_catalog(new)       # first: the file's endpoints are read against it next
+            self.reread()
+
+        self.live.subscribe(swapped)
+        tasks.append(asyncio.get_running_loop().create_task(self.catalogs.run(stop)))
+        tasks.append(self.endpoints.task)
+        return self.endpoints
+
+    def reread(self) -> None:
+        """Read the endpoint file again, against the catalog of the moment. On the loop."""
+        tasks = self._tasks
+        task = asyncio.get_running_loop().create_task(self.endpoints.check(), name="endpoints-reread")
+        tasks.append(task)          # cancelled with the rest at exit; forgotten once done
+        task.add_done_callback(lambda t: tasks.remove(t) if t in tasks else None)
 
 
 def parse_endpoints(doc: Any, catalog: Catalog, source: str = "<endpoints>") -> list[Endpoint]:

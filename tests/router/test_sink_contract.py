@@ -1,11 +1,13 @@
 """One sink contract (`contracts.RouterSink`): every source tells a router through it, and the Router takes all of it."""
 from __future__ import annotations
 
+import asyncio
 import inspect
 
 import aiohttp
 import pytest
 
+from llmgwctl.aio import cancel_and_wait
 from llmgwctl.catalog import CatalogError, Model, Profile, Replicas, loader
 from llmgwctl.contracts import Endpoint, RouterSink
 from llmgwctl.router import Router
@@ -82,3 +84,29 @@ def test_a_catalog_the_router_cannot_load_is_refused_naming_the_controller_it_ca
         _load_catalog({"apiVersion": "llmgw/v1", "kind": "Catalog", "models": "none"},
                       "<catalog from http://127.0.0.1:8081>")
     assert str(info.value).startswith("<catalog from http://127.0.0.1:8081>: models: expected a list")
+
+
+async def test_the_static_source_tells_a_sink_the_catalog_before_the_endpoints_read_against_it(tmp_path):
+    from llmgwctl.catalog import load_text
+    from llmgwctl.router.static import StaticSource
+
+    catalogs = tmp_path / "catalogs"
+    catalogs.mkdir()
+    text = "apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n  - name: m\n    profiles: [{name: p, engine: fake, gpus: 0, priority: 3}]\n"
+    (catalogs / "c.yaml").write_text(text)
+    (tmp_path / "endpoints.yaml").write_text("endpoints: [{model: m, url: 'http://127.0.0.1:9', id: e1}]\n")
+    source = StaticSource(tmp_path / "endpoints.yaml", catalogs)
+    first = source.load_initial()
+    sink, stop, tasks = Recording(), asyncio.Event(), []
+    source.start(sink, stop, tasks)
+    try:
+        assert [name for name, _ in sink.calls] == ["set_catalog", "set_endpoints"]
+        assert sink.calls[0][1] == first and sink.calls[1][1] == ("e1",)
+        sink.calls.clear()
+        # A swap: the new catalog, then the file read again against it.
+        source.live.swap(load_text(text.replace("priority: 3", "priority: 7")))
+        await asyncio.wait_for(asyncio.gather(*[t for t in tasks if t.get_name() == "endpoints-reread"]), 10)
+        assert [name for name, _ in sink.calls] == ["set_catalog", "set_endpoints"]
+    finally:
+        stop.set()
+        await cancel_and_wait(*tasks)
