@@ -1,7 +1,8 @@
 """The catalog: which models llmgw serves, and how each may run.
 
 Owns the immutable `Catalog` (models, aliases, profiles, engines), loading and
-validating a directory of YAML files (`load_dir`, `load_paths`), `Live` (the one
+validating a directory of YAML files (`load_dir`, `load_paths`) or a document
+already parsed (`load_document`), `Live` (the one
 current catalog), `diff` between two catalogs, and the `CatalogWatcher` that
 follows a directory and swaps `Live` only to valid catalogs.
 
@@ -17,14 +18,14 @@ from .model import (API_VERSION, AUTOSCALE_METRICS, BUILTIN_ENGINES, KIND, Autos
 __all__ = [
     "API_VERSION", "AUTOSCALE_METRICS", "Autoscale", "BUILTIN_ENGINES", "KIND", "Catalog", "CatalogError", "EngineSpec", "Live", "Model",
     "Origin", "Problem", "Profile", "Replicas", "ScalingPolicy", "format_duration", "format_path", "parse_duration",
-    "load_dir", "load_paths", "load_text",
+    "load_dir", "load_document", "load_paths", "load_text",
 ]
 
 
 def __getattr__(name: str):
     # The loader pulls in yaml and jsonschema; import it only when it is used,
     # so code that only reads catalogs (the router's hot path) stays light.
-    if name in ("load_dir", "load_paths", "load_text"):
+    if name in ("load_dir", "load_document", "load_paths", "load_text"):
         from . import loader
         return getattr(loader, name)
     raise AttributeError(name)

@@ -64,3 +64,15 @@ class CatalogError(Exception):
 
     def __str__(self) -> str:
         return "\n".join(str(p) for p in self.problems)
+
+
+# How much of a line or value a message may quote. An error must let the
+# operator find the spot, and must never print a file (a secret in the wrong
+# place, a link to a token) into status and logs.
+EXCERPT = 40
+
+
+def excerpt(value: object, limit: int = EXCERPT) -> str:
+    """`repr(value)`, cut to a short excerpt: what errors may quote of a file."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

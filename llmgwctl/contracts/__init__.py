@@ -11,6 +11,7 @@ the agent protocol and the control API have always sent.
     spec       ReplicaSpec (controller -> agent), LoadReading (engine -> router)
     endpoint   Endpoint (reconciler / static file / watch -> router)
     modelstate ModelState, ModelCondition (reconciler / watch -> router: starting, or cannot be placed and why)
+    sink       RouterSink, what every source of endpoints, model states and catalogs pushes a router
     claims     NodeClaims (node token -> inventory: what a node may claim)
     report     AgentReport, ReportedReplica, Gpu, CpuCapacity, EngineAvailability (agent -> inventory)
     usage      Usage, UsageSource, LoadSource, ConcurrencySource, UsageReport (router -> reconciler)
@@ -27,6 +28,7 @@ from .endpoint import Endpoint
 from .errors import ContractError, EndpointError, ModelStateError, ReportError, UsageError
 from .modelstate import ModelCondition, ModelState
 from .report import AgentReport, CpuCapacity, EngineAvailability, Gpu, ReportedReplica
+from .sink import RouterSink
 from .spec import LoadReading, ReplicaSpec
 from .states import AGENT_STATES, ReplicaState
 from .status import (CatalogStatus, ControlStatus, Event, FleetStatus, GpuStatus, ModelStatus, NodeStatus,
@@ -37,6 +39,6 @@ __all__ = [
     "AGENT_STATES", "AgentReport", "CatalogStatus", "ConcurrencySource", "ContractError", "ControlStatus", "Endpoint", "EndpointError",
     "CpuCapacity", "EngineAvailability", "Event", "FleetStatus", "Gpu", "GpuStatus", "LoadReading", "LoadSource", "ModelCondition", "ModelState",
     "ModelStateError", "ModelStatus", "NodeClaims", "NodeStatus", "UNBOUNDED",
-    "ReplicaSpec", "ReplicaState", "ReplicaStatus", "ReportError", "ReportedReplica", "Usage", "UsageError",
+    "ReplicaSpec", "ReplicaState", "ReplicaStatus", "ReportError", "ReportedReplica", "RouterSink", "Usage", "UsageError",
     "UsageReport", "UsageSnapshot", "UsageSource", "WatcherStatus",
 ]

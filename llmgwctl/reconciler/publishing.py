@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import bisect
 import collections
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from operator import attrgetter
-from typing import Callable, Protocol, runtime_checkable
+from typing import Callable, TypeAlias
 
 from ..catalog import Catalog
-from ..contracts import Endpoint, ModelState, ReplicaSpec, ReplicaState
+from ..contracts import Endpoint, ModelState, ReplicaSpec, ReplicaState, RouterSink
 from ..inventory import Inventory
 from ..placement import Unplaceable
 from .desired import DesiredStore
@@ -32,36 +32,10 @@ from .records import Records, Replica
 from .scaling import GONE
 
 
-class EndpointSink(Protocol):
-    """Where the ready endpoints go: the router. A push once per change, never a pull per request,
-    so the control plane does not depend on the router; when the two run as separate processes this
-    becomes the watch stream and nothing above it changes."""
-
-    def set_endpoints(self, endpoints: Iterable[Endpoint]) -> None: ...
-
-
-@runtime_checkable
-class EndpointChangeSink(Protocol):
-    """An EndpointSink that can also be told what changed, so a push costs what changed, not the list.
-
-    `changed` maps each replica id whose endpoint came, changed or left since the
-    list the sink was last given (by either call) to its Endpoint, or None if it
-    left; `endpoints` is the whole new list, for a sink that would rather take it.
-    """
-
-    def set_endpoints(self, endpoints: Iterable[Endpoint]) -> None: ...
-
-    def change_endpoints(self, endpoints: tuple[Endpoint, ...], changed: Mapping[str, Endpoint | None]) -> None: ...
-
-
-@runtime_checkable
-class ModelStateSink(Protocol):
-    """Where model states go: the router, beside the endpoints. A model that cannot be placed
-    is answered at once with the reason, one that is starting is waited for (`modelstates`).
-    Pushed once per change like the endpoints; a sink without it simply waits as before."""
-
-    def set_model_states(self, states: Iterable[ModelState]) -> None: ...
-
+# Other names of the one sink contract (`contracts.sink.RouterSink`), which this package exports.
+EndpointSink: TypeAlias = RouterSink
+EndpointChangeSink: TypeAlias = RouterSink
+ModelStateSink: TypeAlias = RouterSink
 
 replica_id = attrgetter("replica_id")
 Ranks = Mapping[tuple[str, str], tuple[int, float]]
@@ -73,13 +47,13 @@ class Publisher:
     def __init__(self, records: Records, inventory: Inventory, desired: DesiredStore, *,
                  on_change: Callable[[], None] = lambda: None):
         self.records, self.inventory, self.desired = records, inventory, desired
-        self.sinks: list[EndpointSink] = []
+        self.sinks: list[RouterSink] = []
         self._on_change = on_change
         self.endpoints: tuple[Endpoint, ...] = ()
         self.endpoints_version = 0
         # What the router is told beside the endpoints (see `modelstates`).
         self.model_states: tuple[ModelState, ...] = ()
-        self._pushed_states: tuple = ()
+        self._pushed_states: tuple[ModelState, ...] = ()
         # Each node's desired list as its records make it, non-empty ones only;
         # and what was last handed out: node -> (desired version, specs).
         self.node_specs: dict[str, tuple[ReplicaSpec, ...]] = {}
@@ -96,11 +70,12 @@ class Publisher:
         # Publishes completed (the incremental check compares only what a whole publish kept).
         self.published = 0
 
-    def add_sink(self, sink: EndpointSink) -> None:
+    def add_sink(self, sink: RouterSink) -> None:
+        """Tell `sink` what was last handed out, then every change. The catalog is not the publisher's
+        to push: the controller tells its router of a swap before any pass can act on it."""
         self.sinks.append(sink)
         sink.set_endpoints(self.endpoints)
-        if isinstance(sink, ModelStateSink):
-            sink.set_model_states(self.model_states)
+        sink.set_model_states(self.model_states)
 
     def derive_model_states(self, catalog: Catalog, unplaceable: Mapping[str, Unplaceable]) -> None:
         """After the plan is applied: which models are starting, which cannot be placed (pushed in `publish`)."""
@@ -122,17 +97,14 @@ class Publisher:
             # Before the endpoints: a router woken by either then sees both as they are.
             self._pushed_states = states
             for sink in self.sinks:
-                if isinstance(sink, ModelStateSink):
-                    sink.set_model_states(states)
+                sink.set_model_states(states)
             self._on_change()
         if endpoints is not None:
             self.endpoints, changed = endpoints
             self.endpoints_version += 1
             for sink in self.sinks:
-                if isinstance(sink, EndpointChangeSink):
-                    sink.change_endpoints(self.endpoints, changed)
-                else:
-                    sink.set_endpoints(self.endpoints)
+                # What changed, not the list: a rollout's pass changes a few dozen of thousands.
+                sink.change_endpoints(self.endpoints, changed)
             self._on_change()
         self._desired_lists(settled)
         self.published += 1

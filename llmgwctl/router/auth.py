@@ -52,12 +52,16 @@ from typing import Any, Callable, Iterable
 
 from ..fsutil import FollowedFile
 from . import errors
-from .yamlfile import MAX_BYTES, load_yaml, parse_yaml
+from .yamlfile import MAX_BYTES, Layout, entries, load_yaml, parse_yaml
 
 log = logging.getLogger("llmgw.router.keys")
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_FIELDS = {"name", "sha256", "models", "rpm"}
+_LAYOUT = Layout(key="keys", fields=frozenset({"name", "sha256", "models", "rpm"}), required=("name", "sha256", "models", "rpm"),
+                 example="keys: [{name: team-a, sha256: <64 hex>, models: ['*'], rpm: 600}]",
+                 entry="expected a mapping with name, sha256, models and rpm",
+                 hint=lambda unknown: (" (store the key's SHA-256 in 'sha256', never the key)"
+                                       if unknown in ("key", "token", "secret") else ""))
 
 
 class KeyFileError(errors.RouterError):
@@ -119,27 +123,11 @@ def allows(key: ApiKey, requested: str, model: Any | None) -> bool:
 
 
 def parse_keys(doc: Any, source: str = "<keys>") -> ApiKeys:
-    if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
-        raise KeyFileError(f"{source}: expected a mapping with a 'keys' list, e.g. keys: "
-                           "[{name: team-a, sha256: <64 hex>, models: ['*'], rpm: 600}]")
     problems: list[str] = []
     out: list[ApiKey] = []
     names: dict[str, int] = {}
     digests: dict[str, int] = {}
-    for i, raw in enumerate(doc["keys"]):
-        where = f"{source}: keys[{i}]"
-        if not isinstance(raw, dict):
-            problems.append(f"{where}: expected a mapping with name, sha256, models and rpm")
-            continue
-        unknown = sorted(set(raw) - _FIELDS)
-        if unknown:
-            hint = " (store the key's SHA-256 in 'sha256', never the key)" if unknown[0] in ("key", "token", "secret") else ""
-            problems.append(f"{where}: unknown field {unknown[0]!r}; expected {', '.join(sorted(_FIELDS))}{hint}")
-            continue
-        missing = [f for f in ("name", "sha256", "models", "rpm") if f not in raw]
-        if missing:
-            problems.append(f"{where}.{missing[0]}: required")
-            continue
+    for i, where, raw in entries(doc, _LAYOUT, source, KeyFileError, problems):
         name, digest, models, rpm = raw["name"], raw["sha256"], raw["models"], raw["rpm"]
         if not isinstance(name, str) or not name:
             problems.append(f"{where}.name: must be a non-empty string")

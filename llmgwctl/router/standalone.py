@@ -4,9 +4,9 @@ Owns wiring a `Router` to its source of endpoints and catalog, serving it, and
 stopping cleanly on SIGTERM/SIGINT. The CLI (`llmgwctl router`) only parses
 options and calls `run`.
 
-- Static (`endpoints_file` + `catalogs_dir`): the catalog directory is followed
+- Static (`endpoints_file` + `catalogs_dir`, a `static.StaticSource`): the catalog directory is followed
   by the catalog watcher (a valid edit swaps in, an invalid one is logged and
-  ignored); the endpoint file is followed (`static.follow_endpoints`, an
+  ignored); the endpoint file is followed (`static.EndpointFileFollower`, an
   `fsutil.FollowedFile`) and re-read on every edit, after every catalog swap
   (its defaults come from the catalog) and on SIGHUP. An edit that does not
   load, or anything at the path that is not a usable file, is logged with
@@ -22,15 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from typing import Callable
+from typing import Any, Callable
 
 import aiohttp
 
 from ..aio import cancel_and_wait, sleep_unless
-from ..catalog import Live
 from .config import DEFAULTS, RouterConfig
 from .server import Router, start
-from .static import follow_endpoints
+from .static import StaticSource
 from .watch import ControllerWaker, ControllerWatch, UsageReporter, WatchError
 
 log = logging.getLogger("llmgw.router")
@@ -45,7 +44,7 @@ async def run(host: str, port: int, *, endpoints_file: str | None = None, catalo
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    tasks: list[asyncio.Task] = []
+    tasks: list[asyncio.Task[Any]] = []
     session = aiohttp.ClientSession()     # control-plane calls only; engine traffic has its own pool
     runner = None
     try:
@@ -87,29 +86,11 @@ async def _first_contact(watch: ControllerWatch, controller: str, stop: asyncio.
             await sleep_unless(delay, stop)
 
 
-def _static(endpoints_file: str, catalogs_dir: str, config: RouterConfig, tasks: list[asyncio.Task], stop: asyncio.Event) -> Router:
-    from ..catalog.watcher import CatalogWatcher
-
-    live = Live()
-    watcher = CatalogWatcher(catalogs_dir, live)
-    catalog = watcher.load_initial()          # CatalogError: nothing to serve yet, the CLI reports it
-    router = Router(catalog, config=config)
-    router.metrics.follow(watcher.watcher_status)
-    endpoints = follow_endpoints(router, endpoints_file, stop)    # EndpointFileError likewise
-    loop = asyncio.get_running_loop()
-
-    def reread() -> None:
-        # The file's defaults come from the catalog: read it again against the new one.
-        task = loop.create_task(endpoints.check(), name="endpoints-reread")
-        tasks.append(task)          # cancelled with the rest at exit; forgotten once done
-        task.add_done_callback(lambda t: tasks.remove(t) if t in tasks else None)
-
-    def swapped(old, new) -> None:
-        router.set_catalog(new)
-        reread()
-
-    live.subscribe(swapped)
-    loop.add_signal_handler(signal.SIGHUP, reread)
-    tasks.append(loop.create_task(watcher.run(stop)))
-    tasks.append(endpoints.task)
+def _static(endpoints_file: str, catalogs_dir: str, config: RouterConfig, tasks: list[asyncio.Task[Any]], stop: asyncio.Event) -> Router:
+    source = StaticSource(endpoints_file, catalogs_dir)
+    router = Router(source.load_initial(), config=config)     # CatalogError: nothing to serve yet, the CLI reports it
+    router.metrics.follow(source.catalogs.watcher_status)
+    endpoints = source.start(router, stop, tasks)              # EndpointFileError likewise
+    router.metrics.follow(endpoints.status)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, source.reread)
     return router

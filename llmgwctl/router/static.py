@@ -21,18 +21,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
-from ..catalog import Catalog
-from ..contracts import Endpoint
+from ..catalog import Catalog, Live
+from ..contracts import Endpoint, RouterSink
 from ..fsutil import FollowedFile
 from .errors import RouterError
 from .upstream import BadEndpointURL, parse_target
-from .yamlfile import MAX_BYTES, parse_yaml
+from .yamlfile import MAX_BYTES, Layout, entries, parse_yaml
 
 log = logging.getLogger("llmgw.router")
 
-_FIELDS = {"model", "url", "profile", "id", "priority", "weight", "engine", "metrics_path"}
+_LAYOUT = Layout(key="endpoints", fields=frozenset({"model", "url", "profile", "id", "priority", "weight", "engine",
+                                                    "metrics_path"}),
+                 required=("model", "url"), example="endpoints: [{model: qwen, url: 'http://127.0.0.1:8000'}]",
+                 entry="expected a mapping with at least model and url", some_of=True, blank_is_missing=True)
 
 
 class EndpointFileError(RouterError):
@@ -40,63 +44,95 @@ class EndpointFileError(RouterError):
 
 
 class EndpointFileFollower(FollowedFile[list[Endpoint]]):
-    """Follows the endpoint file (`fsutil.FollowedFile`): every usable state is the router's endpoint list.
+    """Follows the endpoint file (`fsutil.FollowedFile`): every usable state is the sink's endpoint list.
 
-    Parsed against the router's catalog of the moment (its defaults come from
-    there), so a catalog swap asks for a read too (`check()`). A file that
+    Parsed against the catalog of the moment, `catalog()` (its defaults come
+    from there), so a catalog swap asks for a read too (`check()`). A file that
     cannot be used -- invalid, a FIFO, a device, past its cap, deleted,
     unreadable -- leaves the endpoints in force as they were: the engines
     behind them are still there, and emptying the list would answer every
     request 503 for a file caught half way through a deploy.
     """
 
-    def __init__(self, path: str | os.PathLike, router: Any):
+    def __init__(self, path: str | os.PathLike[str], sink: RouterSink, catalog: Callable[[], Catalog]):
         source = os.path.abspath(os.fspath(path))
 
         def applied(endpoints: list[Endpoint]) -> None:
-            router.set_endpoints(endpoints)
+            # The whole list: a file says nothing of what changed since the last read.
+            sink.set_endpoints(endpoints)
             log.info("endpoints in force from %s: %d", source, len(endpoints), extra={"event": "endpoints-reloaded"})
 
         super().__init__(source, name="endpoints", what="endpoint file", rejects=EndpointFileError,
                          max_bytes=MAX_BYTES, apply=applied, keeping="keeping the endpoints in force",
                          parse=lambda data: parse_endpoints(parse_yaml(data, source, EndpointFileError),
-                                                            router.catalog, source))
+                                                            catalog(), source))
 
 
+def follow_endpoints(sink: RouterSink, path: str | os.PathLike[str], stop: asyncio.Event,
+                     catalog: Callable[[], Catalog]) -> EndpointFileFollower:
+    """Tell `sink` the endpoints in `path` now, and follow the file until `stop` (the task: `.task`).
 
-def follow_endpoints(router: Any, path: str | os.PathLike, stop: asyncio.Event) -> EndpointFileFollower:
-    """Put the endpoints in `path` in force on `router` now, and follow the file until `stop` (the task: `.task`).
-
-    EndpointFileError if the file is unusable at start. Call on the loop, after
-    the router has its catalog.
+    EndpointFileError if the file is unusable at start. Call on the loop, with
+    `catalog()` the catalog the sink has been told.
     """
-    follower = EndpointFileFollower(path, router)
+    follower = EndpointFileFollower(path, sink, catalog)
     follower.load_initial()
-    router.metrics.follow(follower.status)
     follower.start(stop)
     return follower
 
 
+class StaticSource:
+    """A router's source with no control plane: a catalog directory and an endpoint file, told to a `RouterSink`.
+
+    The directory is followed by the catalog watcher (a valid edit swaps in,
+    an invalid one is logged and ignored), the file by `EndpointFileFollower`,
+    read again after every catalog swap (its defaults come from the catalog)
+    and on `reread()` (SIGHUP). The sink is told a new catalog before the
+    endpoints read against it. Never model states: nothing here knows of a
+    replica starting or a model that cannot be placed.
+    """
+
+    def __init__(self, endpoints_file: str | os.PathLike[str], catalogs_dir: str | os.PathLike[str]):
+        from ..catalog.watcher import CatalogWatcher      # the loader is heavy; only this mode needs it
+
+        self.live = Live()
+        self.catalogs = CatalogWatcher(os.fspath(catalogs_dir), self.live)
+        self._endpoints_file = endpoints_file
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    def load_initial(self) -> Catalog:
+        """The catalog in the directory now; CatalogError if there is none to serve. Blocking."""
+        return self.catalogs.load_initial()
+
+    def start(self, sink: RouterSink, stop: asyncio.Event, tasks: list[asyncio.Task[Any]]) -> EndpointFileFollower:
+        """Tell `sink` the catalog and the endpoints now, and follow both until `stop`, the tasks doing so in `tasks`
+        (a reread's only while it runs). EndpointFileError if the file is unusable now. On the loop, after `load_initial`."""
+        self._tasks = tasks
+        sink.set_catalog(self.live.current)
+        self.endpoints = follow_endpoints(sink, self._endpoints_file, stop, lambda: self.live.current)
+
+        def swapped(old: Catalog, new: Catalog) -> None:
+            sink.set_catalog(new)       # first: the file's endpoints are read against it next
+            self.reread()
+
+        self.live.subscribe(swapped)
+        tasks.append(asyncio.get_running_loop().create_task(self.catalogs.run(stop)))
+        tasks.append(self.endpoints.task)
+        return self.endpoints
+
+    def reread(self) -> None:
+        """Read the endpoint file again, against the catalog of the moment. On the loop."""
+        tasks = self._tasks
+        task = asyncio.get_running_loop().create_task(self.endpoints.check(), name="endpoints-reread")
+        tasks.append(task)          # cancelled with the rest at exit; forgotten once done
+        task.add_done_callback(lambda t: tasks.remove(t) if t in tasks else None)
+
+
 def parse_endpoints(doc: Any, catalog: Catalog, source: str = "<endpoints>") -> list[Endpoint]:
-    if not isinstance(doc, dict) or not isinstance(doc.get("endpoints"), list):
-        raise EndpointFileError(f"{source}: expected a mapping with an 'endpoints' list, "
-                                "e.g. endpoints: [{model: qwen, url: 'http://127.0.0.1:8000'}]")
     problems: list[str] = []
     out: list[Endpoint] = []
     seen: dict[str, int] = {}
-    for i, raw in enumerate(doc["endpoints"]):
-        where = f"{source}: endpoints[{i}]"
-        if not isinstance(raw, dict):
-            problems.append(f"{where}: expected a mapping with at least model and url")
-            continue
-        unknown = sorted(set(raw) - _FIELDS)
-        if unknown:
-            problems.append(f"{where}: unknown field {unknown[0]!r}; expected some of {', '.join(sorted(_FIELDS))}")
-            continue
-        missing = [f for f in ("model", "url") if not raw.get(f)]
-        if missing:
-            problems.append(f"{where}.{missing[0]}: required")
-            continue
+    for i, where, raw in entries(doc, _LAYOUT, source, EndpointFileError, problems):
         model = catalog.resolve(str(raw["model"]))
         if model is None:
             problems.append(f"{where}.model: {raw['model']!r} is not a model or alias in the catalog "

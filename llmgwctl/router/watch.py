@@ -52,7 +52,10 @@ Watch (long poll)::
 - Endpoint fields are those of `Endpoint.to_dict()`; `priority`, `weight` and
   `metrics_path` may be omitted (0, 1.0, "/metrics"). The router applies the
   catalog first, then the endpoints, so a new model's endpoints never arrive
-  before the catalog that names it.
+  before the catalog that names it. The catalog is checked as a catalog
+  file is, from the document itself (`catalog.load_document`: the same
+  schema, rules and limits); one this router cannot load is logged, naming
+  the controller, and the catalog in force stays.
 - `models` (`llmgwctl.contracts.ModelState`, the complete list) may be absent
   (a controller older than the field): no model is then unplaceable. An
   entry whose state this router does not know is skipped. The router applies
@@ -85,18 +88,17 @@ catalog, and reconnects with backoff.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
 import uuid
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol, runtime_checkable
+from typing import Any, Awaitable, Callable, Iterable
 
 import aiohttp
 
 from ..backoff import Backoff
 from ..catalog import Catalog, CatalogError
-from ..contracts import Endpoint, ModelState, ModelStateError, UsageReport, UsageSource
+from ..contracts import Endpoint, ModelState, ModelStateError, RouterSink, UsageReport, UsageSource
 from .errors import RouterError
 
 log = logging.getLogger("llmgw.router.watch")
@@ -113,34 +115,14 @@ BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 15.0
 
 
-class RouterSink(Protocol):
-    """Where a watch delivers what it learns: the router's three push surfaces.
-
-    Declared here so the watch client depends only on these methods, the
-    same ones the controller calls when both run in one process.
-    """
-
-    def set_catalog(self, catalog: Catalog) -> None: ...
-
-    def set_model_states(self, states: Iterable[ModelState]) -> None: ...
-
-    def set_endpoints(self, endpoints: Iterable[Endpoint]) -> None: ...
-
-
-@runtime_checkable
-class ChangeSink(Protocol):
-    """A RouterSink that can be told what a delta changed, at the cost of the change (the Router is one)."""
-
-    def change_endpoints(self, endpoints: tuple[Endpoint, ...], changed: Mapping[str, Endpoint | None]) -> None: ...
-
-
 class WatchError(RouterError):
     """One watch round failed; the loop backs off and retries."""
 
 
-def _load_catalog(doc: Any) -> Catalog:
-    from ..catalog import load_text     # the YAML/JSON loader; JSON is YAML
-    return load_text(json.dumps(doc), file="<controller catalog>")
+def _load_catalog(doc: Any, source: str) -> Catalog:
+    # The document as the controller sent it, checked as a file would be; no text to go back to.
+    from ..catalog.loader import load_document     # heavy (yaml, jsonschema); only a standalone router needs it
+    return load_document(doc, source)
 
 
 def _model_states(docs: Iterable[Any]) -> list[ModelState]:
@@ -156,11 +138,14 @@ def _model_states(docs: Iterable[Any]) -> list[ModelState]:
 
 
 class ControllerWatch:
+    """Follows a controller's watch and tells `sink` what it learns (the `RouterSink` the controller tells in-process)."""
+
     def __init__(self, sink: RouterSink, controller: str, session: aiohttp.ClientSession, *, token: str | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  clock: Callable[[], float] = time.monotonic, rand: Callable[[], float] = random.random):
         self._sink = sink
         self._url = controller.rstrip("/") + "/api/v1/watch/endpoints"
+        self._catalog_source = f"<catalog from {controller.rstrip('/')}>"
         self._session = session
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._sleep = sleep
@@ -169,6 +154,7 @@ class ControllerWatch:
         # The endpoint list as applied with `version`, by replica id: what a delta answer is applied to.
         self._endpoints: dict[str, Endpoint] = {}
         self.deltas = 0             # answers applied as deltas (the rest came whole)
+        self.catalog_version: str | None = None     # of the catalog last applied
         self.backoff = Backoff(initial=BACKOFF_FIRST, cap=BACKOFF_MAX, random=rand)
         self.last_contact: float | None = None
 
@@ -202,19 +188,20 @@ class ControllerWatch:
         if catalog_doc is not None:
             try:
                 # Parsing a big catalog is slow work; keep it off the loop the requests run on.
-                catalog = await asyncio.to_thread(_load_catalog, catalog_doc)
+                catalog = await asyncio.to_thread(_load_catalog, catalog_doc, self._catalog_source)
             except CatalogError as exc:
                 # The controller only serves validated catalogs, so this is version
                 # skew between it and us; keep the catalog we have, take the endpoints.
                 log.error("controller sent a catalog this router cannot load; keeping %s:\n%s",
-                          getattr(self._sink, "catalog", None), exc)
+                          self.catalog_version or "none", exc)
             else:
                 self._sink.set_catalog(catalog)
+                self.catalog_version = catalog.version
         self._sink.set_model_states(states)
         ordered = tuple(sorted(endpoints.values(), key=lambda e: e.replica_id))
-        if changed is not None and isinstance(self._sink, ChangeSink):
-            # A delta to a router that takes changes: what it costs is the change, not
-            # the tens of thousands of endpoints a large fleet lists.
+        if changed is not None:
+            # A delta: what it costs is the change, not the tens of thousands of
+            # endpoints a large fleet lists.
             self._sink.change_endpoints(ordered, changed)
         else:
             self._sink.set_endpoints(ordered)
@@ -268,7 +255,7 @@ class ControllerWaker:
         self._url = controller.rstrip("/") + "/api/v1/wake"
         self._session = session
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def wake(self, model_name: str) -> None:
         task = asyncio.get_running_loop().create_task(self._post(model_name))

@@ -14,6 +14,8 @@ the event stream before anything is composed.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -35,7 +37,7 @@ MAX_NODES = 500_000
 MAX_DEPTH = 32
 
 
-def load_yaml(path: str | os.PathLike, error: type[Exception], what: str = "file") -> Any:
+def load_yaml(path: str | os.PathLike[str], error: type[Exception], what: str = "file") -> Any:
     """The parsed document in `path` (UTF-8), or `error` saying it cannot be read or is not YAML. Blocking."""
     path = os.fspath(path)
     try:
@@ -61,6 +63,50 @@ def parse_yaml(data: bytes, source: str, error: type[Exception]) -> Any:
     except (ValueError, TypeError, OverflowError, ArithmeticError) as exc:
         # An explicit tag whose value does not fit it (`!!float abc`): PyYAML lets the conversion's error through.
         raise error(f"{source}: invalid YAML value: {str(exc)[:80]}") from None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one of these files is laid out: a mapping holding one list, `key`, of mappings with known fields."""
+
+    key: str                        # the list's key ("keys", "endpoints")
+    fields: frozenset[str]          # what an entry may hold
+    required: tuple[str, ...]       # what it must, in the order a missing one is named
+    example: str                    # what the file looks like, for one that is not laid out so
+    entry: str                      # what an entry looks like, for one that is not a mapping
+    some_of: bool = False           # the fields are named as "some of" them (most are optional)
+    blank_is_missing: bool = False  # a required field that is empty counts as missing
+    hint: Callable[[str], str] = lambda unknown: ""     # said after an unknown field's problem
+
+
+def entries(doc: Any, layout: Layout, source: str, error: type[Exception],
+            problems: list[str]) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """(index, where, entry) for each entry of the file's list that has the fields `layout` says.
+
+    `error` says what the file should look like when it is not a mapping
+    holding that list. Every other problem -- an entry that is not a mapping,
+    holds a field not in `layout.fields` or lacks a required one -- is noted
+    in `problems` as `FILE: key[i]...: what` and the entry skipped, so every
+    entry's problems are reported at once. `where` is that `FILE: key[i]`.
+    """
+    if not isinstance(doc, dict) or not isinstance(doc.get(layout.key), list):
+        article = "an" if layout.key[:1] in ("a", "e", "i", "o", "u") else "a"
+        raise error(f"{source}: expected a mapping with {article} {layout.key!r} list, e.g. {layout.example}")
+    expected = ("some of " if layout.some_of else "") + ", ".join(sorted(layout.fields))
+    for i, raw in enumerate(doc[layout.key]):
+        where = f"{source}: {layout.key}[{i}]"
+        if not isinstance(raw, dict):
+            problems.append(f"{where}: {layout.entry}")
+            continue
+        unknown = sorted(set(raw) - layout.fields, key=str)
+        if unknown:
+            problems.append(f"{where}: unknown field {unknown[0]!r}; expected {expected}{layout.hint(unknown[0])}")
+            continue
+        missing = [f for f in layout.required if (not raw.get(f) if layout.blank_is_missing else f not in raw)]
+        if missing:
+            problems.append(f"{where}.{missing[0]}: required")
+            continue
+        yield i, where, raw
 
 
 def _measure(text: str) -> str | None:

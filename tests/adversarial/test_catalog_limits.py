@@ -15,7 +15,7 @@ import time
 import pytest
 
 from llmgwctl.catalog import CatalogError, load_dir, load_text
-from llmgwctl.catalog import loader
+from llmgwctl.catalog import files, loader
 from llmgwctl.catalog.loader import DEFAULT_LIMITS, FileCache, Limits
 
 HEADER = "apiVersion: llmgw/v1\nkind: Catalog\n"
@@ -158,8 +158,8 @@ def test_a_reload_reads_only_the_file_that_changed(tmp_path):
     for f in tmp_path.iterdir():
         old(f)
     cache = FileCache()
-    saved = loader.RACY_NS
-    loader.RACY_NS = 0
+    saved = files.RACY_NS
+    files.RACY_NS = 0
     try:
         first = load_dir(tmp_path, cache=cache)
         assert (cache.reads, cache.parses) == (200, 200)
@@ -182,7 +182,7 @@ def test_a_reload_reads_only_the_file_that_changed(tmp_path):
             load_dir(tmp_path, cache=cache)
         assert cache.reads == 203
     finally:
-        loader.RACY_NS = saved
+        files.RACY_NS = saved
 
 
 def test_a_file_changed_within_the_racy_window_is_read_again(tmp_path):
@@ -205,8 +205,8 @@ def test_a_stat_is_trusted_only_for_a_while(tmp_path):
     path.write_text(models_file(0, 1))
     old(path)
     cache = FileCache(clock=lambda: now[0])
-    saved = loader.RACY_NS
-    loader.RACY_NS = 0
+    saved = files.RACY_NS
+    files.RACY_NS = 0
     try:
         load_dir(tmp_path, cache=cache)
         load_dir(tmp_path, cache=cache)
@@ -215,4 +215,4 @@ def test_a_stat_is_trusted_only_for_a_while(tmp_path):
         load_dir(tmp_path, cache=cache)
         assert cache.reads == 2
     finally:
-        loader.RACY_NS = saved
+        files.RACY_NS = saved

@@ -184,6 +184,15 @@ def test_routers_are_told_a_replica_left_before_its_agent_is_told_to_stop_it():
         def set_endpoints(self, endpoints):
             # What the node's agent is told at the moment the routers are: still b.
             seen.append(({e.replica_id for e in endpoints}, {s.id for s in w.desired.get("n1")[1]}))
+
+        def change_endpoints(self, endpoints, changed):
+            self.set_endpoints(endpoints)
+
+        def set_model_states(self, states):
+            pass
+
+        def set_catalog(self, catalog):
+            pass
     w.rec.add_sink(Watching())
     seen.clear()
     w.live.swap(catalog(model("a")))

@@ -17,6 +17,13 @@ class StateSink:
     def set_model_states(self, states):
         self.states.append(tuple(states))
 
+    # The rest of the sink contract (contracts.RouterSink).
+    def change_endpoints(self, endpoints, changed):
+        self.endpoints.append(tuple(endpoints))
+
+    def set_catalog(self, catalog):
+        pass
+
 
 def told(w):
     return {s.name: (s.state, s.retry) for s in w.rec.model_states}

@@ -37,6 +37,16 @@ class Sink:
     def set_endpoints(self, endpoints):
         self.pushes.append(tuple(endpoints))
 
+    # The rest of the sink contract (contracts.RouterSink): a push is the whole list either way.
+    def change_endpoints(self, endpoints, changed):
+        self.pushes.append(tuple(endpoints))
+
+    def set_model_states(self, states):
+        pass
+
+    def set_catalog(self, catalog):
+        pass
+
 
 class Usage:
     def __init__(self):
