@@ -82,7 +82,7 @@ class Surface:
     def change_endpoints(self, endpoints: tuple[Endpoint, ...], changed: Mapping[str, Endpoint | None]) -> None:
         """The list changed by `changed` (replica id -> its new Endpoint, or None: it left); `endpoints` is the whole new list.
 
-        What the in-process controller calls (reconciler.EndpointChangeSink): a
+        What the in-process controller calls (contracts.RouterSink): a
         push costs the endpoints that changed, not every endpoint listed. The
         same as `set_endpoints(endpoints)`; if the balancer's count disagrees
         with the list afterwards (a push this router missed), it takes the
