@@ -8,7 +8,7 @@ from __future__ import annotations
 import errno
 import socket
 from dataclasses import dataclass
-from typing import Callable, Collection
+from typing import Callable, Collection, Iterator
 
 from .errors import PortRangeError
 
@@ -29,7 +29,8 @@ class PortRange:
             raise PortRangeError(f"port range {text!r}: need 1 <= LOW <= HIGH <= 65535")
         return cls(low, high)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
+
         return iter(range(self.low, self.high + 1))
 
     def __len__(self) -> int:

@@ -109,7 +109,7 @@ def _private(path: str, flags: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Spawned:
-    popen: subprocess.Popen
+    popen: subprocess.Popen[bytes]
     pid: int
     start_time: int
 

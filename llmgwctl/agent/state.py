@@ -17,7 +17,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ..contracts import ReplicaSpec
 from ..fsutil import write_atomically
@@ -37,7 +37,7 @@ def private_dir(path: Path) -> None:
         os.chmod(path, 0o700)
 
 
-def lock(state_dir: Path):
+def lock(state_dir: Path) -> TextIO:
     """Hold the state directory for this process's life; StateLockedError if another agent does.
 
     An flock, not a pid file: the kernel drops it when the holder dies, even by

@@ -51,7 +51,8 @@ class Problem:
             return f"{where}: {format_path(self.path)}: {self.message}"
         return f"{where}: {self.message}"
 
-    def sort_key(self) -> tuple:
+    def sort_key(self) -> tuple[str, int, int, str, str]:
+
         return (self.file, self.line, self.column, format_path(self.path), self.message)
 
 
