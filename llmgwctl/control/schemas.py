@@ -8,13 +8,17 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from jsonschema.protocols import Validator   # jsonschema loads only when a payload is first checked
+
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "_data" / "schemas" / "api"
 
 
 @lru_cache(maxsize=None)
-def validator(name: str):
+def validator(name: str) -> Validator:
     import jsonschema
 
     schema = json.loads((SCHEMAS / f"{name}.schema.json").read_text(encoding="utf-8"))
@@ -80,7 +84,8 @@ def problems(name: str, document: Any, limit: int = 5) -> list[str]:
     return _problems(validator(name), document, limit)
 
 
-def _problems(checker, document: Any, limit: int, prefix: tuple = ()) -> list[str]:
+def _problems(checker: Validator, document: Any, limit: int, prefix: tuple[str | int, ...] = ()) -> list[str]:
+
     out = []
     for error in checker.iter_errors(document):
         path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in (*prefix, *error.absolute_path)).lstrip(".")

@@ -139,9 +139,9 @@ class Server:
         self.stop_event = asyncio.Event()       # stops the controller's loops: set last
         self.shutdown = asyncio.Event()         # SIGINT/SIGTERM: begin the ordered stop
         self._runners: list[web.AppRunner] = []
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[Any]] = []
         self._agent_stop = asyncio.Event()
-        self._controller_task: asyncio.Task | None = None
+        self._controller_task: asyncio.Task[None] | None = None
         self.router_port = 0
         self.control_port = 0
 
@@ -333,7 +333,7 @@ def _address(host_port: tuple[str, int]) -> str:
 GC_THRESHOLDS = (50_000, 20, 20)
 
 
-async def serve(cfg: ServeConfig, ready: "asyncio.Future | None" = None) -> None:
+async def serve(cfg: ServeConfig, ready: asyncio.Future[Server] | None = None) -> None:
     """Run until SIGINT/SIGTERM. Raises CatalogError, KeyFileError or a ControlError when it cannot start."""
     gc.set_threshold(*GC_THRESHOLDS)
     server = Server(cfg)
