@@ -111,7 +111,8 @@ def install(app: web.Application, fault: str | None, metrics_fault: str | None, 
     """Make `app` (the fake engine's) misbehave as asked; nothing when both are None."""
     if fault:
         @web.middleware
-        async def faulty(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+        async def faulty(request: web.Request,
+                         handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
             if request.method == "POST" and request.path.startswith("/v1/"):
                 return await answer(fault, redirect_to, request)
             return await handler(request)
@@ -119,7 +120,8 @@ def install(app: web.Application, fault: str | None, metrics_fault: str | None, 
     if metrics_fault:
         @web.middleware
         async def faulty_metrics(request: web.Request,
-                                 handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+                                 handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+
             if request.method == "GET" and request.path == "/metrics":
                 return await metrics_page(metrics_fault, redirect_to, real_metrics, request)
             return await handler(request)
