@@ -204,10 +204,18 @@ _VERSION = re.compile(rb'^\{"version": (-?\d+)')
 _ENDPOINT = re.compile(rb'\{"replica_id": "([^"]*)", "model": "([^"]*)"')
 
 
+def _version(raw: bytes) -> re.Match[bytes]:
+    """The watch answer's leading `{"version": N`; ValueError if it does not lead with one."""
+    head = _VERSION.search(raw)
+    if head is None:
+        raise ValueError(f"a watch answer without its version first: {raw[:80]!r}")
+    return head
+
+
 def controller_answer_matches(raw: bytes) -> bool:
     """Whether the patterns read a watch answer as json.loads does (for a test of this module)."""
     doc = json.loads(raw)
-    return (int(_VERSION.search(raw).group(1)) == doc["version"]
+    return (int(_version(raw).group(1)) == doc["version"]
             and {r.decode(): m.decode() for r, m in _ENDPOINT.findall(raw)}
             == {e["replica_id"]: e["model"] for e in doc["endpoints"]})
 
@@ -285,8 +293,9 @@ class SimRouter(RouterView):
                 continue
             retry.reset()
             arrived = time.monotonic()
-            head = _VERSION.search(raw)
+            head = _version(raw)
             version = int(head.group(1))
+
             if version == self.version:
                 continue
             is_delta = raw.startswith(b', "delta": ', head.end())
