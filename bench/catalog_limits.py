@@ -24,6 +24,7 @@ import threading
 import time
 
 from llmgwctl.catalog.loader import DEFAULT_LIMITS, _measure, _models_per_file
+
 from . import REPO
 
 HEADER = "apiVersion: llmgw/v1\nkind: Catalog\n"

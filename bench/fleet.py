@@ -52,6 +52,7 @@ import aiohttp
 
 from tests.fleetsim import ENGINE_YAML, SimFleet
 from tests.procs import free_port
+
 from . import REPO
 
 TICKS = os.sysconf("SC_CLK_TCK")

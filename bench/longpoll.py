@@ -20,7 +20,6 @@ import statistics
 import time
 from types import SimpleNamespace
 
-
 from llmgwctl.aio import run
 from llmgwctl.contracts import ReplicaSpec
 from llmgwctl.control.api import ControlAPI

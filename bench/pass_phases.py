@@ -24,16 +24,16 @@ import logging
 import random
 import time
 
-from . import rollout
-
+from llmgwctl.contracts import ReplicaState
+from llmgwctl.control.serve import GC_THRESHOLDS
 from llmgwctl.reconciler import core, planning
 from llmgwctl.reconciler.adoption import Adoption
 from llmgwctl.reconciler.placement_input import PlacementInput
 from llmgwctl.reconciler.planning import Planner
 from llmgwctl.reconciler.publishing import Publisher
 from llmgwctl.reconciler.scaling import Scaling
-from llmgwctl.contracts import ReplicaState
-from llmgwctl.control.serve import GC_THRESHOLDS
+
+from . import rollout
 
 # (label, owner, attribute): every phase of a pass, by the part that does it.
 PHASES = (("merge", Adoption, "merge"), ("lost_nodes", Adoption, "lost_nodes"), ("plan", core.Reconciler, "_plan"),

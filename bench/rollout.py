@@ -35,16 +35,15 @@ import pstats
 import time
 from pathlib import Path
 
-from . import status
-from tests.fleetsim import SimReplica
-
 from llmgwctl.contracts import ReplicaState
 from llmgwctl.control import schemas
 from llmgwctl.control.api import ControlAPI, replica_url_problem
 from llmgwctl.control.controller import Controller
 from llmgwctl.control.serve import GC_THRESHOLDS
 from llmgwctl.router import Router, RouterConfig
+from tests.fleetsim import SimReplica
 
+from . import status
 
 
 def build(nodes: int) -> tuple[Controller, list]:

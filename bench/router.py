@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+
 from . import REPO
 
 MODEL = "bench-model"

@@ -54,9 +54,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from tests.procs import free_port
-from . import REPO
 
+from tests.procs import free_port
+
+from . import REPO
 
 POLICIES = ("round-robin", "least-load", "prefix")
 MODEL_OF = {"round-robin": "bench-rr", "least-load": "bench-ll", "prefix": "bench-prefix"}
@@ -70,8 +71,7 @@ REPLY_TOKENS = 32
 CACHE_TOKENS = 8_000
 MAX_NUM_SEQS = 8
 
-VOCAB = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
-         "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+VOCAB = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango", "uniform", "victor", "whiskey", "xray", "yankee", "zulu"]
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -199,7 +199,7 @@ class Result:
     queries: float = 0.0
     errors: int = 0
 
-    def add(self, other: "Result") -> None:
+    def add(self, other: Result) -> None:
         """Pool another round's run of the same policy into this one."""
         self.ttft += other.ttft
         self.tokens += other.tokens
@@ -251,7 +251,7 @@ async def one(session, url: str, model: str, messages: list[dict], max_tokens: i
             if first is not None:
                 res.ttft.append(first)
             res.tokens += n
-    except Exception:     # a bench keeps going; errors are counted and printed
+    except Exception:  # noqa: BLE001 -- a bench keeps going; errors are counted and printed
         res.errors += 1
 
 

@@ -30,11 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.fleetsim import ENGINE_YAML, SimAgent, SimFleet, SimReplica
-
 from llmgwctl.contracts import ReplicaState
 from llmgwctl.control.controller import Controller
 from llmgwctl.observability.metrics import ControlMetrics
+from tests.fleetsim import ENGINE_YAML, SimAgent, SimFleet, SimReplica
 
 BIG = 1000
 

@@ -28,8 +28,9 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 from .aio import cancel_and_wait, follow_file, sleep_unless
 from .health import Failure, failure

@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from .httpserver import error_body
@@ -216,7 +217,7 @@ class BrowserGuard:
         self._verdicts: dict[str, bool] = {}
 
     @classmethod
-    def for_bind(cls, bind_host: str | None, *, allowed_hosts: Iterable[str] = (), **kwargs: Any) -> "BrowserGuard":
+    def for_bind(cls, bind_host: str | None, *, allowed_hosts: Iterable[str] = (), **kwargs: Any) -> BrowserGuard:
         """The guard for a server bound to `bind_host` (None: loopback, as tests bind)."""
         allowed_hosts = tuple(allowed_hosts)
         loopback = bind_host is None or _is_loopback(bind_host)

@@ -41,9 +41,10 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Protocol
+from typing import Protocol
 
 import aiohttp
 
@@ -71,7 +72,7 @@ class SimReplica:
 
 
 class SimAgent:
-    def __init__(self, fleet: "SimFleet", index: int, *, gpus: int = 8, pools: tuple[str, ...] = ()):
+    def __init__(self, fleet: SimFleet, index: int, *, gpus: int = 8, pools: tuple[str, ...] = ()):
         self.fleet = fleet
         self.name = f"sim-{index:05d}"
         self.host = node_host(index)
@@ -264,7 +265,7 @@ class _Host(Protocol):
     session: aiohttp.ClientSession
     watch_errors: int
 
-    def answered(self, router: "SimRouter", arrived: float) -> None: ...
+    def answered(self, router: SimRouter, arrived: float) -> None: ...
 
 
 class SimRouter(RouterView):
@@ -479,7 +480,7 @@ class SimFleet:
         """Failed watch answers (and delta fallbacks) of every router, on this loop or in their process."""
         return self.watch_errors + (self.router_process.watch_errors if self.router_process else 0)
 
-    def answered(self, router: "SimRouter", arrived: float) -> None:
+    def answered(self, router: SimRouter, arrived: float) -> None:
         self.on_endpoints(router, arrived)
 
     # -- what measurements and tests read ------------------------------------------------

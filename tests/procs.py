@@ -17,7 +17,6 @@ import socket
 import subprocess
 from typing import AnyStr
 
-
 # How long a killed child takes to be reaped: it is dying already, so ten
 # seconds only matters on a machine that is badly overloaded.
 REAP_TIMEOUT = 10.0

@@ -11,11 +11,22 @@ llmgwctl subpackage, so every other piece can depend on it.
 from typing import TYPE_CHECKING
 
 from .durations import format_duration, parse_duration
-
 from .errors import CatalogError, Problem, format_path
 from .live import Live
-from .model import (API_VERSION, AUTOSCALE_METRICS, BUILTIN_ENGINES, KIND, Autoscale, Catalog, EngineSpec, Model,
-                    Origin, Profile, Replicas, ScalingPolicy)
+from .model import (
+    API_VERSION,
+    AUTOSCALE_METRICS,
+    BUILTIN_ENGINES,
+    KIND,
+    Autoscale,
+    Catalog,
+    EngineSpec,
+    Model,
+    Origin,
+    Profile,
+    Replicas,
+    ScalingPolicy,
+)
 
 __all__ = [
     "API_VERSION", "AUTOSCALE_METRICS", "Autoscale", "BUILTIN_ENGINES", "KIND", "Catalog", "CatalogError", "EngineSpec", "Live", "Model",

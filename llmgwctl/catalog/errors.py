@@ -9,9 +9,8 @@ it one error per round trip.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
-
 
 
 def format_path(path: Sequence[str | int]) -> str:

@@ -41,8 +41,9 @@ import stat
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..fsutil import file_kind, off_loop
 from ..health import Failure, error_text, failure

@@ -8,7 +8,6 @@ from typing import Any
 import click
 
 from ..catalog import Catalog, CatalogError, format_duration, load_paths
-
 from ..catalog.diff import diff as diff_catalogs
 from .common import controller_headers, controller_option
 from .output import cleaned, dump, echo, output_option, table, visible

@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import click
 

@@ -8,7 +8,15 @@ import click
 
 from .. import aio
 from .agent import allow_engine_arg_option, allow_engine_option
-from .common import PORT_RANGE, host_port, log_format_option, log_level_options, raise_fd_limit, router_options, setup_logging
+from .common import (
+    PORT_RANGE,
+    host_port,
+    log_format_option,
+    log_level_options,
+    raise_fd_limit,
+    router_options,
+    setup_logging,
+)
 from .output import visible
 
 if TYPE_CHECKING:

@@ -34,9 +34,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from ..health import Failure
 from .states import ReplicaState
@@ -293,7 +294,7 @@ class FleetStatus:
     def reports(self, n: NodeStatus) -> int:
         return self.reports_of.get(n.name, 0)
 
-    def only(self, model: str) -> "FleetStatus":
+    def only(self, model: str) -> FleetStatus:
         """The part about one model: its row, its replicas, the nodes they run on; events and the rest whole.
 
         What an operator of a big fleet asks for (`llmgwctl status --model`,
@@ -439,7 +440,7 @@ class ControlStatus:
     def to_dict(self) -> dict[str, Any]:
         return {**self._head(), **self.fleet.to_dict()}
 
-    def only(self, model: str) -> "ControlStatus":
+    def only(self, model: str) -> ControlStatus:
         """See `FleetStatus.only`: the catalog part stays whole."""
         return ControlStatus(catalog=self.catalog, routers=self.routers, fleet=self.fleet.only(model),
                              log_streams=self.log_streams, watchers=self.watchers)

@@ -59,13 +59,14 @@ import binascii
 import hmac
 import ipaddress
 import json
-import re
 import logging
 import os
+import re
 import stat
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 

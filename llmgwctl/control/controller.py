@@ -11,12 +11,12 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ..aio import Flag, cancel_and_wait
 from ..catalog import Catalog, Live
 from ..catalog.watcher import CatalogWatcher, Outcome
-
 from ..contracts import UNBOUNDED, AgentReport, CatalogStatus, ControlStatus, NodeClaims, WatcherStatus
 from ..inventory import ConflictError, Inventory
 from ..reconciler import DesiredStore, Reconciler

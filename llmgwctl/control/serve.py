@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ..observability.metrics import ControlMetrics
+from ..engines.custom import NOTHING_ALLOWED, AllowedEngines
 from ..httporigin import BrowserGuard
 from ..httpserver import ConnectionGuard, bound_port, json_errors, server_options
-from ..engines.custom import NOTHING_ALLOWED, AllowedEngines
-from .api import ControlAPI
+from ..observability.metrics import ControlMetrics
 from . import revocations
+from .api import ControlAPI
 from .auth import MAX_TOKEN_GPUS, ControlAuth, check_bind, node_token
 from .controller import Controller
 from .errors import ControlError
@@ -109,7 +109,7 @@ class ServeConfig:
     token: str | None = None                # the control API's admin token; None: open, loopback only
     agent_token: str | None = None          # routers' token (watch, usage, wake) and the secret node tokens are signed with
     api_keys: str | None = None             # the router's API key file; None: the router is open
-    router: "RouterConfig | None" = None    # the data plane's knobs (access log included); None: the defaults
+    router: RouterConfig | None = None    # the data plane's knobs (access log included); None: the defaults
     control_connections_per_client: int = CONTROL_CONNECTIONS_PER_CLIENT    # 0: no limit
     allow_engines: AllowedEngines = NOTHING_ALLOWED   # the local agent's catalog engines (see AgentConfig)
     # Web origins that may call the control API besides its own (the console's);

@@ -53,8 +53,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable, Mapping, ValuesView
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, ValuesView
+from typing import Any
 
 from ..contracts import LoadReading, Usage, UsageReport, UsageSnapshot, UsageSource
 from ..contracts.usage import UNUSED

@@ -17,8 +17,9 @@ feeds it and encodes what it returns.
 from __future__ import annotations
 
 import collections
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from ..contracts import Endpoint
 

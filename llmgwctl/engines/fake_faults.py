@@ -30,7 +30,8 @@ It must not know about the rest of llmgw, like the fake engine itself.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 

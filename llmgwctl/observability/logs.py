@@ -16,7 +16,6 @@ import sys
 import time
 from typing import TextIO
 
-
 # The attributes every LogRecord has; anything else on a record came from
 # `extra=` and belongs in the JSON object.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}

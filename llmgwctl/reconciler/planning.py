@@ -8,8 +8,8 @@ their way out. Placement itself is the pure function `placement.place`.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ..catalog import Catalog
 from ..contracts import ReplicaSpec, ReplicaState, UsageSnapshot

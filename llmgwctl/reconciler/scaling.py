@@ -8,9 +8,8 @@ in-flight counters, differenced with the last pass's. The policy itself is in
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ..catalog import Autoscale, Catalog, Model, ScalingPolicy
 from ..contracts import ConcurrencySource, LoadReading, LoadSource, ReplicaState, UsageSnapshot

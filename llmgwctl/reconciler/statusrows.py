@@ -20,8 +20,9 @@ It knows the reconciler's records and the inventory's nodes, read-only.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from ..catalog import Catalog, Model
 from ..contracts import NodeStatus, ReplicaState, ReplicaStatus

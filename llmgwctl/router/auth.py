@@ -47,8 +47,9 @@ import math
 import os
 import re
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from ..fsutil import FollowedFile
 from . import errors

@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from time import perf_counter
-from typing import Awaitable, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from aiohttp import web
 
 from ..aio import cancel_and_wait
-from . import errors, routes
 from ..httpserver import new_request_id as new_id
+from . import errors, routes
 from .headers import REQUEST_ID, valid_id
-
 
 log = logging.getLogger("llmgw.router")
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-
 from ..httpserver import REQUEST_ID_PATTERN as _ID
 from ..httpserver import new_request_id as new_id
 

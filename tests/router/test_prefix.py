@@ -8,8 +8,7 @@ from llmgwctl.catalog.model import ROUTING_POLICIES
 from llmgwctl.contracts import Endpoint, LoadReading
 from llmgwctl.router import prefix
 from llmgwctl.router.balancer import Balancer
-from llmgwctl.router.prefix import (BLOCK_CHARS, EndpointIndex, Policies, block_hashes, capacity_blocks,
-                                    prompt_text)
+from llmgwctl.router.prefix import BLOCK_CHARS, EndpointIndex, Policies, block_hashes, capacity_blocks, prompt_text
 
 from ..support import FakeClock
 
