@@ -39,9 +39,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import TYPE_CHECKING, Any
 
 from tests.httptarget import CountingTarget
 from tests.procs import free_port
+
+if TYPE_CHECKING:
+    import aiohttp  # loaded where a phase runs
+
+# A hostile request: its path, its body and its headers.
+Body = tuple[str, bytes, dict[str, str]]
 
 # `bulk` is what the hostile clients name: a model of its own, so what is
 # measured is what their bodies cost the router, not what parsing them costs
@@ -95,7 +102,7 @@ class Phase:
         self.hostile_sent = 0
 
 
-async def normal(session, url: str, stop: float, phase: Phase) -> None:
+async def normal(session: aiohttp.ClientSession, url: str, stop: float, phase: Phase) -> None:
     while time.perf_counter() < stop:
         t0 = time.perf_counter()
         try:
@@ -111,7 +118,7 @@ async def normal(session, url: str, stop: float, phase: Phase) -> None:
         await asyncio.sleep(0.02)
 
 
-async def health(session, urls: tuple[str, ...], stop: float, phase: Phase) -> None:
+async def health(session: aiohttp.ClientSession, urls: tuple[str, ...], stop: float, phase: Phase) -> None:
     while time.perf_counter() < stop:
         for url in urls:
             t0 = time.perf_counter()
@@ -132,7 +139,7 @@ async def memory(pid: int, stop: float, phase: Phase) -> None:
     phase.rss_end = rss_mb(pid)
 
 
-async def hostile(session, router: str, bodies: list[tuple[str, bytes, dict]], stop: float, phase: Phase) -> None:
+async def hostile(session: aiohttp.ClientSession, router: str, bodies: list[Body], stop: float, phase: Phase) -> None:
     """One client going round the hostile requests: to misbehaving engines, and with hostile bodies."""
     import aiohttp
     i = 0
@@ -149,15 +156,15 @@ async def hostile(session, router: str, bodies: list[tuple[str, bytes, dict]], s
         await asyncio.sleep(0.05)
 
 
-def hostile_bodies(answers: list[str], pages: list[str]) -> list[tuple[str, bytes, dict]]:
+def hostile_bodies(answers: list[str], pages: list[str]) -> list[Body]:
     json_h = {"Content-Type": "application/json"}
     return [("/v1/chat/completions", json.dumps({"model": m, "messages": [{"role": "user", "content": "x"}]}).encode(),
              json_h) for m in answers + pages]
 
 
-def hostile_client_bodies(max_body: int) -> list[tuple[str, bytes, dict]]:
+def hostile_client_bodies(max_body: int) -> list[Body]:
     json_h = {"Content-Type": "application/json"}
-    out = []
+    out: list[Body] = []
     # A 30 MB model name, under the 32 MiB body cap.
     out.append(("/v1/chat/completions", b'{"model": "' + b"m" * 30_000_000 + b'", "messages": []}', json_h))
     # 1,000,000 keys, about 17 MB, naming a real model (by its canonical name).
@@ -171,8 +178,8 @@ def hostile_client_bodies(max_body: int) -> list[tuple[str, bytes, dict]]:
     return out
 
 
-async def run_phase(name: str, seconds: float, args, router: str, control: str, pid: int,
-                    bodies: list | None = None) -> Phase:
+async def run_phase(name: str, seconds: float, args: argparse.Namespace, router: str, control: str, pid: int,
+                    bodies: list[Body] | None = None) -> Phase:
     import aiohttp
     phase = Phase(name)
     stop = time.perf_counter() + seconds
@@ -189,9 +196,10 @@ async def run_phase(name: str, seconds: float, args, router: str, control: str, 
     return phase
 
 
-def status(control: str) -> dict:
+def status(control: str) -> dict[str, Any]:
     import requests
-    return requests.get(control + "/api/v1/status", timeout=10).json()
+    doc: dict[str, Any] = requests.get(control + "/api/v1/status", timeout=10).json()
+    return doc
 
 
 def wait_ready(control: str, n: int, seconds: float = 180) -> None:

@@ -23,6 +23,7 @@ import gc
 import logging
 import random
 import time
+from typing import Any
 
 from llmgwctl.contracts import ReplicaState
 from llmgwctl.control.serve import GC_THRESHOLDS
@@ -53,11 +54,11 @@ def main() -> None:
     logging.disable(logging.INFO)
     spent: collections.defaultdict[str, float] = collections.defaultdict(float)
 
-    def timed(name: str, owner, attr: str) -> None:
+    def timed(name: str, owner: object, attr: str) -> None:
         fn = getattr(owner, attr)
 
         @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             t = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
