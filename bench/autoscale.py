@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Literal
 
 import aiohttp
 
@@ -54,8 +55,15 @@ PHASES = ("base", "up", "hold", "down", "tail")
 # intervals" in the targets is 2 s.
 POLL = 1.0
 
+# Each phase: its name, when it starts and when it ends (seconds from the start).
+Bounds = list[tuple[str, float, float]]
+# One request: when it was sent, its TTFT (None: it failed), its whole duration, whether it succeeded.
+Result = tuple[float, float | None, float, bool]
+# One status read: when, the model, its desired and ready replicas, the replicas it holds.
+Sample = tuple[float, str, int, int, int]
 
-def catalog(args) -> str:
+
+def catalog(args: argparse.Namespace) -> str:
     engine = (f'["--startup-delay", "{args.startup_delay}", "--max-num-seqs", "{args.batch}", '
               f'"--tokens-per-second", "{args.tokens_per_second}", "--ttft", "{args.ttft}"]')
     profile = f"    profiles: [{{name: cpu, engine: fake, gpus: 0, args: {engine}}}]\n"
@@ -67,27 +75,30 @@ def catalog(args) -> str:
             f"  - name: fixed-min\n    replicas: {args.min}\n" + profile)
 
 
-def phase_bounds(args) -> list[tuple[str, float, float]]:
-    out, t = [], 0.0
+def phase_bounds(args: argparse.Namespace) -> Bounds:
+    out: Bounds = []
+    t = 0.0
     for name, length in zip(PHASES, (args.base, args.ramp, args.hold, args.ramp, args.tail)):
         out.append((name, t, t + length))
         t += length
     return out
 
 
-def rate_at(t: float, args, bounds) -> float:
+def rate_at(t: float, args: argparse.Namespace, bounds: Bounds) -> float:
     lo, hi = args.base_rate, args.base_rate * args.factor
     for name, start, end in bounds:
         if start <= t < end:
             x = (t - start) / (end - start)
-            return {"base": lo, "up": lo + (hi - lo) * x, "hold": hi, "down": hi - (hi - lo) * x, "tail": lo}[name]
+            rate: float = {"base": lo, "up": lo + (hi - lo) * x, "hold": hi, "down": hi - (hi - lo) * x, "tail": lo}[name]
+            return rate
     return 0.0
 
 
-def schedule(args, bounds) -> list[float]:
+def schedule(args: argparse.Namespace, bounds: Bounds) -> list[float]:
     """Poisson arrival times with the ramp's rate (thinning), the same for every model."""
     rng = random.Random(args.seed)
-    peak, end, t, out = args.base_rate * args.factor, bounds[-1][2], 0.0, []
+    peak, end, t = args.base_rate * args.factor, bounds[-1][2], 0.0
+    out: list[float] = []
     while len(out) < args.max_requests:
         t += rng.expovariate(peak)
         if t >= end:
@@ -97,7 +108,7 @@ def schedule(args, bounds) -> list[float]:
     return out
 
 
-def phase_of(t: float, bounds) -> str:
+def phase_of(t: float, bounds: Bounds) -> str:
     return next((name for name, start, end in bounds if start <= t < end), PHASES[-1])
 
 
@@ -115,7 +126,7 @@ def has_token(buf: bytes) -> bool:
     return False
 
 
-async def one(session: aiohttp.ClientSession, url: str, model: str, args) -> tuple[float | None, float, bool]:
+async def one(session: aiohttp.ClientSession, url: str, model: str, args: argparse.Namespace) -> tuple[float | None, float, bool]:
     """(TTFT or None on failure, whole duration, ok).
 
     TTFT is when the first generated token reaches this client: the role-only
@@ -143,7 +154,8 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, args) -> tup
         return None, time.monotonic() - t0, False
 
 
-async def drive(router: str, model: str, arrivals: list[float], start: float, args, results: list) -> None:
+async def drive(router: str, model: str, arrivals: list[float], start: float, args: argparse.Namespace,
+                results: list[Result]) -> None:
     url = router + "/v1/chat/completions"
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn) as session:
@@ -160,7 +172,7 @@ async def drive(router: str, model: str, arrivals: list[float], start: float, ar
         await asyncio.gather(*tasks)
 
 
-async def watch(control: str, start: float, end: float, samples: list) -> None:
+async def watch(control: str, start: float, end: float, samples: list[Sample]) -> None:
     """Every 0.5 s: per model, (t, desired, ready, replicas held) from the control API's status."""
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < end:
@@ -176,13 +188,14 @@ async def watch(control: str, start: float, end: float, samples: list) -> None:
             await asyncio.sleep(0.5)
 
 
-def status(control: str) -> dict:
+def status(control: str) -> dict[str, Any]:
     import urllib.request
     with urllib.request.urlopen(control + "/api/v1/status", timeout=5) as resp:
-        return json.loads(resp.read())
+        doc: dict[str, Any] = json.loads(resp.read())
+        return doc
 
 
-def wait_ready(control: str, want: dict[str, int], proc: subprocess.Popen, timeout: float = 120.0) -> None:
+def wait_ready(control: str, want: dict[str, int], proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -204,7 +217,7 @@ def p99(values: list[float]) -> float | None:
     return values[min(len(values) - 1, math.ceil(0.99 * len(values)) - 1)]
 
 
-def series(samples, model: str, col: int) -> list[tuple[float, int]]:
+def series(samples: list[Sample], model: str, col: Literal[2, 3, 4]) -> list[tuple[float, int]]:
     return [(s[0], s[col]) for s in samples if s[1] == model]
 
 
@@ -285,8 +298,8 @@ def main() -> None:
         print(f"{len(arrivals)} requests per model over {end:.0f} s: base {args.base_rate:g}/s, "
               f"x{args.factor:g} for {args.hold:.0f} s; engines: start-up {args.startup_delay:g} s, "
               f"batch {args.batch}, {args.tokens} tokens at {args.tokens_per_second:g}/s", flush=True)
-        results = {m: [] for m in MODELS}
-        samples: list = []
+        results: dict[str, list[Result]] = {m: [] for m in MODELS}
+        samples: list[Sample] = []
 
         async def run() -> None:
             start = time.monotonic()
@@ -310,7 +323,8 @@ def main() -> None:
                                          "samples": samples, "events": events}))
 
 
-def report(args, bounds, end, results, samples, events) -> None:
+def report(args: argparse.Namespace, bounds: Bounds, end: float, results: dict[str, list[Result]],
+           samples: list[Sample], events: list[dict[str, Any]]) -> None:
     hold_start, hold_end = bounds[2][1], bounds[2][2]
     # What the hold needs: its arrival rate times the fixed-max fleet's mean
     # request time (Little's law), over the target in flight per replica.
@@ -335,7 +349,7 @@ def report(args, bounds, end, results, samples, events) -> None:
         cells = []
         for m in MODELS:
             rs = [r for r in results[m] if start <= r[0] < stop]
-            p = p99([r[1] for r in rs if r[3]])
+            p = p99([r[1] for r in rs if r[3] and r[1] is not None])
             p99s[(m, name)] = p
             cells.append(f"{fmt(p)} ({sum(not r[3] for r in rs)})")
         print(f"{name:<6} " + "  ".join(f"{c:>16}" for c in cells))

@@ -35,12 +35,12 @@ import argparse
 import heapq
 import math
 import random
-import types
+from typing import Any, TypedDict
 
 from llmgwctl.catalog import Autoscale
 from llmgwctl.contracts import Endpoint, LoadReading
 from llmgwctl.reconciler.autoscale import Autoscaler, Signal
-from llmgwctl.router.balancer import Balancer
+from llmgwctl.router.balancer import Balancer, EndpointState
 
 from . import autoscale as bench  # the bench's schedule, p99 and flaps, so the two agree
 
@@ -48,6 +48,26 @@ SERVICE, TTFT, BATCH, MAX = 0.43, 0.05, 4, 6
 # The bench's defaults: its auto model's target, the hold's rate, and the
 # needed-count limit of issue 17 (the fake's 4 s start-up + 2 polls of 1 s).
 TARGET, PEAK, IN_TIME = 1.5, 10.0, 4.0 + 2 * bench.POLL
+
+
+# A request: when it arrived, and (with the code's pick) which router picked which endpoint.
+Req = tuple[float, tuple[int, EndpointState] | None]
+
+
+class Replica(TypedDict):
+    """One simulated replica: when it is ready, its engine's slots and queue, its in-flight integral."""
+
+    ready_at: float
+    running: int
+    queue: list[Req]
+    inflight: int
+    busy: float             # in-flight seconds so far (the integral the "average" signal reads)
+    at: float               # when `busy` was last brought up to date
+    draining: bool
+    drained_at: float | None
+    born: float
+    gone: float | None
+    n: int
 
 
 def needed(target: float) -> int:
@@ -61,10 +81,10 @@ class Router:
 
     def __init__(self, clock: list[float], rng: random.Random):
         self.balancer = Balancer(clock=lambda: clock[0], stale_after=3 * bench.POLL, rng=random.Random(rng.random()))
-        self.ready: tuple = ()
-        self.state: dict[int, object] = {}
+        self.ready: tuple[int, ...] = ()
+        self.state: dict[int, EndpointState] = {}
 
-    def follow(self, ready: list[dict]) -> None:
+    def follow(self, ready: list[Replica]) -> None:
         """The endpoint list changed: push it, and poll the new endpoints at once (the poller's resync)."""
         key = tuple(id(r) for r in ready)
         if key == self.ready:
@@ -76,7 +96,7 @@ class Router:
             if self.state[id(r)].load is None:
                 self.poll_one(r)
 
-    def poll_one(self, r: dict) -> None:
+    def poll_one(self, r: Replica) -> None:
         st = self.state.get(id(r))
         if st is not None:
             # The fake engine's gauges: slots in use stand in for KV blocks in use.
@@ -84,24 +104,24 @@ class Router:
                                                  kv_cache=r["running"] / BATCH))
 
 
-def _endpoint(r: dict) -> Endpoint:
+def _endpoint(r: Replica) -> Endpoint:
     return Endpoint(replica_id=str(id(r)), model="auto", profile="cpu", engine="fake",
                     url=f"http://127.0.0.1:{30000 + r['n']}")
 
 
 def run(seed: int, cold: float, signal: str, plan: bool, target: float = TARGET, pick: str = "code",
-        routers: int = 1, trace: dict | None = None) -> tuple[float, float, int, float | None]:
+        routers: int = 1, trace: dict[str, Any] | None = None) -> tuple[float, float, int, float | None]:
     """(hold TTFT p99, replica-seconds / the fixed-at-max fleet's, flaps, needed count after the ramp) of one seed.
 
     `trace`, when given, gets every request's (arrival, TTFT), the replicas and the wanted count over time.
     """
-    args = types.SimpleNamespace(base=15, ramp=10, hold=30, tail=35, base_rate=1.0, factor=10.0, seed=seed,
-                                 max_requests=1000)
+    args = argparse.Namespace(base=15, ramp=10, hold=30, tail=35, base_rate=1.0, factor=10.0, seed=seed,
+                              max_requests=1000)
     bounds = bench.phase_bounds(args)
     end = bounds[-1][2]
     rng = random.Random(seed * 7 + 1)
     policy = Autoscale(metric="inflight", target=target, scale_down_window=20, max_step=2).policy()
-    replicas: list[dict] = []
+    replicas: list[Replica] = []
     # The routers' draws (their picks, poll phases, which one a request goes
     # to) come from their own stream, so `--pick ideal` replays the model's
     # earlier runs exactly.
@@ -109,11 +129,13 @@ def run(seed: int, cold: float, signal: str, plan: bool, target: float = TARGET,
     fleet = [Router(clock, rrng) for _ in range(routers)]
 
     def place(now: float, ready_at: float) -> None:
-        replicas.append(dict(ready_at=ready_at, running=0, queue=[], inflight=0, busy=0.0, at=now,
+        replicas.append(Replica(ready_at=ready_at, running=0, queue=[], inflight=0, busy=0.0, at=now,
                              draining=False, drained_at=None, born=now, gone=None, n=len(replicas)))
 
     place(0.0, -1.0)
-    events: list = [(a, 0, "arrive", None) for a in bench.schedule(args, bounds)]
+    # (when, order among events at one time, kind, what it is about: None, a router's index for a
+    # poll, a replica's id and its request's pick when done -- `kind` says which)
+    events: list[tuple[float, int, str, Any]] = [(a, 0, "arrive", None) for a in bench.schedule(args, bounds)]
     t = rng.random()
     while t < end + 5:
         events.append((t, 1, "pass", None))
@@ -126,20 +148,22 @@ def run(seed: int, cold: float, signal: str, plan: bool, target: float = TARGET,
                 t += bench.POLL
     heapq.heapify(events)
     scaler, wanted = Autoscaler(), 1
-    ttfts, wanted_at, held_at = [], [(0.0, 1)], []
+    ttfts: list[tuple[float, float]] = []
+    wanted_at: list[tuple[float, int]] = [(0.0, 1)]
+    held_at: list[int] = []
     before: dict[int, float] = {}
-    before_at = None
+    before_at: float | None = None
 
-    def account(r: dict, now: float) -> None:
+    def account(r: Replica, now: float) -> None:
         r["busy"] += r["inflight"] * (now - r["at"])
         r["at"] = now
 
-    def serve(r: dict, now: float, req: tuple) -> None:
+    def serve(r: Replica, now: float, req: Req) -> None:
         r["running"] += 1
         ttfts.append((req[0], now - req[0] + TTFT))
         heapq.heappush(events, (now + SERVICE, 2, "done", (id(r), req[1])))
 
-    by_id = {}
+    by_id: dict[int, Replica] = {}
     while events:
         now, _, kind, ref = heapq.heappop(events)
         clock[0] = now
@@ -151,9 +175,11 @@ def run(seed: int, cold: float, signal: str, plan: bool, target: float = TARGET,
                 router = fleet[k]
                 router.follow(cands)
                 st = router.balancer.pick("auto")
+                if st is None:
+                    raise RuntimeError("the balancer had no replica to pick")
                 router.balancer.started(st)
                 r = next(c for c in cands if id(c) == int(st.replica_id))
-                req = (now, (k, st))
+                req: Req = (now, (k, st))
             else:
                 a, b = rng.sample(cands, 2) if len(cands) >= 2 else (cands[0], cands[0])
                 r = a if a["inflight"] <= b["inflight"] else b
@@ -215,7 +241,10 @@ def run(seed: int, cold: float, signal: str, plan: bool, target: float = TARGET,
 
     times = sorted({ramp_start} | {r["ready_at"] for r in replicas if r["ready_at"] >= ramp_start})
     reached = next((t for t in times if ready_at(t) >= need), None)
-    return (bench.p99(hold), sum(held_at) / (MAX * end), bench.flaps(wanted_at, 20),
+    hold_p99 = bench.p99(hold)
+    if hold_p99 is None:
+        raise RuntimeError(f"seed {seed}: no request arrived in the hold")
+    return (hold_p99, sum(held_at) / (MAX * end), bench.flaps(wanted_at, 20),
             None if reached is None else reached - ramp_end)
 
 

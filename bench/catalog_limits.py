@@ -22,14 +22,17 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from llmgwctl.catalog.loader import DEFAULT_LIMITS, _measure, _models_per_file
+
 from . import REPO
 
 HEADER = "apiVersion: llmgw/v1\nkind: Catalog\n"
 
 # One item of each shape (a model, or what fills one model's list), by index.
-SHAPES = {
+SHAPES: dict[str, tuple[str, Callable[[int], str]]] = {
     "real": ("models", lambda i: (
         f"  - name: m{i}\n    aliases: [a{i}]\n    replicas: {{min: 0, max: 1}}\n    idle_timeout: 15m\n"
         f"    profiles:\n      - {{name: h100, engine: vllm, pool: h100, gpus: 1, priority: 10, args: [--max-model-len, 32768]}}\n"
@@ -80,7 +83,7 @@ def write(directory: str, shape: str, budget: int) -> tuple[int, int, int]:
 def child(directory: str) -> None:
     from llmgwctl.catalog import CatalogError, load_dir
 
-    result: dict = {}
+    result: dict[str, Any] = {}
 
     def work() -> None:
         start = time.perf_counter()

@@ -14,14 +14,14 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import watchfiles
 
-from llmgwctl.catalog import Live, load_dir
+from llmgwctl.catalog import Catalog, Live, load_dir
 from llmgwctl.catalog.loader import FileCache
 from llmgwctl.catalog.watcher import STEP_MS, CatalogWatcher
 
@@ -53,7 +53,7 @@ async def raw_events(directory: Path, edits: int) -> list[float]:
     got = asyncio.Event()
     stamp: list[float] = []
 
-    async def watch():
+    async def watch() -> None:
         async for _ in watchfiles.awatch(directory, step=STEP_MS, stop_event=stop, debounce=1000):
             stamp.append(time.perf_counter())
             got.set()
@@ -78,7 +78,11 @@ async def in_force(directory: Path, edits: int) -> list[float]:
     watcher.load_initial()
     swapped = asyncio.Event()
     stamp: list[float] = []
-    live.subscribe(lambda old, new: (stamp.append(time.perf_counter()), swapped.set()))
+    def swap(old: Catalog, new: Catalog) -> None:
+        stamp.append(time.perf_counter())
+        swapped.set()
+
+    live.subscribe(swap)
     stop = asyncio.Event()
     task = asyncio.create_task(watcher.run(stop))
     await asyncio.sleep(0.2)
@@ -103,7 +107,7 @@ def big_catalog(directory: Path, models: int, files: int = 10) -> None:
         (directory / f"part{f:02}.yaml").write_text(HEADER + body)
 
 
-def timed(fn, repeat: int) -> float:
+def timed(fn: Callable[[], object], repeat: int) -> float:
     best = []
     for _ in range(repeat):
         start = time.perf_counter()
@@ -142,7 +146,7 @@ def main() -> None:
         load_dir(directory, cache=cache)
         n = [0]
 
-        def one_file_changed():
+        def one_file_changed() -> None:
             n[0] += 1
             # The same 100 models, one alias changed: what a typical edit does.
             body = "".join(model_yaml(f"model-0-{i}", f"alias-0-{i}" if i else f"edited-{n[0]}") for i in range(per))
@@ -154,4 +158,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

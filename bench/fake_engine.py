@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import os
 import time
+from typing import Any
 
 import aiohttp
 
@@ -38,7 +39,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def rate(session: aiohttp.ClientSession, method: str, url: str, body: dict | None, concurrency: int,
+async def rate(session: aiohttp.ClientSession, method: str, url: str, body: dict[str, Any] | None, concurrency: int,
                seconds: float) -> tuple[float, int]:
     """Requests/s over `seconds`, `concurrency` callers each sending one after another."""
     done = 0

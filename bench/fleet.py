@@ -46,12 +46,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
 
-from tests.fleetsim import ENGINE_YAML, SimFleet
+from llmgwctl.contracts import ReplicaSpec
+from tests.fleetsim import ENGINE_YAML, RouterView, SimAgent, SimFleet, SimReplica
 from tests.procs import free_port
+
 from . import REPO
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -115,7 +118,7 @@ class GcPauses:
         self._started = 0.0
         gc.callbacks.append(self._callback)
 
-    def _callback(self, phase: str, info: dict) -> None:
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._started = time.perf_counter()
             return
@@ -154,15 +157,15 @@ class Bench:
         self.control = free_port()
         self.listen = free_port()
         self.url = f"http://127.0.0.1:{self.control}"
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.passed = False
         self.lag = LoopLag()
         self.fleet = SimFleet(self.url, args.nodes, routers=args.routers, heartbeat=args.heartbeat,
                               router_process=not args.routers_in_process)
         total = 4 * args.nodes
         # big is 1,000 from 500 nodes up; a smaller fleet (a quick run) gets 2 per node.
-        self.big = min(BIG, 2 * args.nodes)
-        self.models = max(100, args.nodes // 5) if args.nodes >= 500 else max(1, args.nodes // 5)
+        self.big: int = min(BIG, 2 * args.nodes)
+        self.models: int = max(100, args.nodes // 5) if args.nodes >= 500 else max(1, args.nodes // 5)
         self.per_model = max(1, (total - self.big) // self.models)
         self.expected = self.big + self.models * self.per_model
 
@@ -185,11 +188,17 @@ class Bench:
             # ahead of PYTHONPATH, and a run started from another checkout measured that one.
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
+    @property
+    def serve(self) -> subprocess.Popen[bytes]:
+        """serve's process, once start_serve has started it."""
+        assert self.proc is not None, "serve is not started"
+        return self.proc
+
     async def get(self, session: aiohttp.ClientSession, path: str) -> tuple[int, bytes]:
         async with session.get(self.url + path, timeout=aiohttp.ClientTimeout(total=60)) as resp:
             return resp.status, await resp.read()
 
-    async def until(self, what: str, predicate, timeout: float) -> float:
+    async def until(self, what: str, predicate: Callable[[], bool | Awaitable[bool]], timeout: float) -> float:
         started = time.monotonic()
         while True:
             value = predicate()
@@ -201,7 +210,7 @@ class Bench:
                 raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}; serve log: {self.dir}/serve.log")
             await asyncio.sleep(0.05)
 
-    async def healthy(self, session) -> bool:
+    async def healthy(self, session: aiohttp.ClientSession) -> bool:
         try:
             return (await self.get(session, "/healthz"))[0] == 200
         except (aiohttp.ClientError, OSError):
@@ -213,7 +222,7 @@ class Bench:
     def routers_have(self, count: int) -> bool:
         return all(len(r.endpoints) == count for r in self.fleet.routers)
 
-    async def metrics(self, session) -> tuple[float, float]:
+    async def metrics(self, session: aiohttp.ClientSession) -> tuple[float, float]:
         _, body = await self.get(session, "/metrics")
         total = count = 0.0
         for line in body.decode().splitlines():
@@ -234,7 +243,7 @@ class Bench:
         async with aiohttp.ClientSession() as session:
             self.start_serve()
             await self.until("serve up", lambda: self.healthy(session), 60)
-            rss_before = rss_mib(self.proc.pid)
+            rss_before = rss_mib(self.serve.pid)
             sim_cpu0, t0 = self_cpu(), time.monotonic()
             sim = asyncio.create_task(self.fleet.run(stop))
             lag = asyncio.create_task(self.lag.run(stop))
@@ -250,7 +259,7 @@ class Bench:
                 gc.freeze()
                 await self.steady(session)
                 await self.status()
-                rss = rss_mib(self.proc.pid)
+                rss = rss_mib(self.serve.pid)
                 print(f"memory       controller RSS {rss:.0f} MiB; {(rss - rss_before) * 1024 / a.nodes:.0f} KiB "
                       f"per node over the {rss_before:.0f} MiB before any agent")
                 if not a.no_changes:
@@ -281,8 +290,8 @@ class Bench:
                       f"({', '.join(f'{n} {why}' for why, n in self.fleet.report_failures.most_common()) or 'none'}), "
                       f"polls {self.fleet.poll_errors}, "
                       f"watches {self.fleet.watch_failures()}")
-                self.proc.send_signal(signal.SIGKILL)
-                self.proc.wait()
+                self.serve.send_signal(signal.SIGKILL)
+                self.serve.wait()
                 if self.passed:     # a failed run keeps its directory: the error names serve's log there
                     shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -294,14 +303,14 @@ class Bench:
         except OSError:
             return 0.0
 
-    async def steady(self, session) -> None:
+    async def steady(self, session: aiohttp.ClientSession) -> None:
         a = self.args
         await asyncio.sleep(a.heartbeat)        # let the last changes' reports settle out
         passes0, pass_s0 = await self.metrics(session)
         reports0 = sum(x.reports for x in self.fleet.agents)
-        cpu0, sim0, rt0, t0 = cpu_seconds(self.proc.pid), self_cpu(), self.routers_cpu(), time.monotonic()
+        cpu0, sim0, rt0, t0 = cpu_seconds(self.serve.pid), self_cpu(), self.routers_cpu(), time.monotonic()
         await asyncio.sleep(a.steady)
-        cpu1, sim1, rt1, t1 = cpu_seconds(self.proc.pid), self_cpu(), self.routers_cpu(), time.monotonic()
+        cpu1, sim1, rt1, t1 = cpu_seconds(self.serve.pid), self_cpu(), self.routers_cpu(), time.monotonic()
         reports = sum(x.reports for x in self.fleet.agents) - reports0
         passes1, pass_s1 = await self.metrics(session)
         wall = t1 - t0
@@ -325,11 +334,11 @@ class Bench:
         # long the client waited behind other work.
         calls = self.args.calls
         for path in ("/healthz", "/api/v1/status", "/metrics"):
-            cpu0, t0 = cpu_seconds(self.proc.pid), time.monotonic()
+            cpu0, t0 = cpu_seconds(self.serve.pid), time.monotonic()
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "bench.get_times", self.url + path, str(calls), cwd=REPO, stdout=subprocess.PIPE)
             out, _ = await asyncio.wait_for(proc.communicate(), 600)
-            extra = cpu_seconds(self.proc.pid) - cpu0 - self.steady_rate * (time.monotonic() - t0)
+            extra = cpu_seconds(self.serve.pid) - cpu0 - self.steady_rate * (time.monotonic() - t0)
             rows = [line.split() for line in out.decode().splitlines()]
             times = [float(r[0]) for r in rows]
             size = int(rows[-1][2]) if rows else 0
@@ -343,7 +352,10 @@ class Bench:
                   f"CPU/call ~{max(0.0, extra) / len(times) * 1000:.0f} ms ({size / 1e6:.1f} MB, GET {path}, "
                   f"n={len(times)}{f', {bad} not 200' if bad else ''}; another process)")
 
-    async def phase(self, label: str, write_it, desired_ok, desired_done, router_ok, on_ready=None) -> None:
+    async def phase(self, label: str, write_it: Callable[[], None],
+                    desired_ok: Callable[[SimAgent, list[ReplicaSpec]], bool],
+                    desired_done: Callable[[dict[str, float]], bool], router_ok: Callable[[RouterView], bool],
+                    on_ready: Callable[[SimReplica], bool] | None = None) -> None:
         """Write a change; time it to each affected node's desired list and to each router.
 
         desired_ok(agent, specs): this answer is the change, on an affected node;
@@ -357,11 +369,11 @@ class Bench:
         seen: set[tuple[int, str]] = set()
         lags: list[float] = []
 
-        def on_desired(agent, t, specs):
+        def on_desired(agent: SimAgent, t: float, specs: list[ReplicaSpec]) -> None:
             if agent.name not in desired_at and desired_ok(agent, specs):
                 desired_at[agent.name] = t
 
-        def on_endpoints(router, t):
+        def on_endpoints(router: RouterView, t: float) -> None:
             # Only the change's replicas are looked up: this runs in the simulator's loop for
             # every answer to every router, and walking 20,000 endpoints there delayed the
             # agents' reports, i.e. what is measured.
@@ -372,7 +384,7 @@ class Bench:
             if router.index not in router_at and router_ok(router):
                 router_at[router.index] = t
 
-        def ready(agent, rep, t):
+        def ready(agent: SimAgent, rep: SimReplica, t: float) -> None:
             if on_ready is not None and on_ready(rep):
                 ready_at[rep.spec.id] = t
 
@@ -436,7 +448,7 @@ class Bench:
             lambda r: r.models["big"] == self.big and not any(rid in r.endpoints for rid in old),
             on_ready=lambda rep: rep.spec.model == "big")
 
-    async def restart(self, session) -> None:
+    async def restart(self, session: aiohttp.ClientSession) -> None:
         fleet = self.fleet
         running = len(fleet.running())
         starts0, stops0 = fleet.starts(), fleet.stops()
@@ -445,8 +457,8 @@ class Bench:
         # already hold the new controller's first version, and with nothing
         # changing after the settle it would never be given another.
         versions = {r.version for r in fleet.routers}
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
+        self.serve.send_signal(signal.SIGKILL)
+        self.serve.wait()
         t0 = time.monotonic()
         self.start_serve()
         await self.until("serve up again", lambda: self.healthy(session), 60)
@@ -454,7 +466,7 @@ class Bench:
         # Reports that failed while serve was down are expected; the ones after it is up are what it refused or was late for.
         failed_up = collections.Counter(fleet.report_failures)
 
-        async def settled():
+        async def settled() -> bool:
             try:
                 return (await self.get(session, "/readyz"))[0] == 200
             except (aiohttp.ClientError, OSError):

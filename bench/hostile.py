@@ -39,8 +39,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import TYPE_CHECKING, Any
+
 from tests.httptarget import CountingTarget
 from tests.procs import free_port
+
+if TYPE_CHECKING:
+    import aiohttp  # loaded where a phase runs
+
+# A hostile request: its path, its body and its headers.
+Body = tuple[str, bytes, dict[str, str]]
 
 # `bulk` is what the hostile clients name: a model of its own, so what is
 # measured is what their bodies cost the router, not what parsing them costs
@@ -94,14 +102,14 @@ class Phase:
         self.hostile_sent = 0
 
 
-async def normal(session, url: str, stop: float, phase: Phase) -> None:
+async def normal(session: aiohttp.ClientSession, url: str, stop: float, phase: Phase) -> None:
     while time.perf_counter() < stop:
         t0 = time.perf_counter()
         try:
             async with session.post(url, data=CHAT, headers={"Content-Type": "application/json"}) as r:
                 await r.read()
                 ok = r.status == 200
-        except Exception:
+        except Exception:  # noqa: BLE001 -- whatever fails a request, the bench counts it as an error
             ok = False
         if ok:
             phase.latencies.append(time.perf_counter() - t0)
@@ -110,14 +118,14 @@ async def normal(session, url: str, stop: float, phase: Phase) -> None:
         await asyncio.sleep(0.02)
 
 
-async def health(session, urls: tuple[str, ...], stop: float, phase: Phase) -> None:
+async def health(session: aiohttp.ClientSession, urls: tuple[str, ...], stop: float, phase: Phase) -> None:
     while time.perf_counter() < stop:
         for url in urls:
             t0 = time.perf_counter()
             try:
                 async with session.get(url) as r:
                     await r.read()
-            except Exception:
+            except Exception:  # noqa: BLE001 -- only the time a probe took is measured, whatever it met
                 pass
             phase.health_max = max(phase.health_max, time.perf_counter() - t0)
             phase.health_n += 1
@@ -131,7 +139,7 @@ async def memory(pid: int, stop: float, phase: Phase) -> None:
     phase.rss_end = rss_mb(pid)
 
 
-async def hostile(session, router: str, bodies: list[tuple[str, bytes, dict]], stop: float, phase: Phase) -> None:
+async def hostile(session: aiohttp.ClientSession, router: str, bodies: list[Body], stop: float, phase: Phase) -> None:
     """One client going round the hostile requests: to misbehaving engines, and with hostile bodies."""
     import aiohttp
     i = 0
@@ -142,21 +150,21 @@ async def hostile(session, router: str, bodies: list[tuple[str, bytes, dict]], s
             async with session.post(router + path, data=body, headers=headers, allow_redirects=False,
                                     timeout=aiohttp.ClientTimeout(total=30)) as r:
                 await r.read()
-        except Exception:
+        except Exception:  # noqa: BLE001 -- hostile requests are meant to fail; only sending them counts
             pass
         phase.hostile_sent += 1
         await asyncio.sleep(0.05)
 
 
-def hostile_bodies(answers: list[str], pages: list[str]) -> list[tuple[str, bytes, dict]]:
+def hostile_bodies(answers: list[str], pages: list[str]) -> list[Body]:
     json_h = {"Content-Type": "application/json"}
     return [("/v1/chat/completions", json.dumps({"model": m, "messages": [{"role": "user", "content": "x"}]}).encode(),
              json_h) for m in answers + pages]
 
 
-def hostile_client_bodies(max_body: int) -> list[tuple[str, bytes, dict]]:
+def hostile_client_bodies(max_body: int) -> list[Body]:
     json_h = {"Content-Type": "application/json"}
-    out = []
+    out: list[Body] = []
     # A 30 MB model name, under the 32 MiB body cap.
     out.append(("/v1/chat/completions", b'{"model": "' + b"m" * 30_000_000 + b'", "messages": []}', json_h))
     # 1,000,000 keys, about 17 MB, naming a real model (by its canonical name).
@@ -170,8 +178,8 @@ def hostile_client_bodies(max_body: int) -> list[tuple[str, bytes, dict]]:
     return out
 
 
-async def run_phase(name: str, seconds: float, args, router: str, control: str, pid: int,
-                    bodies: list | None = None) -> Phase:
+async def run_phase(name: str, seconds: float, args: argparse.Namespace, router: str, control: str, pid: int,
+                    bodies: list[Body] | None = None) -> Phase:
     import aiohttp
     phase = Phase(name)
     stop = time.perf_counter() + seconds
@@ -188,9 +196,10 @@ async def run_phase(name: str, seconds: float, args, router: str, control: str, 
     return phase
 
 
-def status(control: str) -> dict:
+def status(control: str) -> dict[str, Any]:
     import requests
-    return requests.get(control + "/api/v1/status", timeout=10).json()
+    doc: dict[str, Any] = requests.get(control + "/api/v1/status", timeout=10).json()
+    return doc
 
 
 def wait_ready(control: str, n: int, seconds: float = 180) -> None:
@@ -199,7 +208,7 @@ def wait_ready(control: str, n: int, seconds: float = 180) -> None:
         try:
             if len([r for r in status(control)["replicas"] if r["state"] == "ready"]) == n:
                 return
-        except Exception:
+        except Exception:  # noqa: BLE001 -- a controller still starting may answer anything; ask again until the deadline
             pass
         time.sleep(0.5)
     raise SystemExit(f"{n} replicas did not become ready in {seconds:g} s")

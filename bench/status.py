@@ -28,13 +28,14 @@ import pstats
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-
-from tests.fleetsim import ENGINE_YAML, SimAgent, SimFleet, SimReplica
 
 from llmgwctl.contracts import ReplicaState
 from llmgwctl.control.controller import Controller
 from llmgwctl.observability.metrics import ControlMetrics
+from llmgwctl.router import Router
+from tests.fleetsim import ENGINE_YAML, SimAgent, SimFleet, SimReplica
 
 BIG = 1000
 
@@ -44,7 +45,7 @@ def model_yaml(name: str, replicas: int) -> str:
             f"      - name: p\n        engine: sim\n        gpus: 1\n")
 
 
-def build(nodes: int, router=None, prefix: str = "llmgw-status-") -> tuple[Controller, list[SimAgent]]:
+def build(nodes: int, router: Router | None = None, prefix: str = "llmgw-status-") -> tuple[Controller, list[SimAgent]]:
     """The fleet every replica ready; with `router` (an in-process Router) wired as serve wires it."""
     directory = Path(tempfile.mkdtemp(prefix=prefix))
     big = min(BIG, 2 * nodes)
@@ -71,7 +72,7 @@ def build(nodes: int, router=None, prefix: str = "llmgw-status-") -> tuple[Contr
     return c, fleet.agents
 
 
-def timed(fn, repeat: int) -> tuple[float, float]:
+def timed(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
     times = []
     for _ in range(repeat):
         t = time.perf_counter()
@@ -99,7 +100,7 @@ def main() -> None:
     rows = [("state", c.state), ("to_dict", state.to_dict), ("encode", lambda: json.dumps(doc)), ("body", body_fn)]
     agent = agents[0]
 
-    def after_one():
+    def after_one() -> float:
         # One replica of the first node fails and comes back: a report, a pass, then the body.
         rep = next(iter(agent.replicas.values()))
         rep.state = ReplicaState.FAILED if rep.state == ReplicaState.READY else ReplicaState.READY

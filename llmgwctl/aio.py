@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, AsyncIterator, Coroutine, TypeVar
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 

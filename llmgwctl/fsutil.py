@@ -28,8 +28,9 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 from .aio import cancel_and_wait, follow_file, sleep_unless
 from .health import Failure, failure
@@ -55,7 +56,7 @@ READ_TIMEOUT = 10.0
 MAX_PROBLEM = 2000
 
 
-def write_atomically(path: str | os.PathLike, data: bytes) -> None:
+def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
     """Temp file in the same directory (hidden, so watchers skip it), fsync, rename over, fsync the directory."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -123,7 +124,7 @@ def _mib(size: int) -> str:
     return f"{size / (1 << 20):g} MiB"
 
 
-def read_regular(path: str | os.PathLike, max_bytes: int, what: str = "file") -> bytes:
+def read_regular(path: str | os.PathLike[str], max_bytes: int, what: str = "file") -> bytes:
     """The bytes of `path` if it is a regular file of at most `max_bytes`; UnusableFile saying why not.
 
     Blocking (a read from disk): call it from a thread (`off_loop`). What it
@@ -179,7 +180,7 @@ def read_regular(path: str | os.PathLike, max_bytes: int, what: str = "file") ->
         os.close(fd)
 
 
-def stamp(path: str | os.PathLike) -> tuple[int, ...] | None:
+def stamp(path: str | os.PathLike[str]) -> tuple[int, ...] | None:
     """What changes when the file at `path` (through its links) changes in any way; None if there is none.
 
     The inode and device (a rename over it, a link retargeted), size and
@@ -202,7 +203,7 @@ async def off_loop(fn: Callable[[], T], timeout: float, name: str) -> T:
     callers hold a lock in `fn` so they never start a second one behind it.
     """
     loop = asyncio.get_running_loop()
-    done: asyncio.Future = loop.create_future()
+    done: asyncio.Future[T] = loop.create_future()
 
     def settle(method: str, value: object) -> None:
         if not done.done():
@@ -247,9 +248,9 @@ class FollowedFile(Generic[T]):
     tests); `check()` is the one pass on the loop; `run()` only calls it.
     """
 
-    task: asyncio.Task      # once started (`start`)
+    task: asyncio.Task[None]      # once started (`start`)
 
-    def __init__(self, path: str | os.PathLike, *, name: str, what: str, parse: Callable[[bytes], T],
+    def __init__(self, path: str | os.PathLike[str], *, name: str, what: str, parse: Callable[[bytes], T],
                  apply: Callable[[T], None], rejects: type[Exception], max_bytes: int,
                  keeping: str = "keeping the last good content in force",
                  on_result: Callable[[str], None] = lambda result: None,
@@ -417,7 +418,7 @@ class FollowedFile(Generic[T]):
         finally:
             await cancel_and_wait(ticker)
 
-    def start(self, stop: asyncio.Event) -> asyncio.Task:
+    def start(self, stop: asyncio.Event) -> asyncio.Task[None]:
         """`run(stop)` as a task of the running loop (kept as `.task`)."""
         self.task = asyncio.get_running_loop().create_task(self.run(stop), name=self.name)
         return self.task

@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from typing import Any, Callable, ClassVar, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
 
 # Output per inflate step of the counting pass: about a millisecond of CPU, so
 # other requests wait at most that long behind a bomb, and the memory one

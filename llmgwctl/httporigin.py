@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from typing import Any, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from .httpserver import error_body
@@ -185,7 +186,12 @@ def same_origin(origin: str, host_header: str | None) -> bool:
     return theirs[0] == ours[0] and theirs[1] == (ours[1] if ours[1] is not None else theirs[1])
 
 
-Handler = Callable[[Any], Awaitable[Any]]
+if TYPE_CHECKING:
+    # aiohttp loads when a middleware is made: the checks above need no HTTP stack.
+    from aiohttp import web
+    from aiohttp.typedefs import Middleware
+
+    Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class BrowserGuard:
@@ -211,7 +217,7 @@ class BrowserGuard:
         self._verdicts: dict[str, bool] = {}
 
     @classmethod
-    def for_bind(cls, bind_host: str | None, *, allowed_hosts: Iterable[str] = (), **kwargs: Any) -> "BrowserGuard":
+    def for_bind(cls, bind_host: str | None, *, allowed_hosts: Iterable[str] = (), **kwargs: Any) -> BrowserGuard:
         """The guard for a server bound to `bind_host` (None: loopback, as tests bind)."""
         allowed_hosts = tuple(allowed_hosts)
         loopback = bind_host is None or _is_loopback(bind_host)
@@ -220,7 +226,7 @@ class BrowserGuard:
             names = (*names, bind_host)     # bound to a name: that name is one it answers to
         return cls(allowed_hosts=names, check_host=loopback or bool(allowed_hosts), **kwargs)
 
-    def install(self, app: Any) -> None:
+    def install(self, app: web.Application) -> None:
         """Answer allowed origins' CORS on `app` (an aiohttp Application whose middlewares hold `middleware`)."""
         if self.cors:
             app.on_response_prepare.append(self._name_origin)
@@ -237,7 +243,7 @@ class BrowserGuard:
             self._verdicts[value] = verdict
         return verdict
 
-    def refusal(self, method: str, headers: Any) -> tuple[str, str] | None:
+    def refusal(self, method: str, headers: Mapping[str, str]) -> tuple[str, str] | None:
         """(code, message) when the request must be refused; None when it may go on."""
         host = headers.get("Host")
         if host is not None and self.check_host and not self.host_allowed(host):
@@ -266,7 +272,8 @@ class BrowserGuard:
                     "with CORS (fetch's default mode), not no-cors")
         return None
 
-    def middleware(self) -> Any:
+    def middleware(self) -> Middleware:
+
         """The aiohttp middleware: 403 before any handler for what the checks refuse; preflights answered."""
         from aiohttp import web
 
@@ -289,7 +296,7 @@ class BrowserGuard:
 
     # -- CORS, for the allowed origins only -----------------------------------------------
 
-    def _preflight(self, request: Any) -> Any:
+    def _preflight(self, request: web.Request) -> web.Response:
         from aiohttp import web
 
         origin = request.headers.get("Origin")
@@ -311,7 +318,8 @@ class BrowserGuard:
             headers["Access-Control-Allow-Headers"] = asked
         return web.Response(status=204, headers=headers)
 
-    async def _name_origin(self, request: Any, response: Any) -> None:
+    async def _name_origin(self, request: web.Request, response: web.StreamResponse) -> None:
+
         origin = request.headers.get("Origin")
         if origin is None or not self.cors.allows(origin) or "Access-Control-Allow-Origin" in response.headers:
             return

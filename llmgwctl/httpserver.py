@@ -24,7 +24,8 @@ import json
 import logging
 import random
 import re
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:   # only for the annotation: the constants above load without aiohttp
     from aiohttp import web
@@ -82,7 +83,7 @@ def server_options(*, client_idle_timeout: float = CLIENT_IDLE_TIMEOUT, max_fiel
             "max_field_size": max_field_size, "max_headers": max_headers, "auto_decompress": False}
 
 
-def bound_port(runner: "web.BaseRunner") -> int:
+def bound_port(runner: web.BaseRunner) -> int:
     """The port `runner`'s first site listens on: the one the kernel chose when it was asked for 0."""
     return int(runner.addresses[0][1])
 
@@ -243,7 +244,7 @@ def new_request_id() -> str:
     the Mersenne Twister makes one in a fraction of a microsecond without a
     system call.
     """
-    return "%016x" % random.getrandbits(64)
+    return f"{random.getrandbits(64):016x}"
 
 
 def _handle_error(self: Any, request: Any, status: int = 500, exc: BaseException | None = None,

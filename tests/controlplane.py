@@ -23,8 +23,9 @@ tests driving real processes.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -130,10 +131,10 @@ class ControlPlane:
         if catalog != self.controller.live.current:
             self.controller.live.swap(catalog)
         report = report_of(catalog, node, endpoints).to_dict()
-        async with aiohttp.ClientSession() as session:
-            async with session.post(f"{self.url}/api/v1/agents/{node}/report", json=report) as resp:
-                if resp.status != 200:
-                    raise AssertionError(f"the control API refused the report: {resp.status} {await resp.text()}")
+        async with aiohttp.ClientSession() as session, \
+                session.post(f"{self.url}/api/v1/agents/{node}/report", json=report) as resp:
+            if resp.status != 200:
+                raise AssertionError(f"the control API refused the report: {resp.status} {await resp.text()}")
         self.adopting_pass()
 
     def adopting_pass(self) -> None:

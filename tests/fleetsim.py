@@ -41,9 +41,10 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Protocol
+from typing import Protocol
 
 import aiohttp
 
@@ -71,7 +72,7 @@ class SimReplica:
 
 
 class SimAgent:
-    def __init__(self, fleet: "SimFleet", index: int, *, gpus: int = 8, pools: tuple[str, ...] = ()):
+    def __init__(self, fleet: SimFleet, index: int, *, gpus: int = 8, pools: tuple[str, ...] = ()):
         self.fleet = fleet
         self.name = f"sim-{index:05d}"
         self.host = node_host(index)
@@ -204,10 +205,18 @@ _VERSION = re.compile(rb'^\{"version": (-?\d+)')
 _ENDPOINT = re.compile(rb'\{"replica_id": "([^"]*)", "model": "([^"]*)"')
 
 
+def _version(raw: bytes) -> re.Match[bytes]:
+    """The watch answer's leading `{"version": N`; ValueError if it does not lead with one."""
+    head = _VERSION.search(raw)
+    if head is None:
+        raise ValueError(f"a watch answer without its version first: {raw[:80]!r}")
+    return head
+
+
 def controller_answer_matches(raw: bytes) -> bool:
     """Whether the patterns read a watch answer as json.loads does (for a test of this module)."""
     doc = json.loads(raw)
-    return (int(_VERSION.search(raw).group(1)) == doc["version"]
+    return (int(_version(raw).group(1)) == doc["version"]
             and {r.decode(): m.decode() for r, m in _ENDPOINT.findall(raw)}
             == {e["replica_id"]: e["model"] for e in doc["endpoints"]})
 
@@ -256,7 +265,7 @@ class _Host(Protocol):
     session: aiohttp.ClientSession
     watch_errors: int
 
-    def answered(self, router: "SimRouter", arrived: float) -> None: ...
+    def answered(self, router: SimRouter, arrived: float) -> None: ...
 
 
 class SimRouter(RouterView):
@@ -285,8 +294,9 @@ class SimRouter(RouterView):
                 continue
             retry.reset()
             arrived = time.monotonic()
-            head = _VERSION.search(raw)
+            head = _version(raw)
             version = int(head.group(1))
+
             if version == self.version:
                 continue
             is_delta = raw.startswith(b', "delta": ', head.end())
@@ -470,7 +480,7 @@ class SimFleet:
         """Failed watch answers (and delta fallbacks) of every router, on this loop or in their process."""
         return self.watch_errors + (self.router_process.watch_errors if self.router_process else 0)
 
-    def answered(self, router: "SimRouter", arrived: float) -> None:
+    def answered(self, router: SimRouter, arrived: float) -> None:
         self.on_endpoints(router, arrived)
 
     # -- what measurements and tests read ------------------------------------------------

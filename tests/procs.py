@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import subprocess
+from typing import AnyStr
 
 # How long a killed child takes to be reaped: it is dying already, so ten
 # seconds only matters on a machine that is badly overloaded.
@@ -29,24 +30,25 @@ def free_port() -> int:
     """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+def _signal_group(proc: subprocess.Popen[AnyStr], sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
     except ProcessLookupError:      # the group ended between the poll and the signal
         pass
 
 
-def kill_group(proc: subprocess.Popen, timeout: float = REAP_TIMEOUT) -> None:
+def kill_group(proc: subprocess.Popen[AnyStr], timeout: float = REAP_TIMEOUT) -> None:
     """SIGKILL `proc`'s process group if `proc` still runs, then wait for `proc` (at most `timeout` s)."""
     if proc.poll() is None:
         _signal_group(proc, signal.SIGKILL)
     proc.wait(timeout)
 
 
-def stop_group(proc: subprocess.Popen, grace: float) -> None:
+def stop_group(proc: subprocess.Popen[AnyStr], grace: float) -> None:
     """SIGTERM `proc`'s group so it can stop cleanly; SIGKILL it if `proc` has not ended within `grace` s."""
     if proc.poll() is not None:
         return

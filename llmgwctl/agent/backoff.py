@@ -7,7 +7,7 @@ sleeping.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ..backoff import Backoff
 

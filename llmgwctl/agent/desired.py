@@ -8,8 +8,9 @@ are started, nor how the controller chooses them.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -99,18 +100,22 @@ class DesiredFile:
             text = read_regular(self.path, MAX_BYTES, "desired file").decode("utf-8", "replace")
             specs = parse_document(text, str(self.path))
         except UnusableFile as exc:
-            return self._fail(str(exc), None)
+            self._fail(str(exc))
+            return None
         except OSError as exc:
-            return self._fail(f"{self.path}: cannot read: {exc.strerror or exc}", None)
+            self._fail(f"{self.path}: cannot read: {exc.strerror or exc}")
+            return None
         except DesiredError as exc:
-            return self._fail(str(exc), None)
+            self._fail(str(exc))
+            return None
         self.last_error = None
         log.info("%s: %d desired replica(s)", self.path, len(specs))
         return specs
 
-    def _fail(self, message: str, value):
+    def _fail(self, message: str) -> None:
+        """Log a new failure once; the caller keeps the last good list."""
         if message != self.last_error:
             log.error("%s -- keeping the last good desired list", message)
         self.last_error = message
-        return value
+
 

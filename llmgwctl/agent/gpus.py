@@ -13,7 +13,7 @@ import subprocess
 import uuid
 
 from ..contracts import Gpu
-from .errors import GpuSpecError
+from .errors import GpuSpecError as GpuSpecError  # re-exported: the CLI catches what parse_spec raises from here
 
 log = logging.getLogger("llmgw.agent.gpus")
 

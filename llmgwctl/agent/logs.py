@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from ..aio import cancel_and_wait, follow_file, sleep_unless
 
@@ -84,7 +85,7 @@ class LogSender:
         self.log_path = log_path
         self.owns = owns
         self.stop = stop
-        self.tasks: set[asyncio.Task] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
 
     def handle(self, requests: Any) -> None:
         """Start answering each request of a desired answer's `log_requests` (malformed ones are skipped)."""
@@ -101,7 +102,8 @@ class LogSender:
     async def close(self) -> None:
         await cancel_and_wait(*self.tasks)
 
-    async def _answer(self, req: dict) -> None:
+    async def _answer(self, req: dict[str, Any]) -> None:
+
         rid, replica = req["id"], req["replica"]
         try:
             if len(self.tasks) > MAX_STREAMS:

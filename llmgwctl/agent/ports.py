@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import errno
 import socket
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
-from typing import Callable, Collection
 
 from .errors import PortRangeError
 
@@ -19,7 +19,7 @@ class PortRange:
     high: int   # inclusive, as an operator writes 20000-20999
 
     @classmethod
-    def parse(cls, text: str) -> "PortRange":
+    def parse(cls, text: str) -> PortRange:
         low_s, sep, high_s = text.partition("-")
         try:
             low, high = int(low_s), int(high_s if sep else low_s)
@@ -29,7 +29,8 @@ class PortRange:
             raise PortRangeError(f"port range {text!r}: need 1 <= LOW <= HIGH <= 65535")
         return cls(low, high)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
+
         return iter(range(self.low, self.high + 1))
 
     def __len__(self) -> int:

@@ -17,9 +17,9 @@ import errno
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
 
 # 8 MiB live + one rotated copy per replica: enough to hold a full startup
 # (vLLM prints a few hundred KiB while loading) plus hours of request logs, and
@@ -109,7 +109,7 @@ def _private(path: str, flags: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Spawned:
-    popen: subprocess.Popen
+    popen: subprocess.Popen[bytes]
     pid: int
     start_time: int
 

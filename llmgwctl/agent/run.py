@@ -10,9 +10,9 @@ import asyncio
 import functools
 import logging
 import signal
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
 
 import aiohttp
 
@@ -20,13 +20,13 @@ from .. import aio
 from ..contracts import ReplicaSpec
 from ..engines.custom import NOTHING_ALLOWED, AllowedEngines
 from ..engines.spec import Driver
-from .controller import HEARTBEAT, ControllerClient, desired_loop, file_loop, report_loop
 from . import state
+from .capacity import cpu_capacity
+from .controller import HEARTBEAT, ControllerClient, desired_loop, file_loop, report_loop
 from .core import START_TIMEOUT, STOP_GRACE, TICK, Agent
 from .desired import DesiredFile
-from .logs import LogSender
 from .gpus import discover
-from .capacity import cpu_capacity
+from .logs import LogSender
 from .ports import PortRange
 
 log = logging.getLogger("llmgw.agent")

@@ -17,7 +17,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ..contracts import ReplicaSpec
 from ..fsutil import write_atomically
@@ -37,7 +37,7 @@ def private_dir(path: Path) -> None:
         os.chmod(path, 0o700)
 
 
-def lock(state_dir: Path):
+def lock(state_dir: Path) -> TextIO:
     """Hold the state directory for this process's life; StateLockedError if another agent does.
 
     An flock, not a pid file: the kernel drops it when the holder dies, even by
@@ -46,7 +46,7 @@ def lock(state_dir: Path):
     file; the lock lasts while it stays open.
     """
     private_dir(state_dir)
-    f = open(state_dir / LOCKNAME, "a+", encoding="utf-8")
+    f = open(state_dir / LOCKNAME, "a+", encoding="utf-8")  # noqa: SIM115 -- the open file is the lock: returned, held
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -81,7 +81,7 @@ class Record:
                 "restarts": self.restarts, "health_path": self.health_path}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Record":
+    def from_dict(cls, data: dict[str, Any]) -> Record:
         return cls(spec=ReplicaSpec.from_dict(data["spec"]), pid=int(data["pid"]),
                    start_time=int(data["start_time"]), pgid=int(data["pgid"]), port=int(data["port"]),
                    restarts=int(data.get("restarts", 0)), health_path=str(data.get("health_path", "/health")))

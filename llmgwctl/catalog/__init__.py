@@ -9,11 +9,25 @@ follows a directory and swaps `Live` only to valid catalogs.
 It must not know about anything else in llmgw: nothing here imports another
 llmgwctl subpackage, so every other piece can depend on it.
 """
+from typing import TYPE_CHECKING
+
 from .durations import format_duration, parse_duration
 from .errors import CatalogError, Problem, format_path
 from .live import Live
-from .model import (API_VERSION, AUTOSCALE_METRICS, BUILTIN_ENGINES, KIND, Autoscale, Catalog, EngineSpec, Model,
-                    Origin, Profile, Replicas, ScalingPolicy)
+from .model import (
+    API_VERSION,
+    AUTOSCALE_METRICS,
+    BUILTIN_ENGINES,
+    KIND,
+    Autoscale,
+    Catalog,
+    EngineSpec,
+    Model,
+    Origin,
+    Profile,
+    Replicas,
+    ScalingPolicy,
+)
 
 __all__ = [
     "API_VERSION", "AUTOSCALE_METRICS", "Autoscale", "BUILTIN_ENGINES", "KIND", "Catalog", "CatalogError", "EngineSpec", "Live", "Model",
@@ -22,7 +36,12 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+if TYPE_CHECKING:   # the real names, for the checker; at run time __getattr__ loads them
+    from .loader import load_dir, load_paths, load_text
+
+
+def __getattr__(name: str) -> object:
+
     # The loader pulls in yaml and jsonschema; import it only when it is used,
     # so code that only reads catalogs (the router's hot path) stays light.
     if name in ("load_dir", "load_document", "load_paths", "load_text"):

@@ -10,7 +10,8 @@ each model; it imports the model's types only to name them.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .model import Autoscale, Model

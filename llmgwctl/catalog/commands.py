@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 import string
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .model import EngineSpec

@@ -46,7 +46,7 @@ class CatalogDiff:
         return " ".join(parts) if parts else "no changes"
 
     def to_dict(self) -> dict[str, Any]:
-        def changes(items):
+        def changes(items: tuple[tuple[str, tuple[Change, ...]], ...]) -> dict[str, list[dict[str, Any]]]:
             return {name: [{"path": format_path(c.path), "old": c.old, "new": c.new} for c in cs] for name, cs in items}
         return {
             "added": list(self.added), "removed": list(self.removed), "changed": changes(self.changed),
@@ -78,7 +78,8 @@ def _changed(old: dict[str, Any], new: dict[str, Any]) -> tuple[tuple[str, tuple
     return tuple(out)
 
 
-def _fields(old: Any, new: Any, path: tuple) -> list[Change]:
+def _fields(old: Any, new: Any, path: tuple[str | int, ...]) -> list[Change]:
+
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
         for key in list(new) + [k for k in old if k not in new]:

@@ -18,8 +18,8 @@ allow-list of them would break a new engine release's knobs every time.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Mapping
 
 _LOADER = "the dynamic loader reads it in every program it starts (a library to preload, or where libraries are found)"
 _PYTHON = "Python reads it at startup to choose which code it imports or runs"

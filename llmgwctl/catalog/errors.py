@@ -9,9 +9,8 @@ it one error per round trip.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
-
 
 
 def format_path(path: Sequence[str | int]) -> str:
@@ -51,7 +50,8 @@ class Problem:
             return f"{where}: {format_path(self.path)}: {self.message}"
         return f"{where}: {self.message}"
 
-    def sort_key(self) -> tuple:
+    def sort_key(self) -> tuple[str, int, int, str, str]:
+
         return (self.file, self.line, self.column, format_path(self.path), self.message)
 
 

@@ -7,7 +7,7 @@ the event loop by the watcher.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .model import Catalog
 

@@ -28,8 +28,7 @@ from typing import Any
 
 from .documents import FileResult, check, measure_document
 from .errors import EXCERPT, CatalogError, Problem, excerpt, format_path
-from .files import (RACY_NS, SUFFIXES, TRUST_STAT_FOR, FileCache, catalog_files, is_catalog_file, read,
-                    read_file)
+from .files import RACY_NS, SUFFIXES, TRUST_STAT_FOR, FileCache, catalog_files, is_catalog_file, read, read_file
 from .limits import DEFAULT_LIMITS, NO_DEADLINE, Deadline, Limits, collector_paused, mib, too_big
 from .model import Catalog, EngineSpec, Model
 from .schema import locate, models_per_file, schema_path

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from .bounds import MAX_TOTAL_REPLICAS, check_numbers
 from .commands import check_engine
@@ -359,7 +360,7 @@ def _at(origin: Origin, path: tuple[str | int, ...], message: str) -> Problem:
     return Problem(origin.file, origin.path + path, message)
 
 
-def _names_of(model: Model):
+def _names_of(model: Model) -> Iterator[tuple[str, str, tuple[str | int, ...]]]:
     yield model.name, "name", ("name",)
     seen = {model.name}
     for i, alias in enumerate(model.aliases):

@@ -41,13 +41,21 @@ import stat
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..fsutil import file_kind, off_loop
 from ..health import Failure, error_text, failure
 from .diff import CatalogDiff, diff
 from .errors import CatalogError, Problem
+
+if TYPE_CHECKING:
+    # watchfiles is imported where the watch starts (a loaded catalog needs no watcher).
+    from watchfiles import Change as FileChange
+
+    Batch = set[tuple[FileChange, str]]   # one awatch() yield: what changed, where
+
 from .live import Live
 from .loader import DEFAULT_LIMITS, FileCache, Limits, is_catalog_file, load_dir
 from .model import Catalog
@@ -99,7 +107,7 @@ class Rejection:
     at: float                       # wall-clock time, for people reading status
     problems: tuple[Problem, ...]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"at": self.at, "errors": [str(p) for p in self.problems]}
 
 
@@ -224,7 +232,7 @@ class CatalogWatcher:
         import watchfiles
 
         stop_event = stop_event or asyncio.Event()
-        batches: asyncio.Queue = asyncio.Queue()
+        batches: asyncio.Queue[Batch] = asyncio.Queue()
 
         async def follow(target: str, halt: asyncio.Event) -> None:
             async for changes in watchfiles.awatch(
@@ -234,8 +242,8 @@ class CatalogWatcher:
                 batches.put_nowait(changes)
 
         # (what the directory resolved to, the task watching it, the event that ends that watch)
-        watch: tuple[tuple[str, int, int], asyncio.Task, asyncio.Event] | None = None
-        getter: asyncio.Task | None = None
+        watch: tuple[tuple[str, int, int], asyncio.Task[None], asyncio.Event] | None = None
+        getter: asyncio.Task[Batch] | None = None
         stopped = asyncio.create_task(stop_event.wait())
 
         async def unwatch() -> None:
@@ -357,7 +365,7 @@ class CatalogWatcher:
         return ("the watcher has not loaded the directory since it was written: writes still going on there, "
                 "or a slow filesystem; status shows when it is in force")
 
-    async def _settle_and_load(self, changes: set, batches: asyncio.Queue, stop_event: asyncio.Event) -> Outcome | None:
+    async def _settle_and_load(self, changes: Batch, batches: asyncio.Queue[Batch], stop_event: asyncio.Event) -> Outcome | None:
         """Wait until a write in place is done and git has finished, then load and apply; None if stale or stopped."""
         await self._until_quiet(changes, batches, stop_event)
         await self._until_git_is_done(stop_event)
@@ -373,7 +381,7 @@ class CatalogWatcher:
             return None
         return self._apply(loaded)
 
-    async def _until_quiet(self, changes: set, batches: asyncio.Queue, stop_event: asyncio.Event) -> None:
+    async def _until_quiet(self, changes: Batch, batches: asyncio.Queue[Batch], stop_event: asyncio.Event) -> None:
         """While catalog files are being written in place, wait until none was touched for the quiet window.
 
         Batches that arrive meanwhile are taken here (the load after covers
@@ -408,7 +416,7 @@ class CatalogWatcher:
                 return
             await asyncio.sleep(self._step_ms / 1000)
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         current = self.live.current
         return {
             "directory": self.directory, "version": current.version, "models": len(current),
@@ -422,7 +430,7 @@ class CatalogWatcher:
             "last_failure": self.last_failure, "problem": self.problem, "followed": self.followed,
         }
 
-    def watcher_status(self) -> dict:
+    def watcher_status(self) -> dict[str, Any]:
         """The watcher's row of status' `watchers` (contracts.WatcherStatus's fields)."""
         problem = self.problem
         if problem is None and self.degraded and self.last_failure is not None:
@@ -455,7 +463,7 @@ def git_index_lock(directory: str) -> str | None:
         path = parent
 
 
-def _written_in_place(changes: set) -> bool:
+def _written_in_place(changes: Batch) -> bool:
     # watchfiles reports a rename into place as `added` (and the old name as
     # `deleted`); data written into a file that stays open is `modified`.
     import watchfiles

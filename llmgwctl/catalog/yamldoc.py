@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -21,7 +21,7 @@ from .errors import Problem, excerpt
 from .limits import NO_DEADLINE, Deadline, Limits
 
 # A place in a document: mapping keys and list indices from its root.
-DocPath = tuple[Union[str, int], ...]
+DocPath = tuple[str | int, ...]
 # Where each value of a file starts: path -> (line, column), both 1-based.
 Positions = Mapping[DocPath, tuple[int, int]]
 # What a walk notes beside the positions: (path, what is wrong there).

@@ -33,7 +33,9 @@ class _LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in SUBCOMMANDS:
             return None
-        return importlib.import_module(SUBCOMMANDS[name]).command
+        command: click.Command = importlib.import_module(SUBCOMMANDS[name]).command
+        return command
+
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 import click
 
@@ -12,6 +12,7 @@ from ..agent.core import START_TIMEOUT, STOP_GRACE
 from .common import PORT_RANGE, log_format_option, log_level_options, parsed_by, setup_logging
 
 if TYPE_CHECKING:
+    from ..agent.ports import PortRange
     from ..engines.custom import AllowedEngines
 
 
@@ -90,9 +91,11 @@ allow_engine_arg_option = click.option(
 @allow_engine_arg_option
 @log_level_options
 @log_format_option
-def command(controller, node, gpus, pools, state_dir, advertise_host, ports, desired_file, token_file, grace,
-            start_timeout, heartbeat, allow_engines, max_cpu_replicas, allow_engine_args, log_level, verbose,
-            log_format) -> None:
+def command(controller: str | None, node: str, gpus: str, pools: tuple[str, ...], state_dir: Path,
+            advertise_host: str, ports: PortRange, desired_file: Path | None, token_file: TextIO | None,
+            grace: float, start_timeout: float, heartbeat: float, allow_engines: AllowedEngines,
+            max_cpu_replicas: int | None, allow_engine_args: tuple[str, ...], log_level: str | None,
+            verbose: bool, log_format: str) -> None:
     """Run the node agent: start, watch and stop this machine's engines."""
     from ..agent import AgentConfig, StateLockedError, main
 

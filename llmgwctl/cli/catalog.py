@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 import click
 
-from ..catalog import CatalogError, format_duration, load_paths
+from ..catalog import Catalog, CatalogError, format_duration, load_paths
 from ..catalog.diff import diff as diff_catalogs
 from .common import controller_headers, controller_option
 from .output import cleaned, dump, echo, output_option, table, visible
@@ -19,7 +21,7 @@ paths_argument = click.argument("paths", nargs=-1, required=True,
                                 type=click.Path(exists=True, file_okay=True, dir_okay=True))
 
 
-def _load(paths):
+def _load(paths: Sequence[str]) -> Catalog:
     """The union catalog of `paths`, or print every problem and exit 1."""
     try:
         return load_paths(paths)
@@ -39,7 +41,7 @@ def command() -> None:
 @command.command()
 @paths_argument
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing when valid.")
-def validate(paths, quiet):
+def validate(paths: tuple[str, ...], quiet: bool) -> None:
     """Check catalog files or directories (together, as one catalog).
 
     Exit 0 when valid, 1 when not (every problem printed as
@@ -53,7 +55,7 @@ def validate(paths, quiet):
 @command.command()
 @paths_argument
 @output_option
-def show(paths, fmt):
+def show(paths: tuple[str, ...], fmt: str) -> None:
     """Show the resolved catalog: models, aliases and profiles."""
     catalog = _load(paths)
     if fmt != "table":
@@ -83,7 +85,7 @@ def show(paths, fmt):
 @click.argument("old", type=click.Path(exists=True))
 @click.argument("new", type=click.Path(exists=True))
 @output_option
-def diff(old, new, fmt):
+def diff(old: str, new: str, fmt: str) -> None:
     """Show what changes from catalog OLD to NEW (files or directories).
 
     Exit 0 when they are the same, 1 when they differ (like diff(1)).
@@ -117,7 +119,7 @@ def diff(old, new, fmt):
               help="Name in the catalog directory [default: the file's name; required with -f -].")
 @controller_option
 @output_option
-def apply(path, dry_run, name, controller, fmt):
+def apply(path: str, dry_run: bool, name: str | None, controller: str, fmt: str) -> None:
     """Validate FILE as part of the running catalog, show the plan, and put it in force.
 
     The controller writes the file into its catalog directory atomically, and
@@ -169,7 +171,7 @@ def apply(path, dry_run, name, controller, fmt):
     echo(_render_plan(body))
 
 
-def _render_plan(raw: dict) -> str:
+def _render_plan(raw: dict[str, Any]) -> str:
     body = cleaned(raw)     # names, reasons and paths printable (output.visible)
     d, r = body["diff"], body["replicas"]
     lines = [f"catalog {body['from_version']} -> {body['to_version']}"]

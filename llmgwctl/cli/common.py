@@ -3,12 +3,24 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+if TYPE_CHECKING:
+    from ..agent.ports import PortRange as Range
+
+    # click is generic in the value a type converts to from 8.3 on; setup.cfg
+    # allows 8.1, where ParamType cannot be subscripted, so only the checker sees it.
+    _PortRangeParam = click.ParamType[Range]
+else:
+    _PortRangeParam = click.ParamType
+
 _In = TypeVar("_In")
 _Out = TypeVar("_Out")
+F = TypeVar("F", bound=Callable[..., Any])
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 # Where `status` and `catalog apply` find the controller: $LLMGW_CONTROLLER, else
 # the control API's default address on this machine.
@@ -52,7 +64,7 @@ log_format_option = click.option(
     help="text for people, json (one object per line) for log collectors.")
 
 
-def log_level_options(command):
+def log_level_options(command: F) -> F:
     """`--log-level LEVEL`, every long-running command's one logging flag, and `-v` kept as a hidden alias.
 
     `--log-level` because it is what uvicorn, vLLM's server and most daemons
@@ -66,15 +78,18 @@ def log_level_options(command):
                         show_default="info", help="Log this level and above.")(command)
 
 
-class PortRange(click.ParamType):
+class PortRange(_PortRangeParam):
     """`--ports LOW-HIGH`, inclusive, the one port-range syntax of `serve` and `agent` (as iptables' and nmap's)."""
 
     name = "LOW-HIGH"
 
-    def convert(self, value, param, ctx):
-        from ..agent.ports import PortRange as Range, PortRangeError
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> Range:
+        from ..agent.errors import PortRangeError
+        from ..agent.ports import PortRange as Range
         if isinstance(value, Range):
             return value
+        if not isinstance(value, str):
+            self.fail(f"expected LOW-HIGH, got {value!r}", param, ctx)
         try:
             return Range.parse(value)
         except PortRangeError as exc:
@@ -105,7 +120,8 @@ _ROUTER_FIELDS = ("poll_interval", "cold_timeout", "cold_queue", "max_body_bytes
                   "access_log", "cold_keepalive", "cors_origins", "allowed_hosts")
 
 
-def _router_options() -> tuple:
+def _router_options() -> tuple[Decorator, ...]:
+
     # Imported here, when `router` or `serve` is being built, not when any
     # command imports this module: `catalog validate` does not load the router.
     from ..router.config import DEFAULTS as d
@@ -161,19 +177,22 @@ def _host_names(values: tuple[str, ...]) -> tuple[str, ...]:
     return check_names(values, "--allowed-host")
 
 
-def router_options(command):
+def router_options(command: Callable[..., None]) -> Callable[..., None]:
     """Add the router's options to `command`, which receives them as one `router_config` (a RouterConfig)."""
     from ..router.config import RouterConfig
 
     @functools.wraps(command)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+
         values = {name: kwargs.pop(name) for name in _ROUTER_FIELDS}
         values["cors_origins"] = tuple(values["cors_origins"])
         values["allowed_hosts"] = tuple(values["allowed_hosts"])
         return command(*args, router_config=RouterConfig(**values), **kwargs)
+    decorated: Callable[..., None] = wrapper
     for option in reversed(_router_options()):
-        wrapper = option(wrapper)
-    return wrapper
+        decorated = option(decorated)
+    return decorated
+
 
 
 def raise_fd_limit() -> None:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any, Callable, Mapping, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import click
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from urllib.parse import quote
 
 import click
 
@@ -22,7 +23,7 @@ READ_TIMEOUT, FOLLOW_READ_TIMEOUT = 30.0, 45.0
 @click.option("--tail", type=click.IntRange(min=0), default=100, show_default=True,
               help="How many of the last lines to print first (at most 10000).")
 @controller_option
-def command(replica, follow, tail, controller):
+def command(replica: str, follow: bool, tail: int, controller: str) -> None:
     """Print a replica's engine log (REPLICA is an id from `llmgwctl status`).
 
     The controller asks the replica's agent for it over the connection the
@@ -32,7 +33,8 @@ def command(replica, follow, tail, controller):
     """
     import requests
 
-    url = controller.rstrip("/") + f"/api/v1/replicas/{requests.utils.quote(replica, safe='')}/logs"
+    url = controller.rstrip("/") + f"/api/v1/replicas/{quote(replica, safe='')}/logs"
+
     params = {"tail": str(tail), **({"follow": "1"} if follow else {})}
     try:
         resp = requests.get(url, params=params, headers=controller_headers(), stream=True,

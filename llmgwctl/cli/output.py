@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import click
 
@@ -52,16 +53,17 @@ def visible(text: Any, keep: str = "") -> str:
     `keep` names characters printed as they are (`logs` keeps tabs; a block
     of lines keeps its newlines). None is "".
     """
-    text = "" if text is None else str(text)
-    if not _CANDIDATE.search(text):
-        return text
+    shown = "" if text is None else str(text)
+    if not _CANDIDATE.search(shown):
+        return shown
 
     def one(match: re.Match[str]) -> str:
         ch = match.group()
         if ch in keep or unicodedata.category(ch) not in _UNSAFE_CATEGORIES:
             return ch
         return _escape(ch)
-    return _CANDIDATE.sub(one, text)
+    return _CANDIDATE.sub(one, shown)
+
 
 
 def cleaned(data: Any) -> Any:

@@ -1,10 +1,15 @@
 """`llmgwctl router`: the OpenAI-compatible router as its own process."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, TextIO
+
 import click
 
 from .. import aio
 from .common import host_port, log_format_option, log_level_options, raise_fd_limit, router_options, setup_logging
+
+if TYPE_CHECKING:
+    from ..router.config import RouterConfig
 
 
 @click.command("router")
@@ -24,8 +29,9 @@ from .common import host_port, log_format_option, log_level_options, raise_fd_li
 @log_format_option
 @router_options
 def command(listen: tuple[str, int], controller: str | None, endpoints_file: str | None, catalogs_dir: str | None,
-            token: str | None, token_file, api_keys: str | None, log_level: str | None, verbose: int,
-            log_format: str, router_config) -> None:
+            token: str | None, token_file: TextIO | None, api_keys: str | None, log_level: str | None, verbose: int,
+            log_format: str, router_config: RouterConfig) -> None:
+
     """Serve the OpenAI-compatible API, routing each request to a ready, lightly loaded replica."""
     if controller and (endpoints_file or catalogs_dir):
         raise click.UsageError("use either --controller or --endpoints with --catalogs, not both")

@@ -2,15 +2,28 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from .. import aio
 from .agent import allow_engine_arg_option, allow_engine_option
-from .common import (PORT_RANGE, host_port, log_format_option, log_level_options, parsed_by, raise_fd_limit,
-                     router_options, setup_logging)
+from .common import (
+    PORT_RANGE,
+    host_port,
+    log_format_option,
+    log_level_options,
+    parsed_by,
+    raise_fd_limit,
+    router_options,
+    setup_logging,
+)
 from .output import visible
 
+if TYPE_CHECKING:
+    from ..agent.ports import PortRange
+    from ..engines.custom import AllowedEngines
+    from ..router.config import RouterConfig
 
 @parsed_by
 def _control_origins(values: tuple[str, ...]) -> tuple[str, ...]:
@@ -71,10 +84,15 @@ def _control_origins(values: tuple[str, ...]) -> tuple[str, ...]:
 @router_options
 @log_format_option
 @log_level_options
-def command(catalogs, listen, control, local_agent, gpus, pools, state_dir, node, ports, max_cpu_replicas, settle, drain_grace,
-            node_timeout, replace_after, token_file, agent_token_file, api_keys, control_connections_per_client,
-            allow_engines, control_cors_origins, node_revocations, legacy_node_tokens, allow_engine_args, log_format,
-            log_level, verbose, router_config):
+def command(catalogs: str, listen: tuple[str, int], control: tuple[str, int], local_agent: bool, gpus: str,
+            pools: tuple[str, ...], state_dir: Path | None, node: str | None, ports: PortRange,
+            max_cpu_replicas: int | None, settle: float | None, drain_grace: float | None, node_timeout: float | None,
+            replace_after: float | None, token_file: str | None, agent_token_file: str | None, api_keys: str | None,
+            control_connections_per_client: int | None, allow_engines: AllowedEngines,
+            control_cors_origins: tuple[str, ...], node_revocations: str | None, legacy_node_tokens: bool,
+            allow_engine_args: tuple[str, ...], log_format: str, log_level: str | None, verbose: int,
+            router_config: RouterConfig) -> None:
+
     """Serve the catalogs in DIR: place replicas, route OpenAI requests, follow every edit."""
     from ..catalog import CatalogError
     from ..control.auth import TokenError, check_bind, read_token_file

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 import click
 
@@ -10,7 +11,7 @@ from .common import controller_headers, controller_option
 from .output import cleaned, dump, echo, table, visible
 
 
-def _load(scale: dict | None) -> str:
+def _load(scale: dict[str, Any] | None) -> str:
     """`12/16 inflight (1)`: the model's load summed over ready replicas, the target per replica, and
     what that load needs; `-` before a reading (or from a controller without autoscaling)."""
     if not scale or scale.get("target") is None:
@@ -20,7 +21,7 @@ def _load(scale: dict | None) -> str:
     return f"{load}/{scale['target']:g} {scale['metric']}{needed}"
 
 
-def _ago(seconds) -> str:
+def _ago(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     seconds = float(seconds)
@@ -31,9 +32,9 @@ def _ago(seconds) -> str:
     return f"{seconds / 3600:.1f}h ago"
 
 
-def _cut(text, width: int) -> str:
-    text = "" if text is None else str(text)
-    return text if len(text) <= width else text[: width - 1] + "…"
+def _cut(text: object, width: int) -> str:
+    shown = "" if text is None else str(text)
+    return shown if len(shown) <= width else shown[: width - 1] + "…"
 
 
 def _cut_left(text: str, width: int) -> str:
@@ -45,7 +46,7 @@ def _wrap(text: str) -> list[str]:
     return textwrap.wrap(text, width=100, initial_indent="  ", subsequent_indent="    ")
 
 
-def _degraded_loops(status: dict, now: float) -> list[str]:
+def _degraded_loops(status: dict[str, Any], now: float) -> list[str]:
     """A line per supervised loop whose last pass failed (which, how often, when), then its error."""
     reconciler = status.get("reconciler") or {}
     out = []
@@ -84,20 +85,20 @@ LOG_LINES = 5
 SUMMARY_ABOVE = 200
 
 
-def _tally(rows: list[dict]) -> str:
+def _tally(rows: list[dict[str, Any]]) -> str:
     counts: dict[str, int] = {}
     for row in rows:
         counts[row["state"]] = counts.get(row["state"], 0) + 1
     return ", ".join(f"{n:,} {state}" for state, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def _state(replica: dict) -> str:
+def _state(replica: dict[str, Any]) -> str:
     """The state, with how long a load has taken so far while it starts."""
     since = replica.get("starting_seconds")
     return replica["state"] if since is None else f"{replica['state']} {_ago(since).removesuffix(' ago')}"
 
 
-def render(status: dict, now: float | None = None, events: int = 8, wide: bool = False, every: bool = False) -> str:
+def render(status: dict[str, Any], now: float | None = None, events: int = 8, wide: bool = False, every: bool = False) -> str:
     """The status as tables. Ids, GPUs, engines and endpoints are never cut (an id is what
     `llmgwctl logs` takes, and `0,1,…` hides which GPUs); `wide` cuts nothing and adds columns.
     Past SUMMARY_ABOVE rows only those not ready are listed, unless `wide` or `every`."""
@@ -185,7 +186,7 @@ def render(status: dict, now: float | None = None, events: int = 8, wide: bool =
     return "\n".join(out)
 
 
-def fetch(controller: str, model: str | None = None) -> dict:
+def fetch(controller: str, model: str | None = None) -> dict[str, Any]:
     import requests
 
     try:
@@ -196,7 +197,8 @@ def fetch(controller: str, model: str | None = None) -> dict:
                                    "is `llmgwctl serve` running? (--controller or $LLMGW_CONTROLLER)") from None
     if resp.status_code != 200:
         raise click.ClickException(visible(f"{controller} answered HTTP {resp.status_code}: {resp.text[:300]}"))
-    return resp.json()
+    status: dict[str, Any] = resp.json()   # the controller's status document (contracts.status)
+    return status
 
 
 @click.command("status")
@@ -205,7 +207,7 @@ def fetch(controller: str, model: str | None = None) -> dict:
               show_default=True, help="table for people (wide: nothing cut, more columns); json or yaml for scripts.")
 @click.option("--watch", "-w", is_flag=True, help="Redraw every 2 seconds until Ctrl-C.")
 @click.option("--model", "-m", metavar="NAME", help="Only this model (name or alias): its replicas and their nodes.")
-def command(controller, fmt, watch, model):
+def command(controller: str, fmt: str, watch: bool, model: str | None) -> None:
     """Show the catalog in force, models, replicas, nodes and recent events."""
     while True:
         status = fetch(controller, model)

@@ -31,8 +31,17 @@ from .report import AgentReport, CpuCapacity, EngineAvailability, Gpu, ReportedR
 from .sink import RouterSink
 from .spec import LoadReading, ReplicaSpec
 from .states import AGENT_STATES, ReplicaState
-from .status import (CatalogStatus, ControlStatus, Event, FleetStatus, GpuStatus, ModelStatus, NodeStatus,
-                     ReplicaStatus, WatcherStatus)
+from .status import (
+                     CatalogStatus,
+                     ControlStatus,
+                     Event,
+                     FleetStatus,
+                     GpuStatus,
+                     ModelStatus,
+                     NodeStatus,
+                     ReplicaStatus,
+                     WatcherStatus,
+)
 from .usage import ConcurrencySource, LoadSource, Usage, UsageReport, UsageSnapshot, UsageSource
 
 __all__ = [

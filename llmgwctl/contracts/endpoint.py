@@ -8,8 +8,9 @@ a static file, or the watch stream) builds these and pushes the complete list.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import EndpointError
 
@@ -46,7 +47,7 @@ class Endpoint:
                 "weight": self.weight, "metrics_path": self.metrics_path}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Endpoint":
+    def from_dict(cls, data: Mapping[str, Any]) -> Endpoint:
         """The inverse of `to_dict`; EndpointError naming the field when one is missing or mistyped."""
         try:
             return cls(

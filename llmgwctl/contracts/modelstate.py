@@ -19,8 +19,9 @@ Wire form (inside the watch answer, `"models": [...]`)::
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import ModelStateError
 
@@ -50,7 +51,7 @@ class ModelState:
         return {"name": self.name, "state": self.state.value, "reason": self.reason, "retry": self.retry}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ModelState":
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelState:
         """The inverse of `to_dict`; ModelStateError naming the field when one is missing or wrong."""
         try:
             name, raw = data["name"], data["state"]

@@ -15,9 +15,10 @@ skip the API (the tests, `serve`'s in-process agent through the same route).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 from .errors import ReportError
 from .spec import ReplicaSpec
@@ -59,7 +60,7 @@ class Gpu:
         return out
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Gpu":
+    def from_dict(cls, d: Mapping[str, Any]) -> Gpu:
         free = d.get("memory_free_mib")
         return cls(index=int(d["index"]), uuid=str(d.get("uuid") or ""), name=str(d.get("name") or ""),
                    memory_mib=int(d.get("memory_mib") or 0), memory_free_mib=None if free is None else max(0, int(free)))
@@ -91,7 +92,7 @@ class CpuCapacity:
         return {"cores": self.cores, "memory_mib": self.memory_mib, "max_replicas": self.max_replicas}
 
     @classmethod
-    def from_dict(cls, d: Any) -> "CpuCapacity":
+    def from_dict(cls, d: Any) -> CpuCapacity:
         if not isinstance(d, Mapping):
             raise ReportError(f"report field 'cpu' must be an object, got {type(d).__name__}")
         out = []
@@ -143,7 +144,7 @@ class ReportedReplica:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ReportedReplica":
+    def from_dict(cls, d: Mapping[str, Any]) -> ReportedReplica:
         """ReportError naming the replica and the field when it breaks the protocol."""
         rid = d.get("id") if isinstance(d, Mapping) else None
         if not isinstance(rid, str) or not rid:
@@ -213,7 +214,7 @@ class AgentReport:
         }
 
     @classmethod
-    def from_dict(cls, body: Any, *, node: str | None = None) -> "AgentReport":
+    def from_dict(cls, body: Any, *, node: str | None = None) -> AgentReport:
         """Parse a report; with `node`, it must be that node's (the URL it was sent to).
 
         ReportError with what is wrong. A report without "node" is taken as

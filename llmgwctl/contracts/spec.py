@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ..catalog import EngineSpec, Model, Profile
 
@@ -48,7 +49,7 @@ class ReplicaSpec:
 
     @classmethod
     def for_profile(cls, replica_id: str, model: Model, profile: Profile, engine: EngineSpec,
-                    gpu_indices: Sequence[int] = (), gpu_memory_share: float | None = None) -> "ReplicaSpec":
+                    gpu_indices: Sequence[int] = (), gpu_memory_share: float | None = None) -> ReplicaSpec:
         return cls(
             gpu_memory_mib=profile.gpu_memory_mib or 0, gpu_memory_share=gpu_memory_share,
             id=replica_id, model=model.name, profile=profile.name, engine=profile.engine,
@@ -85,7 +86,7 @@ class ReplicaSpec:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ReplicaSpec":
+    def from_dict(cls, data: Mapping[str, Any]) -> ReplicaSpec:
         return cls(
             id=str(data["id"]), model=str(data["model"]), profile=str(data.get("profile", "")),
             engine=str(data["engine"]), source=str(data.get("source") or data["model"]),

@@ -34,9 +34,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from ..health import Failure
 from .states import ReplicaState
@@ -60,20 +61,21 @@ def _num(value: float | int | None) -> str:
 # joined as `plain` (no use, no load under way): what an idle fleet's read
 # reuses. The tuple is held, so its identity cannot be taken by another; the
 # reconciler hands out the same tuple while no row changed.
-_PLAIN: list = [(), ""]
+_PLAIN: list[tuple[tuple[ReplicaStatus, ...], str]] = [((), "")]
 # A row's last member when no router holds anything against its engine: most rows.
 _NO_ROUTER = ',"router":null'
 
 
 def _plain_rows(rows: tuple[ReplicaStatus, ...]) -> str | None:
     """Every row as its `plain` JSON, joined; None when one is starting (its age moves)."""
-    held, text = _PLAIN
+    held, text = _PLAIN[0]
     if held is rows:
         return text
     if any(r.starting_since is not None for r in rows):
         return None
-    _PLAIN[:] = [rows, ",".join(r.plain() for r in rows)]
-    return _PLAIN[1]
+    text = ",".join(r.plain() for r in rows)
+    _PLAIN[0] = (rows, text)
+    return text
 
 
 def _split(head: dict[str, Any], tail: dict[str, Any]) -> tuple[str, str]:
@@ -154,7 +156,7 @@ class ReplicaStatus:
     # progress of their own; a vLLM load of a 70B model is minutes, and this
     # tells a slow load from a hung one at a glance).
     starting_since: float | None = None
-    _json: list = field(default_factory=list, init=False, repr=False, compare=False)
+    _json: list[tuple[str, str, str]] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def fragments(self) -> tuple[str, str, str]:
         """Its JSON as `A inflight B idle_seconds C starting_seconds ,"router": ... }` (built once: the record is immutable)."""
@@ -217,7 +219,7 @@ class NodeStatus:
     # and "legacy" when its token is from before claims (llmgwctl token node).
     refused: tuple[str, ...] = ()
     token: str = ""
-    _json: list = field(default_factory=list, init=False, repr=False, compare=False)
+    _json: list[tuple[str, str, str]] = field(default_factory=list, init=False, repr=False, compare=False)
 
     @property
     def state(self) -> str:
@@ -292,7 +294,7 @@ class FleetStatus:
     def reports(self, n: NodeStatus) -> int:
         return self.reports_of.get(n.name, 0)
 
-    def only(self, model: str) -> "FleetStatus":
+    def only(self, model: str) -> FleetStatus:
         """The part about one model: its row, its replicas, the nodes they run on; events and the rest whole.
 
         What an operator of a big fleet asks for (`llmgwctl status --model`,
@@ -349,7 +351,7 @@ class FleetStatus:
         return [out[0], out[1], out[2], ",".join(out[3:]), '],"nodes":[', ",".join(nodes), '],"events":',
                 _compact([e.to_dict() for e in self.events]), "," + _compact(self._tail())[1:-1]]
 
-    def unaged(self) -> tuple:
+    def unaged(self) -> tuple[object, ...]:
         """What a person would see change, without what only ages (idle and heartbeat ages, report
         counts, the pass count): equal for two reads means no news for the console's stream."""
         usage = self.usage
@@ -438,7 +440,7 @@ class ControlStatus:
     def to_dict(self) -> dict[str, Any]:
         return {**self._head(), **self.fleet.to_dict()}
 
-    def only(self, model: str) -> "ControlStatus":
+    def only(self, model: str) -> ControlStatus:
         """See `FleetStatus.only`: the catalog part stays whole."""
         return ControlStatus(catalog=self.catalog, routers=self.routers, fleet=self.fleet.only(model),
                              log_streams=self.log_streams, watchers=self.watchers)
@@ -448,6 +450,6 @@ class ControlStatus:
         head = _compact(self._head())
         return "".join((head[:-1], ",", *self.fleet.json_parts(), "}")).encode()
 
-    def unaged(self) -> tuple:
+    def unaged(self) -> tuple[object, ...]:
         """See `FleetStatus.unaged`: equal means nothing a person would see changed."""
         return (self.catalog, self.routers, self.log_streams, self.watchers, self.fleet.unaged())

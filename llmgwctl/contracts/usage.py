@@ -32,9 +32,10 @@ clocks share no origin, so each side converts with its own clock.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from .errors import UsageError
 from .spec import LoadReading
@@ -118,7 +119,7 @@ class UsageReport:
     @classmethod
     def of(cls, router: str, version: int, snapshot: UsageSnapshot, now: float,
            loads: Mapping[str, LoadReading] | None = None,
-           inflight_seconds: Mapping[str, float] | None = None) -> "UsageReport":
+           inflight_seconds: Mapping[str, float] | None = None) -> UsageReport:
         """The report of a snapshot (and load readings, in-flight counters) taken on a clock that reads `now`."""
         loads, busy = loads or {}, inflight_seconds or {}
         return cls(router, version, MappingProxyType({
@@ -143,7 +144,7 @@ class UsageReport:
                              for rid, r in self.replicas.items()}}
 
     @classmethod
-    def from_dict(cls, body: Any) -> "UsageReport":
+    def from_dict(cls, body: Any) -> UsageReport:
         """UsageError naming the field and what was expected when `body` is not a usage report."""
         if (not isinstance(body, Mapping) or not isinstance(body.get("router"), str)
                 or not isinstance(body.get("replicas"), Mapping)):

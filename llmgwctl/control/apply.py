@@ -11,7 +11,8 @@ import contextlib
 import logging
 import os
 import re
-from typing import Any, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 from .. import fsutil
 from ..catalog import Catalog, CatalogError, Problem, load_dir
@@ -79,7 +80,7 @@ def validate_with(directory: str, filename: str, content: bytes) -> Catalog:
         return load_dir(directory, replace={name: content})
     except CatalogError:
         raise
-    except Exception as exc:  # noqa: BLE001 -- a bug in a rule must answer 422 with a reason, not a bare 500
+    except Exception as exc:  # a bug in a rule must answer 422 with a reason, not a bare 500
         log.exception("validating %s for catalog apply failed unexpectedly", name)
         raise CatalogError([Problem(os.path.join(directory, name), (),
                                     f"could not be validated ({type(exc).__name__}: {str(exc)[:200]}); "

@@ -59,15 +59,19 @@ import binascii
 import hmac
 import ipaddress
 import json
-import re
 import logging
 import os
+import re
 import stat
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING
 
 from aiohttp import web
+
+if TYPE_CHECKING:
+    from aiohttp.typedefs import Middleware
 
 from ..contracts import UNBOUNDED, NodeClaims
 from ..contracts.claims import DEFAULT_MAX_GPUS
@@ -116,7 +120,7 @@ def check_bind(host: str, token: str | None) -> None:
                          "or bind it to 127.0.0.1")
 
 
-def read_token_file(path: str | os.PathLike, option: str = "--token-file") -> str:
+def read_token_file(path: str | os.PathLike[str], option: str = "--token-file") -> str:
     """The token in `path` (surrounding whitespace stripped); TokenError if unreadable, empty or short."""
     path = os.fspath(path)
     try:
@@ -364,11 +368,13 @@ class ControlAuth:
         # Anything else was refused before the handler ran; nothing is the safe reading if it were not.
         return found[1] if found is not None else NodeClaims(max_gpus=0)
 
-    def middleware(self, count: Callable[[str, int], None] = lambda route, code: None):
+    def middleware(self, count: Callable[[str, int], None] = lambda route, code: None) -> Middleware:
         """aiohttp middleware: 401 before the handler when the token is missing or wrong; counts every request."""
 
         @web.middleware
-        async def authenticate(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+        async def authenticate(request: web.Request,
+                               handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+
             resource = request.match_info.route.resource
             route = resource.canonical if resource is not None else "unmatched"
             header = request.headers.get("Authorization")

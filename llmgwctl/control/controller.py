@@ -11,11 +11,12 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ..aio import Flag, cancel_and_wait
 from ..catalog import Catalog, Live
-from ..catalog.watcher import CatalogWatcher
+from ..catalog.watcher import CatalogWatcher, Outcome
 from ..contracts import UNBOUNDED, AgentReport, CatalogStatus, ControlStatus, NodeClaims, WatcherStatus
 from ..inventory import ConflictError, Inventory
 from ..reconciler import DesiredStore, Reconciler
@@ -82,7 +83,7 @@ class Controller:
         self.urgent_event.set()
         self.wake_event.set()
 
-    def _reloaded(self, outcome) -> None:
+    def _reloaded(self, outcome: Outcome) -> None:
         self.status_changed.bump()
         if outcome.rejection is not None:
             problems = outcome.rejection.problems
@@ -99,7 +100,7 @@ class Controller:
         self.urgent_event.set()
         self.wake_event.set()
 
-    def agent_reported(self, node: str, body: dict | AgentReport, claims: NodeClaims = UNBOUNDED) -> tuple[str, ...]:
+    def agent_reported(self, node: str, body: dict[str, Any] | AgentReport, claims: NodeClaims = UNBOUNDED) -> tuple[str, ...]:
         """Take a report, bounded by what the node's token `claims` (ReportError if malformed, ConflictError if
         another agent speaks for the node). Returns what was refused of it (`NodeClaims.bound`)."""
         known = self.inventory.get(node)
@@ -183,7 +184,7 @@ class Controller:
         return ControlStatus(catalog=catalog, routers=self.usage.routers(), fleet=fleet,
                              log_streams=self.logs.open_streams(), watchers=watchers)
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         """`GET /api/v1/status` as a dict (tests, and callers in process)."""
         return self.state().to_dict()
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from .errors import ControlError
 
@@ -59,6 +59,14 @@ class LogRelayError(ControlError):
     """A log stream cannot be opened (too many at once); the message says which limit."""
 
 
+class LogRequest(TypedDict):
+    """One entry of a desired answer's `log_requests`: what an agent reads to start a stream."""
+
+    id: str
+    replica: str
+    tail: int
+    follow: bool
+
 @dataclass(eq=False)
 class LogStream:
     """One reader's request, from `open` until its reader or its agent ends it."""
@@ -68,10 +76,11 @@ class LogStream:
     replica: str
     tail: int
     follow: bool
-    chunks: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(QUEUE_CHUNKS))
+    # What the agent sent, as the reader gets it: {"lines": [...]}, with "done"; or {"error": "..."}.
+    chunks: asyncio.Queue[dict[str, Any]] = field(default_factory=lambda: asyncio.Queue(QUEUE_CHUNKS))
     closed: bool = False
 
-    def request(self) -> dict:
+    def request(self) -> LogRequest:
         """What the agent is told (in its desired answer's `log_requests`)."""
         return {"id": self.id, "replica": self.replica, "tail": self.tail, "follow": self.follow}
 
@@ -98,7 +107,8 @@ class LogRelay:
         """Set while `node` has requests its agent has not been handed: the desired long-poll answers then."""
         return self._asked.setdefault(node, asyncio.Event())
 
-    def take(self, node: str) -> list[dict]:
+    def take(self, node: str) -> list[LogRequest]:
+
         """The node's pending requests, handed out once (in its agent's desired answer)."""
         self.asked(node).clear()
         ids = self._pending.pop(node, [])

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 # A burst of 20 changed reports: an agent starting with a full node reports
 # each replica's start and its ready, a few at a time, within seconds.

@@ -18,7 +18,8 @@ import logging
 import os
 import stat
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ..aio import sleep_unless
 from ..fsutil import OPEN_FLAGS, read_upto, stamp
@@ -143,7 +144,7 @@ async def follow_revocations(auth: ControlAuth, path: str, stop: asyncio.Event,
                 followed.failed(f"{exc}; the last revocation list read stays in force")
             problem, seen = str(exc), now
             continue
-        except Exception as exc:   # noqa: BLE001 -- a bug here must not end the follower: revocations would stop applying
+        except Exception as exc:   # a bug here must not end the follower: revocations would stop applying
             log.exception("reading the revocation list %s failed unexpectedly; trying again", path)
             followed.failed(f"{path}: reading it failed unexpectedly ({type(exc).__name__}: {exc}); trying again")
             continue

@@ -6,15 +6,20 @@ and what was wrong, instead of half-updating the inventory.
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from collections.abc import Callable
+from functools import cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jsonschema.protocols import Validator  # jsonschema loads only when a payload is first checked
+
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "_data" / "schemas" / "api"
 
 
-@lru_cache(maxsize=None)
-def validator(name: str):
+@cache
+def validator(name: str) -> Validator:
     import jsonschema
 
     schema = json.loads((SCHEMAS / f"{name}.schema.json").read_text(encoding="utf-8"))
@@ -49,7 +54,7 @@ def _keywords(schema: Any) -> set[str]:
     return found
 
 
-@lru_cache(maxsize=None)
+@cache
 def _fast(name: str) -> Callable[[Any], Any] | None:
     """Schema `name` compiled to Python (fastjsonschema), or None if it uses a keyword outside FAST_KEYWORDS."""
     schema = json.loads((SCHEMAS / f"{name}.schema.json").read_text(encoding="utf-8"))
@@ -80,7 +85,8 @@ def problems(name: str, document: Any, limit: int = 5) -> list[str]:
     return _problems(validator(name), document, limit)
 
 
-def _problems(checker, document: Any, limit: int, prefix: tuple = ()) -> list[str]:
+def _problems(checker: Validator, document: Any, limit: int, prefix: tuple[str | int, ...] = ()) -> list[str]:
+
     out = []
     for error in checker.iter_errors(document):
         path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in (*prefix, *error.absolute_path)).lstrip(".")

@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ..observability.metrics import ControlMetrics
+from ..engines.custom import NOTHING_ALLOWED, AllowedEngines
 from ..httporigin import BrowserGuard
 from ..httpserver import ConnectionGuard, bound_port, json_errors, server_options
-from ..engines.custom import NOTHING_ALLOWED, AllowedEngines
-from .api import ControlAPI
+from ..observability.metrics import ControlMetrics
 from . import revocations
+from .api import ControlAPI
 from .auth import MAX_TOKEN_GPUS, ControlAuth, check_bind, node_token
 from .controller import Controller
 from .errors import ControlError
@@ -109,7 +109,7 @@ class ServeConfig:
     token: str | None = None                # the control API's admin token; None: open, loopback only
     agent_token: str | None = None          # routers' token (watch, usage, wake) and the secret node tokens are signed with
     api_keys: str | None = None             # the router's API key file; None: the router is open
-    router: "RouterConfig | None" = None    # the data plane's knobs (access log included); None: the defaults
+    router: RouterConfig | None = None    # the data plane's knobs (access log included); None: the defaults
     control_connections_per_client: int = CONTROL_CONNECTIONS_PER_CLIENT    # 0: no limit
     allow_engines: AllowedEngines = NOTHING_ALLOWED   # the local agent's catalog engines (see AgentConfig)
     # Web origins that may call the control API besides its own (the console's);
@@ -139,9 +139,9 @@ class Server:
         self.stop_event = asyncio.Event()       # stops the controller's loops: set last
         self.shutdown = asyncio.Event()         # SIGINT/SIGTERM: begin the ordered stop
         self._runners: list[web.AppRunner] = []
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[Any]] = []
         self._agent_stop = asyncio.Event()
-        self._controller_task: asyncio.Task | None = None
+        self._controller_task: asyncio.Task[None] | None = None
         self.router_port = 0
         self.control_port = 0
 
@@ -333,7 +333,7 @@ def _address(host_port: tuple[str, int]) -> str:
 GC_THRESHOLDS = (50_000, 20, 20)
 
 
-async def serve(cfg: ServeConfig, ready: "asyncio.Future | None" = None) -> None:
+async def serve(cfg: ServeConfig, ready: asyncio.Future[Server] | None = None) -> None:
     """Run until SIGINT/SIGTERM. Raises CatalogError, KeyFileError or a ControlError when it cannot start."""
     gc.set_threshold(*GC_THRESHOLDS)
     server = Server(cfg)

@@ -53,8 +53,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable, Mapping, ValuesView
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ..contracts import LoadReading, Usage, UsageReport, UsageSnapshot, UsageSource
 from ..contracts.usage import UNUSED
@@ -155,7 +156,8 @@ class UsageBoard:
     def routers(self) -> int:
         return len(self._fresh())
 
-    def _fresh(self):
+    def _fresh(self) -> ValuesView[tuple[float, int, dict[str, Usage]]]:
+
         now = self._clock()
         for router in [r for r, (at, _, _) in self._remote.items() if now - at > self.stale_after]:
             del self._remote[router]

@@ -17,8 +17,9 @@ feeds it and encodes what it returns.
 from __future__ import annotations
 
 import collections
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any
 
 from ..contracts import Endpoint
 
@@ -39,8 +40,9 @@ class Delta:
     removed: tuple[str, ...]            # replica ids no longer listed
     catalog_changed: bool
 
-    def to_dict(self) -> dict:
-        return {"since": self.since, "endpoints": [e.to_dict() for e in self.changed], "removed": list(self.removed)}
+    def to_dict(self) -> dict[str, Any]:
+        return {"since"
+: self.since, "endpoints": [e.to_dict() for e in self.changed], "removed": list(self.removed)}
 
 
 class WatchLog:

@@ -29,8 +29,9 @@ It must not know what status contains: the status says what only ages (`StatusVi
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
 

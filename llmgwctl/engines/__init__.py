@@ -24,16 +24,16 @@ not allow (codeargs.py).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Iterable, Mapping
 
 from ..catalog import EngineSpec
+from ..contracts import LoadReading, ReplicaSpec
 from .custom import NOTHING_ALLOWED, AllowedEngines, TemplateDriver, allow_hint, parse_any
 from .errors import EngineError, EngineNotAllowed, LaunchError, NotAllowed, SpecNotAllowed, UnknownEngine
 from .fake import FakeDriver
 from .llamacpp import LlamacppDriver
 from .sglang import SglangDriver
-from ..contracts import LoadReading, ReplicaSpec
 from .spec import Driver, Launch
 from .vllm import VllmDriver
 

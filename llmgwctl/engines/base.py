@@ -16,8 +16,8 @@ cost a scan for a few names (`str.find`, in C), not a million parsed lines.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Iterable, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -86,7 +86,7 @@ def samples(text: str, names: Iterable[str]) -> dict[str, list[tuple[dict[str, s
             for sample in family.samples:
                 if sample.name in wanted and not math.isnan(sample.value):
                     found.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
-    except Exception:   # the parser raises ValueError, IndexError, ... on garbage: all mean "no reading"
+    except Exception:  # noqa: BLE001 -- the parser raises ValueError, IndexError, ... on garbage: all mean "no reading"
         return None
     return found
 

@@ -20,9 +20,10 @@ vLLM also `--opt_name` and `--opt.key value` for its JSON options.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..catalog.engine_env import env_refusal
 

@@ -31,18 +31,17 @@ import os
 import re
 import shlex
 import shutil
+from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Iterable, Mapping, Sequence
 
 from ..catalog.commands import shell_strings
 from ..catalog.model import BUILTIN_ENGINES
-
+from ..contracts import LoadReading, ReplicaSpec
 from .base import replica_env
 from .codeargs import normalize_option, spec_refusal
 from .errors import EngineNotAllowed, LaunchError, SpecNotAllowed
 from .llamacpp import parse_llamacpp
 from .sglang import parse_sglang
-from ..contracts import LoadReading, ReplicaSpec
 from .spec import Launch
 from .vllm import parse_vllm
 
@@ -56,7 +55,7 @@ class TemplateDriver:
         self.metrics = metrics
 
     @classmethod
-    def for_spec(cls, spec: ReplicaSpec) -> "TemplateDriver":
+    def for_spec(cls, spec: ReplicaSpec) -> TemplateDriver:
         return cls(spec.engine, spec.command, spec.health, spec.metrics)
 
     def launch(self, spec: ReplicaSpec, *, host: str, port: int) -> Launch:
@@ -77,7 +76,7 @@ class TemplateDriver:
         if not self.command:
             return False, f"engine {self.name!r} has no command in the catalog"
         program = self.command[0]
-        if os.sep in program:
+        if os.sep in program:  # noqa: SIM108 -- a path or a name on PATH: two branches read clearer than a nested expression
             found = program if os.access(program, os.X_OK) else None
         else:
             found = shutil.which(program)
@@ -116,7 +115,7 @@ class AllowedEngines:
         self._args: frozenset[str] = frozenset(args)
 
     @classmethod
-    def parse(cls, values: Iterable[str]) -> "AllowedEngines":
+    def parse(cls, values: Iterable[str]) -> AllowedEngines:
         """From `NAME=PROGRAM` strings (a PROGRAM is an absolute path or a name on PATH); ValueError names the bad one."""
         pins: dict[str, str] = {}
         for value in values:
@@ -139,7 +138,7 @@ class AllowedEngines:
             pins[name] = program
         return cls(pins)
 
-    def with_args(self, values: Iterable[str]) -> "AllowedEngines":
+    def with_args(self, values: Iterable[str]) -> AllowedEngines:
         """These allowances plus the engine options `values` (`--trust-remote-code`); ValueError names one that is not refused."""
         return AllowedEngines(self._pins, self._args | {normalize_option(v) for v in values})
 

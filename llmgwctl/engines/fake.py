@@ -17,11 +17,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from .base import replica_env
 from ..contracts import LoadReading, ReplicaSpec
+from .base import replica_env
 from .spec import Launch
 from .vllm import parse_vllm
 
@@ -73,7 +73,7 @@ class FakeProcess:
         if self.proc.stdout:
             self.proc.stdout.close()
 
-    def __enter__(self) -> "FakeProcess":
+    def __enter__(self) -> FakeProcess:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -30,7 +30,8 @@ It must not know about the rest of llmgw, like the fake engine itself.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -111,7 +112,8 @@ def install(app: web.Application, fault: str | None, metrics_fault: str | None, 
     """Make `app` (the fake engine's) misbehave as asked; nothing when both are None."""
     if fault:
         @web.middleware
-        async def faulty(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+        async def faulty(request: web.Request,
+                         handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
             if request.method == "POST" and request.path.startswith("/v1/"):
                 return await answer(fault, redirect_to, request)
             return await handler(request)
@@ -119,7 +121,8 @@ def install(app: web.Application, fault: str | None, metrics_fault: str | None, 
     if metrics_fault:
         @web.middleware
         async def faulty_metrics(request: web.Request,
-                                 handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+                                 handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+
             if request.method == "GET" and request.path == "/metrics":
                 return await metrics_page(metrics_fault, redirect_to, real_metrics, request)
             return await handler(request)

@@ -31,8 +31,9 @@ import struct
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 

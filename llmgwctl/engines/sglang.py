@@ -16,8 +16,8 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from .base import combine, replica_env, samples
 from ..contracts import LoadReading, ReplicaSpec
+from .base import combine, replica_env, samples
 from .spec import Launch
 
 _RUNNING = "sglang:num_running_reqs"

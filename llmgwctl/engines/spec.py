@@ -5,8 +5,9 @@ cross pieces, so they live in `llmgwctl.contracts`.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Protocol
+from typing import Protocol
 
 from ..contracts import LoadReading, ReplicaSpec
 

@@ -38,14 +38,14 @@ share of the replica's KV cache in use.
 from __future__ import annotations
 
 import importlib.metadata
-import math
 import importlib.util
+import math
 import shutil
 import sys
 
+from ..contracts import LoadReading, ReplicaSpec
 from . import gguf
 from .base import combine, replica_env, samples
-from ..contracts import LoadReading, ReplicaSpec
 from .errors import LaunchError
 from .spec import Launch
 

@@ -16,8 +16,9 @@ What a report holds, and how it is parsed, is the contract's
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from ..contracts import UNBOUNDED, AgentReport, EngineAvailability, Gpu, NodeClaims, ReportedReplica, ReportError
 
@@ -45,7 +46,7 @@ class Node:
     # The agent process that speaks for this node (its report's instance_id)
     # and the last other one refused, for status.
     instance_id: str = ""
-    conflict: "Refusal | None" = None
+    conflict: Refusal | None = None
     # Bumped by every report that says something the last one did not (or
     # brings the node back): a heartbeat repeating the last report leaves it
     # as it was, so the controller wakes the reconciler only when this moves

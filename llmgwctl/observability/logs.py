@@ -14,6 +14,7 @@ import json
 import logging
 import sys
 import time
+from typing import TextIO
 
 # The attributes every LogRecord has; anything else on a record came from
 # `extra=` and belongs in the JSON object.
@@ -40,7 +41,8 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str, ensure_ascii=False)
 
 
-def setup_logging(verbose: int = 0, fmt: str = "text", *, level: str | None = None, stream=None) -> None:
+def setup_logging(verbose: int = 0, fmt: str = "text", *, level: str | None = None,
+                  stream: TextIO | None = None) -> None:
     """Configure the root logger once per process.
 
     `verbose`: 0 info, 1 info (with aiohttp's own access log), 2+ debug.
@@ -67,7 +69,7 @@ def setup_logging(verbose: int = 0, fmt: str = "text", *, level: str | None = No
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
-def stdout_line(message: str, fmt: str, *, logger: str, **fields) -> str:
+def stdout_line(message: str, fmt: str, *, logger: str, **fields: object) -> str:
     """A line for stdout that a parent process reads (the bound port), in the log format in force.
 
     With json, even this line is a JSON object (the message, `event` and the

@@ -94,23 +94,35 @@ views handed to it (`RouterProbe`, a callable returning a `ControlStatus`).
 from __future__ import annotations
 
 import math
+import platform
 import time
 from bisect import bisect_left
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
-import platform
-
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client import ProcessCollector, disable_created_metrics
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.utils import floatToGoString
+from prometheus_client.utils import floatToGoString as _untyped_go_string
 
 from .. import __version__
 from ..contracts import ControlStatus, ReplicaState, WatcherStatus
 
 # See the module docstring: no query reads _created, and it doubles the series.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
+
+
+def _go_string(value: float) -> str:
+    """prometheus_client's sample formatting (unannotated there), so the hand-written families match its own."""
+    return str(_untyped_go_string(value))  # type: ignore[no-untyped-call]
 
 __all__ = ["CONTENT_TYPE_LATEST", "ControlMetrics", "EndpointMetrics", "EndpointSlots", "RouterMetrics",
            "RouterProbe", "render"]
@@ -343,7 +355,7 @@ class _LocalCollector:
 class _ModelMetrics:
     __slots__ = ("duration", "ttfb", "tokens_in", "tokens_out")
 
-    def __init__(self, m: "RouterMetrics", model: str):
+    def __init__(self, m: RouterMetrics, model: str):
         self.duration = m.duration.labels(model)
         self.ttfb = m.ttfb.labels(model)
         self.tokens_in = m.tokens.labels(model, "in")
@@ -359,7 +371,7 @@ class EndpointMetrics:
 
     __slots__ = ("_counter", "_model", "_endpoint", "_codes", "_duration", "_ttfb", "_in", "_out", "_overhead")
 
-    def __init__(self, metrics: "RouterMetrics", model: str, endpoint: str):
+    def __init__(self, metrics: RouterMetrics, model: str, endpoint: str):
         self._counter = metrics.requests
         self._model, self._endpoint = model, endpoint
         self._codes: dict[int, Any] = {}
@@ -583,8 +595,8 @@ class _ControlCollector:
         # The tallies of the last scrape and the row tuples they were made from:
         # the reconciler hands out the same tuple while no row changed, so a
         # scrape at fleet size (tens of thousands of replicas) walks them only after a change.
-        self._replica_tally: tuple[tuple, tuple, bytes] = ((), (), b"")
-        self._node_tally: tuple[tuple, dict, dict] = ((), {}, {})
+        self._replica_tally: tuple[tuple[Any, ...], tuple[str, ...], bytes] = ((), (), b"")
+        self._node_tally: tuple[tuple[Any, ...], dict[str, int], dict[tuple[str, str], int]] = ((), {}, {})
         self._last: ControlStatus | None = None
 
     def _replica_text(self, fleet: Any) -> bytes:
@@ -599,7 +611,7 @@ class _ControlCollector:
             key = (rep.model, rep.state.value)
             tally[key] = tally.get(key, 0) + 1
         text = _family("llmgw_replicas", "Replicas by model and state.",
-                       (f'{{model="{_label(model)}",state="{state}"}} {floatToGoString(n)}'
+                       (f'{{model="{_label(model)}",state="{state}"}} {_go_string(n)}'
                         for (model, state), n in sorted(tally.items())))
         self._replica_tally = (fleet.replicas, names, text)
         return text
@@ -613,7 +625,7 @@ class _ControlCollector:
             return b""
         fleet = s.fleet
         ages = _family("llmgw_node_last_report_age_seconds", "Seconds since the node's agent last reported.",
-                       (f'{{node="{_label(node.name)}"}} {floatToGoString(fleet.last_seen_seconds(node))}'
+                       (f'{{node="{_label(node.name)}"}} {_go_string(fleet.last_seen_seconds(node))}'
                         for node in fleet.nodes))
         return self._replica_text(fleet) + ages
 

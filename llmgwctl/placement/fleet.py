@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from .model import NodeView, Running, serving
 

@@ -1,9 +1,9 @@
 """The data placement reads and returns. Pure values: no I/O, no clocks, no catalog mutation."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
 
 
 @dataclass(frozen=True, slots=True)

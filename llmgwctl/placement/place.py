@@ -59,7 +59,7 @@ with stops can lead to one more step (room freed by a stop is used next pass).
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Container, Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 
 from ..catalog import Catalog
 from .fleet import Fleet, Held

@@ -7,7 +7,7 @@ node's GPUs as it sees them), and says in the model's note what it waits for.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from ..catalog import Profile
 from .fleet import Fleet

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Mapping, Sequence
 
 from ..catalog import EngineSpec, Model, Profile
 from ..catalog.sizes import human_mib

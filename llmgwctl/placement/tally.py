@@ -13,7 +13,8 @@ from __future__ import annotations
 import functools
 import re
 from collections import defaultdict
-from typing import TYPE_CHECKING, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from .fleet import Fleet, Held
 from .model import Running, Stop, serving

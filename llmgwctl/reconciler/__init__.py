@@ -15,7 +15,16 @@ import os
 from ..aio import sleep_unless
 from ..contracts import ReplicaState
 from . import core
-from .core import DRAIN_GRACE, REPLACE_AFTER, SETTLE, EndpointSink, IncrementalMismatch, ModelStateSink, Reconciler, Replica
+from .core import (
+    DRAIN_GRACE,
+    REPLACE_AFTER,
+    SETTLE,
+    EndpointSink,
+    IncrementalMismatch,
+    ModelStateSink,
+    Reconciler,
+    Replica,
+)
 from .desired import LONG_POLL, DesiredStore
 
 log = logging.getLogger("llmgw.reconciler")

@@ -36,7 +36,7 @@ trims what adoption or a node's return left surplus; it owns what that takes
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from ..catalog import Catalog, Profile
 from ..contracts import ReplicaSpec, ReplicaState, ReportedReplica

@@ -53,8 +53,8 @@ from __future__ import annotations
 
 import collections
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 from ..catalog import ScalingPolicy, format_duration
 from ..contracts import LoadReading

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..aio import Waiters
 from ..contracts import ReplicaSpec

@@ -18,7 +18,7 @@ fleet can never hold fails fast without.
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from ..catalog import Catalog, Model
 from ..contracts import ModelCondition, ModelState, ReplicaState

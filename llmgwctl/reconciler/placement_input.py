@@ -53,7 +53,7 @@ class PlacementInput:
         self.expected_hashes = expected
         self.cordoned: set[str] = set()
         # Placement's NodeView per node, with what it was built from.
-        self._views: dict[str, tuple[tuple, NodeView]] = {}
+        self._views: dict[str, tuple[tuple[object, ...], NodeView]] = {}
 
     def build(self, catalog: Catalog) -> tuple[list[Running], list[NodeView]]:
         """(a Running per record and per replica given up on a lost node, a NodeView per node), kept where unchanged."""

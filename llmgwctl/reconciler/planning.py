@@ -8,13 +8,13 @@ their way out. Placement itself is the pure function `placement.place`.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ..catalog import Catalog
 from ..contracts import ReplicaSpec, ReplicaState, UsageSnapshot
 from ..contracts.usage import UNUSED
-from ..placement import Memo, NodeView, Running, Unplaceable, place
+from ..placement import Assignment, Memo, NodeView, Running, Stop, Unplaceable, place
 from .placement_input import profile_of
 from .records import Records, Replica
 
@@ -73,7 +73,7 @@ class Planner:
         self.unplaceable = {name: u.reason for name, u in detail.items()}
         self.unplaceable_detail = detail
 
-    def _stop(self, stops, now: float) -> None:
+    def _stop(self, stops: tuple[Stop, ...], now: float) -> None:
         records = self.records
         moved_by = {old: new for new, old in self._moving.items()}
         for stop in stops:
@@ -90,7 +90,7 @@ class Planner:
                 else:
                     self._event("replica-draining", f"{rec.spec.id} ({rec.spec.model} on {rec.node}): {reason}")
 
-    def _start(self, catalog: Catalog, starts, gpus_of: Mapping[str, Mapping[int, tuple[int, int]]], now: float) -> None:
+    def _start(self, catalog: Catalog, starts: tuple[Assignment, ...], gpus_of: Mapping[str, Mapping[int, tuple[int, int]]], now: float) -> None:
         for a in starts:
             model = catalog.resolve(a.model)
             profile = profile_of(model, a.profile)
@@ -127,7 +127,8 @@ class Planner:
                 self._event("replica-stopping", f"{rec.spec.id} ({rec.spec.model} on {rec.node}): {why}")
 
 
-def memory_share(need_mib: int | None, memory: Mapping[int, tuple[int, int]], indices) -> float | None:
+def memory_share(need_mib: int | None, memory: Mapping[int, tuple[int, int]],
+                 indices: tuple[int, ...]) -> float | None:
     """A profile's need as a fraction of its GPUs' memory (the smallest of them); None for whole GPUs."""
     if not need_mib or not indices:
         return None

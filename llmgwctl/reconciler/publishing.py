@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import bisect
 import collections
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from operator import attrgetter
-from typing import Callable, TypeAlias
+from typing import TypeAlias
 
 from ..catalog import Catalog
 from ..contracts import Endpoint, ModelState, ReplicaSpec, ReplicaState, RouterSink
@@ -30,7 +30,6 @@ from .desired import DesiredStore
 from .modelstates import model_states
 from .records import Records, Replica
 from .scaling import GONE
-
 
 # Other names of the one sink contract (`contracts.sink.RouterSink`), which this package exports.
 EndpointSink: TypeAlias = RouterSink

@@ -11,9 +11,9 @@ goes through the notes; reads go straight to the dict, as fast as one.
 """
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterator, KeysView, MutableMapping, ValuesView
+from collections.abc import Callable, ItemsView, Iterator, KeysView, MutableMapping, ValuesView
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..contracts import ReplicaSpec, ReplicaState, ReportedReplica
 from ..placement import Running

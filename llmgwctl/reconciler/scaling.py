@@ -8,11 +8,10 @@ in-flight counters, differenced with the last pass's. The policy itself is in
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Callable
 
-from ..catalog import Autoscale, Catalog, ScalingPolicy
+from ..catalog import Autoscale, Catalog, Model, ScalingPolicy
 from ..contracts import ConcurrencySource, LoadReading, LoadSource, ReplicaState, UsageSnapshot
 from ..contracts.usage import UNUSED
 from .autoscale import Autoscaler, signal
@@ -188,7 +187,7 @@ class Scaling:
                 del scales[name]
         return wanted
 
-    def _autoscaled(self, model, scale: ModelScale, tally: Tally, inflight_by: InFlight, now: float,
+    def _autoscaled(self, model: Model, scale: ModelScale, tally: Tally, inflight_by: InFlight, now: float,
                     used: float | None, idle: bool, target: int, why: str) -> tuple[int, str]:
         """The policy's say in `target` (llmgwctl.reconciler.autoscale), and why; an idle model's is its floor."""
         # The catalog's block is frozen: the one the policy was resolved from resolves to it again.

@@ -20,8 +20,9 @@ It knows the reconciler's records and the inventory's nodes, read-only.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from ..catalog import Catalog, Model
 from ..contracts import NodeStatus, ReplicaState, ReplicaStatus
@@ -45,8 +46,8 @@ class StatusRows:
 
     def __init__(self, is_fallback: Callable[[Model | None, str], bool]):
         self._is_fallback = is_fallback
-        self._replicas: dict[str, tuple[Any, tuple, ReplicaStatus]] = {}   # id -> (record, key, row)
-        self._nodes: dict[str, tuple[Node, tuple, NodeStatus]] = {}
+        self._replicas: dict[str, tuple[Replica, tuple[object, ...], ReplicaStatus]] = {}   # id -> (record, key, row)
+        self._nodes: dict[str, tuple[Node, tuple[object, ...], NodeStatus]] = {}
         self._catalog: str | None = None
         self._replica_ids: frozenset[str] = frozenset()
         self._node_names: frozenset[str] = frozenset()

@@ -47,8 +47,9 @@ import math
 import os
 import re
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from ..fsutil import FollowedFile
 from . import errors
@@ -159,7 +160,7 @@ def parse_keys(doc: Any, source: str = "<keys>") -> ApiKeys:
     return ApiKeys(out, source)
 
 
-def load_keys(path: str | os.PathLike) -> ApiKeys:
+def load_keys(path: str | os.PathLike[str]) -> ApiKeys:
     """The keys in `path`; KeyFileError if it is not a usable key file (see `yamlfile` for the bounds). Blocking."""
     return parse_keys(load_yaml(path, KeyFileError, "API key file"), os.fspath(path))
 
@@ -233,7 +234,7 @@ class KeyFileWatcher(FollowedFile[ApiKeys]):
     Status says the file is missing until it is back.
     """
 
-    def __init__(self, path: str | os.PathLike, apply: Callable[[ApiKeys], None],
+    def __init__(self, path: str | os.PathLike[str], apply: Callable[[ApiKeys], None],
                  on_result: Callable[[str], None] = lambda result: None):
         source = os.path.abspath(os.fspath(path))
 
@@ -247,7 +248,7 @@ class KeyFileWatcher(FollowedFile[ApiKeys]):
                          apply=applied, on_result=on_result, keeping="keeping the keys in force")
 
 
-def follow_keys(router: Any, path: str | os.PathLike, stop: asyncio.Event) -> KeyFileWatcher:
+def follow_keys(router: Any, path: str | os.PathLike[str], stop: asyncio.Event) -> KeyFileWatcher:
     """Put the keys in `path` in force on `router` now, and follow the file until `stop` (the task: `.task`).
 
     KeyFileError if the file is unusable at start (call before the router

@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Callable, Iterable, Mapping, Protocol, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol
 
 from ..contracts import Endpoint, LoadReading, Usage
 

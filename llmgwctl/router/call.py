@@ -9,7 +9,8 @@ imports another for a type.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from aiohttp import web
 

@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from time import perf_counter
-from typing import Awaitable, TypeVar
+from typing import Protocol, TypeVar
 
 from aiohttp import web
 
 from ..aio import cancel_and_wait
+from ..httpserver import new_request_id as new_id
 from . import errors, routes
-from .headers import REQUEST_ID, new_id, valid_id
+from .headers import REQUEST_ID, valid_id
 
 log = logging.getLogger("llmgw.router")
 
@@ -77,7 +79,31 @@ class ClientGone(Exception):
     """The client left while its stream was held for a cold start (a keep-alive comment could not be written)."""
 
 
-async def held_for_cold_start(call, wait: Awaitable[T], interval: float) -> T:
+class _Versioned(Protocol):
+    @property
+    def version(self) -> str: ...
+
+
+class ColdCall(Protocol):
+    """What a cold-start wait needs of the request in flight (the server's per-request record).
+
+    Declared here so this module needs nothing of the server's: the record
+    says whether it streams, for which model, and holds the stream opened early.
+    """
+
+    early: web.StreamResponse | None
+
+    @property
+    def stream(self) -> bool: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def request(self) -> web.Request: ...
+    @property
+    def view(self) -> _Versioned: ...
+
+
+async def held_for_cold_start(call: ColdCall, wait: Awaitable[T], interval: float) -> T:
     """Await `wait` (the cold-start wait of `call`); for a stream, send an SSE comment every `interval` meanwhile.
 
     A wait shorter than `interval` sends nothing, so its outcome keeps its own
@@ -105,7 +131,7 @@ async def held_for_cold_start(call, wait: Awaitable[T], interval: float) -> T:
         await cancel_and_wait(task)
 
 
-async def _comment(call, line: bytes) -> None:
+async def _comment(call: ColdCall, line: bytes) -> None:
     try:
         if call.early is None:
             # No cache, and no buffering by a proxy in front (nginx), as for any stream.

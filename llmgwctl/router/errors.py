@@ -23,12 +23,11 @@ through untouched: the router is transparent.
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+from collections.abc import Iterable
 
 from aiohttp import web
 
 from ..httpserver import error_body, error_response
-
 
 
 class RouterError(Exception):

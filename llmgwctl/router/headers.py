@@ -24,6 +24,7 @@ It must not know about routing: the server calls `take` once per request.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from ..httpserver import REQUEST_ID_PATTERN as _ID
 from ..httpserver import new_request_id as new_id
@@ -47,15 +48,16 @@ def valid_id(value: str | None) -> bool:
     return value is not None and _ID.fullmatch(value) is not None
 
 
-def take(headers) -> tuple[str, bytes]:
+def take(headers: Mapping[str, str]) -> tuple[str, bytes]:
     """(request id, the header lines for the engine) from a request's headers (a case-insensitive mapping).
 
     The lines are ready for the request head (`Name: value\\r\\n` each), so
     the upstream client writes them as they are.
     """
     rid = headers.get(REQUEST_ID)
-    if not valid_id(rid):
+    if rid is None or not valid_id(rid):
         rid = new_id()
+
     lines = b"X-Request-Id: " + rid.encode("ascii") + b"\r\n"
     parent = headers.get("traceparent")
     if (parent is not None and len(parent) <= _TRACEPARENT_MAX and _TRACEPARENT.fullmatch(parent)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from time import perf_counter
-from typing import Awaitable, Callable
 
 from aiohttp import web
 

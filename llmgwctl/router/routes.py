@@ -30,8 +30,9 @@ It must not know about endpoints or the balancer.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from aiohttp import web
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import aiohttp
 from aiohttp import web
@@ -54,8 +54,8 @@ from .conventions import stamp_request_id
 from .ejection import Ejector
 from .info import InfoRoutes
 from .limits import BodyBudget
-from .poller import BoundedResponse, LoadPoller, ParseLoad, parse_with_drivers
 from .policies import Policies
+from .poller import BoundedResponse, LoadPoller, ParseLoad, parse_with_drivers
 from .request import RequestPath
 from .surface import Surface
 from .upstream import Pool

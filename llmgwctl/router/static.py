@@ -93,7 +93,7 @@ class StaticSource:
     """
 
     def __init__(self, endpoints_file: str | os.PathLike[str], catalogs_dir: str | os.PathLike[str]):
-        from ..catalog.watcher import CatalogWatcher      # the loader is heavy; only this mode needs it
+        from ..catalog.watcher import CatalogWatcher  # the loader is heavy; only this mode needs it
 
         self.live = Live()
         self.catalogs = CatalogWatcher(os.fspath(catalogs_dir), self.live)
@@ -150,7 +150,7 @@ def parse_endpoints(doc: Any, catalog: Catalog, source: str = "<endpoints>") -> 
             continue
         engine = str(raw.get("engine") or profile.engine)
         spec = catalog.engines.get(engine)
-        metrics_path = raw["metrics_path"] if "metrics_path" in raw else (spec.metrics if spec else "/metrics")
+        metrics_path = raw.get("metrics_path", spec.metrics if spec else "/metrics")
         url = str(raw["url"]).rstrip("/")
         rid = str(raw.get("id") or f"{model.name}@{url.split('://', 1)[-1]}")
         if rid in seen:

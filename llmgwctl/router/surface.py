@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from ..catalog import Catalog
 from ..contracts import Endpoint, ModelCondition, ModelState

@@ -92,7 +92,8 @@ import logging
 import random
 import time
 import uuid
-from typing import Any, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import aiohttp
 
@@ -121,7 +122,7 @@ class WatchError(RouterError):
 
 def _load_catalog(doc: Any, source: str) -> Catalog:
     # The document as the controller sent it, checked as a file would be; no text to go back to.
-    from ..catalog.loader import load_document     # heavy (yaml, jsonschema); only a standalone router needs it
+    from ..catalog.loader import load_document  # heavy (yaml, jsonschema); only a standalone router needs it
     return load_document(doc, source)
 
 
@@ -284,7 +285,7 @@ USAGE_INTERVAL = 2.0
 class UsageReporter:
     """Sends this router's usage to the controller: last use and in-flight count per replica."""
 
-    def __init__(self, source: UsageSource, watch: "ControllerWatch", controller: str, session: aiohttp.ClientSession,
+    def __init__(self, source: UsageSource, watch: ControllerWatch, controller: str, session: aiohttp.ClientSession,
                  *, token: str | None = None, interval: float = USAGE_INTERVAL,
                  clock: Callable[[], float] = time.monotonic):
         self._source, self._watch = source, watch

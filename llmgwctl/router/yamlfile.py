@@ -23,7 +23,6 @@ import yaml
 from ..fsutil import UnusableFile, read_regular
 from ..yamlkit import LOADER, NodeCount
 
-
 # One catalog file's cap. A key is ~120 bytes of YAML and an endpoint ~100, so
 # this holds 35,000 keys or 40,000 endpoints; a file past it is not one an
 # operator wrote, and parsing 30 MB took the router's loop 23 s.

@@ -12,7 +12,6 @@ import pytest
 import requests
 
 from llmgwctl.catalog import load_dir
-
 from tests.e2e.fleet import wait_until
 from tests.faults.test_catalog_edits import VersionsInForce
 

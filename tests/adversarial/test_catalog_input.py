@@ -11,8 +11,8 @@ import threading
 import pytest
 
 from llmgwctl.catalog import CatalogError, load_dir, load_text
-from llmgwctl.catalog.loader import EXCERPT, Limits
 from llmgwctl.catalog.bounds import MAX_REPLICAS
+from llmgwctl.catalog.loader import EXCERPT, Limits
 
 HEADER = "apiVersion: llmgw/v1\nkind: Catalog\n"
 GOOD = HEADER + "models:\n  - name: good\n    profiles: [{engine: fake, gpus: 0}]\n"

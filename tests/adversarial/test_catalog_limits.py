@@ -14,8 +14,7 @@ import time
 
 import pytest
 
-from llmgwctl.catalog import CatalogError, load_dir, load_text
-from llmgwctl.catalog import files, loader
+from llmgwctl.catalog import CatalogError, files, load_dir, load_text, loader
 from llmgwctl.catalog.loader import DEFAULT_LIMITS, FileCache, Limits
 
 HEADER = "apiVersion: llmgw/v1\nkind: Catalog\n"

@@ -6,7 +6,8 @@ CatalogError ends the watcher's reload or answers 500 to `catalog apply`.
 """
 import json
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from llmgwctl.catalog import Catalog, CatalogError, load_text
 

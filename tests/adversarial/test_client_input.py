@@ -291,7 +291,7 @@ class _Capture(BaseHTTPRequestHandler):
     ANSWER = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [
         {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}).encode()
 
-    def do_POST(self):  # noqa: N802 -- http.server's name
+    def do_POST(self):  # http.server's name
         self.got.append(self.rfile.read(int(self.headers["Content-Length"])))
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -299,7 +299,7 @@ class _Capture(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(self.ANSWER)
 
-    def do_GET(self):  # noqa: N802 -- the poller's /metrics
+    def do_GET(self):  # the poller's /metrics
         self.send_response(404)
         self.send_header("Content-Length", "0")
         self.end_headers()

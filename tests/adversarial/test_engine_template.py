@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 from llmgwctl.catalog import CatalogError, load_text
-from llmgwctl.engines.custom import TemplateDriver
 from llmgwctl.contracts import ReplicaSpec
+from llmgwctl.engines.custom import TemplateDriver
 
 CATALOG = """\
 apiVersion: llmgw/v1

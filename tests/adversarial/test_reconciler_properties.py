@@ -17,15 +17,21 @@ import json
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from llmgwctl.catalog import Catalog, CatalogError, Live
-from llmgwctl.catalog.bounds import (MAX_GPUS, MAX_IDLE_TIMEOUT, MAX_REPLICAS, MAX_TOTAL_REPLICAS, MAX_WEIGHT,
-                                     PRIORITY_RANGE)
+from llmgwctl.catalog.bounds import (
+    MAX_GPUS,
+    MAX_IDLE_TIMEOUT,
+    MAX_REPLICAS,
+    MAX_TOTAL_REPLICAS,
+    MAX_WEIGHT,
+    PRIORITY_RANGE,
+)
 from llmgwctl.catalog.model import EngineSpec, Model, Profile, Replicas
 from llmgwctl.inventory import Inventory
 from llmgwctl.reconciler import DesiredStore, Reconciler
-
 from tests.reconciler.test_reconciler import Sink, Usage
 from tests.support import FakeClock
 

@@ -20,7 +20,6 @@ from llmgwctl.cli.status import render
 from llmgwctl.control.api import ControlAPI
 from llmgwctl.control.controller import Controller
 from llmgwctl.httpserver import bound_port
-
 from tests.support import until
 
 CATALOG = """\

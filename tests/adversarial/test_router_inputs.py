@@ -24,9 +24,9 @@ import requests
 
 from llmgwctl.router.auth import hash_key
 
+from ..procs import kill_group
 from ..router.harness import _readline
 from ..support import wait_until
-from ..procs import kill_group
 
 CATALOG = """\
 apiVersion: llmgw/v1

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 
 import pytest
 import requests
 
 from llmgwctl.control.serve import SHUTDOWN_GRACE
-
 from tests.e2e.fleet import Fleet, wait_until
 
 # The interpreter's own exit after the grace (threads joined, logs flushed).
@@ -101,7 +101,7 @@ def stops_within_grace(fleet: Fleet) -> None:
     proc.send_signal(signal.SIGTERM)
     try:
         code = proc.wait(timeout=SHUTDOWN_GRACE + EXIT_SLACK)
-    except Exception:
+    except subprocess.TimeoutExpired:
         raise AssertionError(f"serve still running {SHUTDOWN_GRACE + EXIT_SLACK:.0f} s after SIGTERM:\n"
                              + fleet.log("serve")[-3000:]) from None
     assert code == 0, fleet.log("serve")[-3000:]

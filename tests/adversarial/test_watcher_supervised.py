@@ -10,7 +10,6 @@ import time
 
 from llmgwctl.catalog import Live
 from llmgwctl.catalog.watcher import CatalogWatcher
-
 from tests.catalog.conftest import catalog_yaml
 
 DEADLINE = 20.0

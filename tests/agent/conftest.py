@@ -1,13 +1,11 @@
 """Agent test fixtures: the real controller (recording what agents send it), agent processes, and no engine left behind."""
 from __future__ import annotations
 
-
 import pytest
 
 from ..controlplane import ControlPlaneThread
 from ..procs import free_port
 from .harness import AgentProcess, kill_engines_under
-
 
 # Long-polls held 3 s, not the real 30 s: a test sees several polls, and a
 # poll held when a test makes the controller fail ends within seconds.

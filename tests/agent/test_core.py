@@ -15,8 +15,7 @@ import time
 import aiohttp
 import pytest
 
-from llmgwctl.agent import FAILED, READY, STARTING, Agent, PortRange, parse_spec
-from llmgwctl.agent import procs, state
+from llmgwctl.agent import FAILED, READY, STARTING, Agent, PortRange, parse_spec, procs, state
 from llmgwctl.contracts import AgentReport, ReplicaSpec, ReplicaState
 from llmgwctl.engines import AllowedEngines, LaunchError, driver_for
 

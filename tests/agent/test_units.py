@@ -20,7 +20,6 @@ from llmgwctl.contracts import ReplicaSpec
 
 from ..support import FakeClock
 
-
 # -- GPU specs -----------------------------------------------------------------
 
 def test_spec_single_kind():
@@ -61,6 +60,7 @@ def test_spec_errors_name_the_expected_form(bad):
 
 def test_cli_turns_a_bad_spec_into_a_usage_error(tmp_path):
     from click.testing import CliRunner
+
     from llmgwctl.cli import main
     result = CliRunner().invoke(main, ["agent", "--gpus", "4xH100", "--state-dir", str(tmp_path),
                                        "--desired", str(tmp_path / "d.yaml")])
@@ -70,6 +70,7 @@ def test_cli_turns_a_bad_spec_into_a_usage_error(tmp_path):
 
 def test_cli_needs_a_controller_or_a_desired_file(tmp_path):
     from click.testing import CliRunner
+
     from llmgwctl.cli import main
     result = CliRunner().invoke(main, ["agent", "--gpus", "none", "--state-dir", str(tmp_path)])
     assert result.exit_code == 2

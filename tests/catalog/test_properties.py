@@ -3,11 +3,12 @@ import json
 
 import yaml
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from llmgwctl.catalog import Catalog, CatalogError, load_text
-from llmgwctl.catalog.engine_env import env_refusal
 from llmgwctl.catalog.diff import diff
+from llmgwctl.catalog.engine_env import env_refusal
 from llmgwctl.cli import main
 
 names = st.from_regex(r"[a-z][a-z0-9.-]{0,12}", fullmatch=True)

@@ -5,9 +5,21 @@ import json
 
 import pytest
 
-from llmgwctl.contracts import (AGENT_STATES, AgentReport, ContractError, Endpoint, EndpointError, Gpu,
-                                ReplicaSpec, ReplicaState, ReportError, ReportedReplica, Usage, UsageError,
-                                UsageReport)
+from llmgwctl.contracts import (
+    AGENT_STATES,
+    AgentReport,
+    ContractError,
+    Endpoint,
+    EndpointError,
+    Gpu,
+    ReplicaSpec,
+    ReplicaState,
+    ReportedReplica,
+    ReportError,
+    Usage,
+    UsageError,
+    UsageReport,
+)
 
 
 def spec() -> ReplicaSpec:

@@ -15,7 +15,7 @@ import json
 
 import aiohttp
 
-from llmgwctl.control.serve import CONTROL_CONNECTIONS_PER_CLIENT, Server, ServeConfig
+from llmgwctl.control.serve import CONTROL_CONNECTIONS_PER_CLIENT, ServeConfig, Server
 from llmgwctl.httpserver import MAX_CONNECTIONS_PER_CLIENT
 
 from ..controlplane import ControlPlane

@@ -84,20 +84,19 @@ async def test_the_console_stream_sends_a_change_made_after_it_read_the_status(t
     plane = await started(tmp_path)
     c = plane.controller
     try:
-        async with aiohttp.ClientSession() as session:
-            async with session.get(plane.url + "/api/v1/watch/status",
-                                   timeout=aiohttp.ClientTimeout(total=30)) as resp:
-                first = await read_event(resp)
-                assert first == c.status()
-                # a-2's engine fails: its agent says so, a pass takes it in, the stream is woken.
-                report = report_of(c.live.current, "n1", [endpoint("a-1", "a", 9001), endpoint("a-2", "a", 9002)])
-                body = report.to_dict()
-                body["replicas"][1].update(state="failed", url=None, reason="exited with code 1")
-                c.agent_reported("n1", body)
-                c.reconciler.reconcile_once()
-                nxt = await read_event(resp)
-                states = {r["id"]: (r["state"], r["reason"]) for r in nxt["replicas"]}
-                assert states["a-2"] == ("failed", "exited with code 1") and states["a-1"][0] == "ready"
-                assert nxt == c.status()
+        async with aiohttp.ClientSession() as session, session.get(plane.url + "/api/v1/watch/status",
+                               timeout=aiohttp.ClientTimeout(total=30)) as resp:
+            first = await read_event(resp)
+            assert first == c.status()
+            # a-2's engine fails: its agent says so, a pass takes it in, the stream is woken.
+            report = report_of(c.live.current, "n1", [endpoint("a-1", "a", 9001), endpoint("a-2", "a", 9002)])
+            body = report.to_dict()
+            body["replicas"][1].update(state="failed", url=None, reason="exited with code 1")
+            c.agent_reported("n1", body)
+            c.reconciler.reconcile_once()
+            nxt = await read_event(resp)
+            states = {r["id"]: (r["state"], r["reason"]) for r in nxt["replicas"]}
+            assert states["a-2"] == ("failed", "exited with code 1") and states["a-1"][0] == "ready"
+            assert nxt == c.status()
     finally:
         await plane.stop()

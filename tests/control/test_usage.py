@@ -1,7 +1,7 @@
+import pytest
+
 from llmgwctl.contracts import UsageError
 from llmgwctl.control.usage import UsageBoard
-
-import pytest
 
 from ..support import FakeClock
 

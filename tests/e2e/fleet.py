@@ -15,8 +15,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families

@@ -154,8 +154,8 @@ def test_console_follows_the_fleet_live_and_shows_a_rejected_edit(tmp_path, brow
 
 
 def test_console_asks_for_the_token_and_healthz_stays_open(tmp_path, browser, artifacts):
-    from playwright.sync_api import expect
     import requests
+    from playwright.sync_api import expect
 
     token = "t0ken-" + "x" * 30
     token_file = tmp_path / "token"

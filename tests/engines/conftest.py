@@ -1,7 +1,7 @@
 """Fixtures for engine tests: fake engines as real processes, killed even on failure."""
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import requests

@@ -7,8 +7,15 @@ import stat
 import pytest
 
 from llmgwctl.contracts import ReplicaSpec
-from llmgwctl.engines import (AllowedEngines, EngineNotAllowed, SpecNotAllowed, TemplateDriver, UnknownEngine,
-                              available_engines, driver_for)
+from llmgwctl.engines import (
+    AllowedEngines,
+    EngineNotAllowed,
+    SpecNotAllowed,
+    TemplateDriver,
+    UnknownEngine,
+    available_engines,
+    driver_for,
+)
 
 
 def spec(engine: str = "mylmdeploy", command=("lmdeploy", "serve", "{source}", "--port", "{port}"), **kw) -> ReplicaSpec:

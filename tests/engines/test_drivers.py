@@ -11,8 +11,15 @@ import pytest
 
 from llmgwctl.catalog import EngineSpec
 from llmgwctl.contracts import ReplicaSpec
-from llmgwctl.engines import (BUILTIN_DRIVERS, AllowedEngines, LaunchError, TemplateDriver, UnknownEngine,
-                              available_engines, driver_for)
+from llmgwctl.engines import (
+    BUILTIN_DRIVERS,
+    AllowedEngines,
+    LaunchError,
+    TemplateDriver,
+    UnknownEngine,
+    available_engines,
+    driver_for,
+)
 from llmgwctl.engines import gguf as gguf_mod
 from llmgwctl.engines import vllm as vllm_driver
 from llmgwctl.engines.llamacpp import LlamacppDriver, resolve_gguf

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from llmgwctl.engines.fake_replies import BadRequest, Chunks, parse_generation, reply_tokens
 from llmgwctl.engines.fake_config import FakeConfig
+from llmgwctl.engines.fake_replies import BadRequest, Chunks, parse_generation, reply_tokens
 from llmgwctl.engines.fake_server import FakeEngine
 
 

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgwctl.engines import LaunchError
-from llmgwctl.engines import gguf
+from llmgwctl.engines import LaunchError, gguf
 
 
 @pytest.fixture

@@ -13,8 +13,9 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import requests
 
@@ -59,7 +60,7 @@ class SteadyLoad:
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._work, args=(i,), daemon=True) for i in range(workers)]
 
-    def __enter__(self) -> "SteadyLoad":
+    def __enter__(self) -> SteadyLoad:
         for t in self._threads:
             t.start()
         return self

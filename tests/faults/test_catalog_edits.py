@@ -21,7 +21,6 @@ import subprocess
 import pytest
 
 from llmgwctl.catalog import load_dir
-
 from tests.e2e.fleet import wait_until
 
 from .load import Sampler, SteadyLoad, summary

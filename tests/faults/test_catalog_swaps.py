@@ -13,7 +13,6 @@ import time
 import requests
 
 from llmgwctl.catalog import load_text
-
 from tests.e2e.fleet import wait_until
 
 from .load import SteadyLoad, summary

@@ -142,7 +142,7 @@ def raw(port: int, req: dict) -> int | None:
                     if not chunk:
                         break
                     got += chunk
-        except (socket.timeout, ConnectionError):
+        except (TimeoutError, ConnectionError):
             return None
     match = re.match(rb"HTTP/1\.[01] (\d{3})", got)
     assert match, got[:200]

@@ -97,6 +97,7 @@ def test_control_api_counts_its_own_requests(fleet):
 
 def test_control_metrics_carry_build_info_and_no_created_series(fleet):
     import platform
+
     from llmgwctl import __version__
     text = requests.get(fleet.control + "/metrics", timeout=10).text
     page = scrape(fleet.control + "/metrics")

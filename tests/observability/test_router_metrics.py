@@ -10,8 +10,8 @@ import threading
 import requests
 
 from llmgwctl.catalog import Catalog, Model, Profile
-from llmgwctl.router.usage import StreamUsage, usage_tokens
 from llmgwctl.contracts import Endpoint
+from llmgwctl.router.usage import StreamUsage, usage_tokens
 from tests.router.harness import catalog, make_router, wait_until
 
 from .scrape import delta, finite, key, scrape
@@ -147,6 +147,7 @@ def test_a_replacement_replica_continues_the_series_of_the_one_it_replaced(engin
 
 def test_build_info_and_no_created_series(routers):
     import platform
+
     from llmgwctl import __version__
     rt = routers(make_router(catalog((MODEL, ()))))
     text = requests.get(rt.url + "/metrics", timeout=10).text

@@ -82,7 +82,7 @@ def test_every_directory_of_code_is_a_package_in_the_wheel(wheel):
 def test_wheel_metadata_names_the_licence_pythons_and_project(wheel):
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
-        (licence,) = [n for n in names if n.endswith(".dist-info/LICENSE") or n.endswith(".dist-info/licenses/LICENSE")]
+        (licence,) = [n for n in names if n.endswith((".dist-info/LICENSE", ".dist-info/licenses/LICENSE"))]
         assert z.read(licence) == (REPO / "LICENSE").read_bytes()
         (meta,) = [n for n in names if n.endswith(".dist-info/METADATA")]
         metadata = z.read(meta).decode()

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from llmgwctl.catalog import Catalog, Model, Profile, Replicas
 from llmgwctl.placement import Memo, NodeView, Running, place

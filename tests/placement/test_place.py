@@ -1,8 +1,17 @@
 """place() on hand-built fleets: each rule of the placement docstring, with exact plans and reasons."""
 import pytest
 
-from llmgwctl.placement import (MODEL_LEFT, REPLACED, REPLACED_NO_ROOM, SCALED_DOWN, Assignment, Running, Stop,
-                                Unplaceable, place)
+from llmgwctl.placement import (
+    MODEL_LEFT,
+    REPLACED,
+    REPLACED_NO_ROOM,
+    SCALED_DOWN,
+    Assignment,
+    Running,
+    Stop,
+    Unplaceable,
+    place,
+)
 
 from .helpers import apply, catalog, model, node, profile, replica
 

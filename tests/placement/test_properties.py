@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from llmgwctl.catalog import Catalog, Model, Profile, Replicas
 from llmgwctl.placement import NodeView, Running, place

@@ -10,8 +10,8 @@ from llmgwctl.reconciler.records import Records
 from llmgwctl.reconciler.scaling import Scaling
 
 from ..support import FakeClock
-from .test_records import CAT, rec
 from .test_reconciler import run_report
+from .test_records import CAT, rec
 
 
 class Part:

@@ -10,8 +10,8 @@ from llmgwctl.reconciler.planning import Planner, memory_share, new_id
 from llmgwctl.reconciler.records import Records
 
 from .test_adoption_part import Part
-from .test_records import CAT, rec
 from .test_reconciler import catalog, model
+from .test_records import CAT, rec
 
 
 @pytest.mark.parametrize("need, memory, indices, share", [

@@ -71,9 +71,8 @@ def test_the_tripwire_finds_a_write_the_records_did_not_note():
     with checked(p.records, p.adoption, pub):
         pub.publish(CAT, settled=True)
     object.__setattr__(r1, "state", ReplicaState.FAILED)     # past the records' notes: a bug's write
-    with pytest.raises(IncrementalMismatch, match="kept endpoints differ"):
-        with checked(p.records, p.adoption, pub):
-            pub.publish(CAT, settled=True)
+    with pytest.raises(IncrementalMismatch, match="kept endpoints differ"), checked(p.records, p.adoption, pub):
+        pub.publish(CAT, settled=True)
 
 
 def test_the_tripwire_finds_a_skipped_merge_whose_records_changed_unseen():
@@ -88,9 +87,8 @@ def test_the_tripwire_finds_a_skipped_merge_whose_records_changed_unseen():
 def test_no_check_after_a_publish_that_did_not_finish():
     p, r1, pub, sink = world()
     object.__setattr__(r1, "state", ReplicaState.FAILED)
-    with pytest.raises(RuntimeError):
-        with checked(p.records, p.adoption, pub):
-            raise RuntimeError("a pass that raised before publishing")
+    with pytest.raises(RuntimeError), checked(p.records, p.adoption, pub):
+        raise RuntimeError("a pass that raised before publishing")
     assert pub.published == 0, "nothing was published, so nothing was compared"
 
 

@@ -7,8 +7,8 @@ from llmgwctl.contracts import ReplicaState
 from llmgwctl.reconciler.records import Records
 from llmgwctl.reconciler.scaling import Scaling
 
-from .test_records import rec
 from .test_reconciler import catalog, model
+from .test_records import rec
 
 NOW = 1000.0
 

@@ -18,12 +18,12 @@ from typing import Any
 import requests
 
 from llmgwctl.catalog import Catalog, Model, Profile
-from llmgwctl.engines import parse_load
 from llmgwctl.contracts import Endpoint, LoadReading
+from llmgwctl.engines import parse_load
 from llmgwctl.router import Router, RouterConfig, start
 
-from ..support import LoopThread, wait_until
 from ..procs import kill_group
+from ..support import LoopThread, wait_until
 
 # Starting a Python process and binding takes well under a second here; ten
 # covers a loaded 2-core machine.

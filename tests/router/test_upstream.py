@@ -19,8 +19,16 @@ import pytest
 import trustme
 from aiohttp import web
 
-from llmgwctl.router.upstream import (BadEndpointURL, ConnectFailed, Pool, Target, UpstreamBroken, UpstreamError,
-                                      UpstreamTimeout, parse_target)
+from llmgwctl.router.upstream import (
+    BadEndpointURL,
+    ConnectFailed,
+    Pool,
+    Target,
+    UpstreamBroken,
+    UpstreamError,
+    UpstreamTimeout,
+    parse_target,
+)
 
 from ..support import FakeClock, until
 
@@ -64,7 +72,7 @@ class Engine:
         self.accepted = 0
         self.transports: list = []
 
-    async def __aenter__(self) -> "Engine":
+    async def __aenter__(self) -> Engine:
         app = web.Application()
         for name, handler in self.routes.items():
             app.router.add_post("/" + name, self._track(handler))
@@ -100,7 +108,7 @@ class Raw:
         self.accepted = 0
         self.writers: list[asyncio.StreamWriter] = []
 
-    async def __aenter__(self) -> "Raw":
+    async def __aenter__(self) -> Raw:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         self.port = self.server.sockets[0].getsockname()[1]
         self.url = "http://127.0.0.1:%d" % self.port

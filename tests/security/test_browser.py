@@ -229,15 +229,15 @@ def closed(s: socket.socket, timeout: float = 30) -> bool:
             pass
     except (ConnectionResetError, BrokenPipeError):
         pass
-    except socket.timeout:
+    except TimeoutError:
         return False
     return True
 
 
 def test_a_trickled_body_is_cut_with_408_and_the_api_answers_meanwhile(fleet):
     s = raw(fleet.control)
-    s.sendall("POST /api/v1/catalog HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-              "Content-Length: 100000\r\n\r\n".encode())
+    s.sendall(b"POST /api/v1/catalog HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 100000\r\n\r\n")
     stop = threading.Event()
 
     def trickle() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from llmgwctl.contracts import ReplicaSpec
 from llmgwctl.contracts.claims import NodeClaims
-
 from tests.reconciler.test_reconciler import World, catalog, converge, model, run_report
 
 

@@ -145,7 +145,7 @@ class Repeating:
                 pass
             self._stop.wait(0.3)
 
-    def __enter__(self) -> "Repeating":
+    def __enter__(self) -> Repeating:
         self._thread.start()
         return self
 

@@ -20,8 +20,9 @@ body, the headers, the route's prompt reader and the model's policy name.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import Enum
-from typing import Any, Mapping
+from typing import Any
 
 from ..balancer import Balancer, Chooser
 from .least_load import LeastLoad

@@ -5,7 +5,8 @@ this plugin only gives the name a place in the registry.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..balancer import EndpointState
 from .plugin import PromptReader, Settings

@@ -9,8 +9,9 @@ balancer's own two random choices.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Protocol
 
 from ..balancer import Balancer, Chooser, EndpointState
 

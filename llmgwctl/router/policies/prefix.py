@@ -61,7 +61,8 @@ state on the request path.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..balancer import Balancer, EndpointState
 from .plugin import PromptReader, Settings

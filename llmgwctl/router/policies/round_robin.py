@@ -5,7 +5,8 @@ balancer still filters by tier, room and ejection before the turn is taken.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..balancer import Balancer, EndpointState
 from .plugin import PromptReader, Settings

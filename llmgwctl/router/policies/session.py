@@ -9,7 +9,8 @@ least-load.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..balancer import Balancer, EndpointState
 from .plugin import PromptReader, Settings

@@ -7,8 +7,9 @@ runs the balancer's pick with the policy's chooser, as the request path does.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from llmgwctl.contracts import Endpoint, LoadReading
 from llmgwctl.router.balancer import Balancer, EndpointState
