@@ -232,6 +232,10 @@ class Reconciler:
         """Make `node` placeable again; False if it was not held. Wake a pass after."""
         return self.maintenance.uncordon(node)
 
+    def restore_holds(self, holds: dict[str, bool]) -> None:
+        """Cordons (node -> drain) kept across a restart, in force from the first pass."""
+        self.maintenance.restore(holds, self._clock())
+
     def event(self, kind: str, message: str) -> None:
         self.events.append(Event(self._wall(), kind, message))
         log.info("%s: %s", kind, message, extra={"event": kind})     # `event` is a key in JSON logs
