@@ -69,6 +69,9 @@ def test_a_cordoned_node_gets_nothing_from_a_scale_up_and_is_placeable_again_onc
     assert out.returncode == 0, out.stderr
     assert f"node/{other} cordoned" in out.stdout and "cordoned" in out.stdout
     assert scheduling(fleet)[other] == "cordoned"
+    table = llmgwctl(fleet, "status")
+    assert table.returncode == 0 and "SCHEDULING" in table.stdout, table.stderr
+    assert any(line.split()[:3] == [other, "ready", "cordoned"] for line in table.stdout.splitlines()), table.stdout
     again = llmgwctl(fleet, "cordon", other)
     assert again.returncode == 0 and "already cordoned" in again.stdout
     # Spread would put the second replica on the empty node; cordoned, it goes beside the first.
