@@ -142,6 +142,7 @@ class Reconciler:
         self.adoption = Adoption(self.replicas, inventory, desired, self.scaling, hashes, self.event,
                                  replace_after=replace_after)
         self.placement_input = PlacementInput(self.replicas, inventory, self.adoption.forgotten, hashes)
+        self.adoption.draining = self.placement_input.draining
         self.planner = Planner(self.replicas, self.event, move_every=move_every, drain_grace=drain_grace)
         self.maintenance = Maintenance(self.replicas, self.placement_input.cordoned, self.placement_input.draining,
                                        self.event, surge_wait=surge_wait)

@@ -166,3 +166,25 @@ def test_status_rows_show_the_scheduling():
     w.rec.drain("n2")
     rows = {n["name"]: n["scheduling"] for n in w.rec.status()["nodes"]}
     assert rows == {"n1": "schedulable", "n2": "drained"}
+
+
+def test_a_restart_during_a_drain_keeps_the_replacement_not_the_drained_replica():
+    w = started(catalog(model("a", replicas=1)))
+    w.report("n2")
+    w.step()
+    w.rec.drain("n1")
+    w.step()
+    w.agent_follows("n2")
+    # Before the old replica is taken out, the controller restarts: both are adopted.
+    fresh = World(w.live.current, settle=30)
+    fresh.running = w.running
+    fresh.rec.restore_holds({"n1": True})
+    fresh.quiet_pass(0)
+    for _ in range(2):
+        fresh.report("n1")
+        fresh.report("n2")
+        fresh.quiet_pass(8)
+    assert fresh.rec.settled
+    fresh.step()
+    # The surplus of what was adopted is the drained node's replica, never the replacement.
+    assert nodes_of(fresh, "a") in ([("n1", "stopping"), ("n2", "ready")], [("n2", "ready")])
