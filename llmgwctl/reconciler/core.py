@@ -223,7 +223,7 @@ class Reconciler:
 
     def cordon(self, node: str) -> bool:
         """Place nothing new on `node` (`maintenance`); True if it was not held already. Wake a pass after."""
-        return self.maintenance.cordon(node, self._clock())
+        return self.maintenance.cordon(node)
 
     def drain(self, node: str) -> bool:
         """Cordon `node` and move its replicas elsewhere, surge first (`maintenance`). Wake a pass after."""

@@ -69,7 +69,7 @@ class Maintenance:
 
     # --- the operator's verbs (each idempotent; True when it changed something) ---
 
-    def cordon(self, node: str, now: float) -> bool:
+    def cordon(self, node: str) -> bool:
         if node in self.holds:
             return False
         self._hold(node, Hold())
