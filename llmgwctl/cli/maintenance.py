@@ -22,6 +22,8 @@ POLL_EVERY = 0.5
 # controller waits up to 10 minutes for one, reconciler.maintenance.SURGE_WAIT)
 # and then the drain grace of the replica it replaces, with room to spare.
 WAIT_TIMEOUT = 900.0
+# Each call is answered at once (a drain's work is the reconciler's), bar the
+# holds file's write (an fsync): 30 s leaves room for a disk in trouble before we say so.
 REQUEST_TIMEOUT = 30.0
 
 
