@@ -3,7 +3,7 @@
     python3 -m bench.longpoll [--busy-ms 0.5] [--steps 0,100,400] [--polls 1000] [--watches 50]
 
 On uvloop (as serve runs), POLLS agents' desired long-polls are held in the
-real `ControlAPI._desired_or_logs` over a real `DesiredStore`, and WATCHES
+real `AgentService._desired_or_logs` over a real `DesiredStore`, and WATCHES
 routers' watches in a real `Broadcast`. Then the loop is given other work:
 N callbacks of BUSY ms each that keep rescheduling themselves, so every step
 of the loop runs N x BUSY ms of it (what a stream of agent reports does to
@@ -23,7 +23,7 @@ from typing import cast
 
 from llmgwctl.aio import run
 from llmgwctl.contracts import ReplicaSpec
-from llmgwctl.control.api import ControlAPI
+from llmgwctl.control.agentapi import AgentService
 from llmgwctl.control.broadcast import Broadcast
 from llmgwctl.control.controller import Controller
 from llmgwctl.control.logs import LogRelay
@@ -42,7 +42,7 @@ async def once(busy: float, steps: int, polls: int, watches: int) -> str:
             loop.call_soon(other_work)
 
     store, watch = DesiredStore(first_version=1), Broadcast()
-    api = ControlAPI.__new__(ControlAPI)        # only what the desired route's wait reads
+    api = AgentService.__new__(AgentService)    # only what the desired route's wait reads
     # A stand-in for the Controller: the wait reads only these two of it.
     api.c = cast(Controller, SimpleNamespace(desired=store, logs=LogRelay()))
     nodes = [f"n{i}" for i in range(polls)]

@@ -86,7 +86,7 @@ def main() -> None:
     print(f"{'steady':10s} {(time.perf_counter() - t) * 1e3:8.1f} ms  (a pass with nothing changed)")
     held = {x.name: (c.desired.get(x.name) or (0, ()))[0] for x in agents}
     watch_version = c.watch.version
-    api._watchlog.answered(watch_version, r.endpoints, c.live.current.version)
+    api.routers._watchlog.answered(watch_version, r.endpoints, c.live.current.version)
 
     full: list[float] = []           # seconds of each full collection since the last step
     began = [0.0]
@@ -168,8 +168,8 @@ def main() -> None:
         return run
 
     def watch() -> str:
-        api._watchlog.answered(c.watch.version, r.endpoints, c.live.current.version)
-        body = api._encoded_delta(watch_version)
+        api.routers._watchlog.answered(c.watch.version, r.endpoints, c.live.current.version)
+        body = api.routers._encoded_delta(watch_version)
         assert body is not None
         delta = json.loads(body)["delta"]
         return f"{len(delta['endpoints'])} endpoints, {len(delta['removed'])} removed, {len(body) / 1e6:.2f} MB"

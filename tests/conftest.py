@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import tempfile
 
 import pytest
 
@@ -16,6 +17,12 @@ from llmgwctl.reconciler import core as _reconciler
 os.environ["LLMGW_CHECK_INCREMENTAL"] = "1"
 _reconciler.CHECK_INCREMENTAL = True
 _reconciler.EXIT_ON_MISMATCH = False         # here a mismatch raises into the test
+
+# A serve started without --state-dir keeps its local agent's records and the
+# operator's node holds (cordon, drain) under $XDG_STATE_HOME/llmgw: in a test
+# run that is a directory of the run's own, so no test reads what an earlier
+# run -- or the developer's own serve -- left in ~/.local/state.
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="llmgw-tests-state-")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -11,18 +11,22 @@ import click
 
 from .. import __version__
 
-# Subcommand modules, each defining one click command or group named `command`.
+# Subcommand modules, each defining one click command or group named `command`
+# (or `module:name` for a module holding several: the maintenance verbs).
 # Imported lazily so `llmgwctl catalog validate` does not pay for aiohttp.
 SUBCOMMANDS = {
     "agent": "llmgwctl.cli.agent",
     "catalog": "llmgwctl.cli.catalog",
     "completion": "llmgwctl.cli.completion",
+    "cordon": "llmgwctl.cli.maintenance:cordon",
+    "drain": "llmgwctl.cli.maintenance:drain",
     "engine": "llmgwctl.cli.engine",
     "logs": "llmgwctl.cli.logs",
     "router": "llmgwctl.cli.router",
     "serve": "llmgwctl.cli.serve",
     "status": "llmgwctl.cli.status",
     "token": "llmgwctl.cli.token",
+    "uncordon": "llmgwctl.cli.maintenance:uncordon",
 }
 
 
@@ -33,9 +37,9 @@ class _LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in SUBCOMMANDS:
             return None
-        command: click.Command = importlib.import_module(SUBCOMMANDS[name]).command
+        module, _, attr = SUBCOMMANDS[name].partition(":")
+        command: click.Command = getattr(importlib.import_module(module), attr or "command")
         return command
-
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -165,12 +165,16 @@ def render(status: dict[str, Any], now: float | None = None, events: int = 8, wi
         out.append("")
         out.extend(_wrap(f"{len(nodes):,} nodes: {_tally(nodes)}; GPUs used "
                          f"{sum(n['gpus_used'] for n in nodes):,}/{sum(n['gpus'] for n in nodes):,}"))
-        out.append("  those not ready (or refusing a second agent) below; -o wide lists every one")
-        nodes = [n for n in nodes if n["state"] != "ready" or n.get("conflict") or n.get("refused")]
+        out.append("  those not ready, cordoned (or refusing a second agent) below; -o wide lists every one")
+        nodes = [n for n in nodes if n["state"] != "ready" or n.get("conflict") or n.get("refused")
+                 or n.get("scheduling", "schedulable") != "schedulable"]
     if nodes:
         out.append("")
-        out.append(table(("NODE", "STATE", "POOLS", "GPUS USED", "ENGINES", "LAST SEEN"), [
-            (cut(n["name"], 24), n["state"], cut(",".join(n["pools"]) or "-", 24), f"{n['gpus_used']}/{n['gpus']}",
+        # SCHEDULING: whether placement may use it (llmgwctl cordon, drain, uncordon); a controller
+        # older than the field says nothing, and its nodes are all schedulable.
+        out.append(table(("NODE", "STATE", "SCHEDULING", "POOLS", "GPUS USED", "ENGINES", "LAST SEEN"), [
+            (cut(n["name"], 24), n["state"], n.get("scheduling", "schedulable"), cut(",".join(n["pools"]) or "-", 24),
+             f"{n['gpus_used']}/{n['gpus']}",
              ",".join(n["engines"]) or "-", _ago(n["last_seen_seconds"]))
             for n in nodes]))
         for n in nodes:

@@ -28,6 +28,7 @@ from .endpoint import Endpoint
 from .errors import ContractError, EndpointError, ModelStateError, ReportError, UsageError
 from .modelstate import ModelCondition, ModelState
 from .report import AgentReport, CpuCapacity, EngineAvailability, Gpu, ReportedReplica
+from .scheduling import Scheduling
 from .sink import RouterSink
 from .spec import LoadReading, ReplicaSpec
 from .states import AGENT_STATES, ReplicaState
@@ -48,6 +49,6 @@ __all__ = [
     "AGENT_STATES", "AgentReport", "CatalogStatus", "ConcurrencySource", "ContractError", "ControlStatus", "Endpoint", "EndpointError",
     "CpuCapacity", "EngineAvailability", "Event", "FleetStatus", "Gpu", "GpuStatus", "LoadReading", "LoadSource", "ModelCondition", "ModelState",
     "ModelStateError", "ModelStatus", "NodeClaims", "NodeStatus", "UNBOUNDED",
-    "ReplicaSpec", "ReplicaState", "ReplicaStatus", "ReportError", "ReportedReplica", "RouterSink", "Usage", "UsageError",
+    "ReplicaSpec", "ReplicaState", "ReplicaStatus", "ReportError", "ReportedReplica", "RouterSink", "Scheduling", "Usage", "UsageError",
     "UsageReport", "UsageSnapshot", "UsageSource", "WatcherStatus",
 ]

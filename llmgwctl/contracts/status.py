@@ -27,7 +27,7 @@ an unchanged row costs a string join, not a dict and an encode.
         ├ replicas: ReplicaStatus... state, node, GPUs, url, in flight, idle, last exit and last log lines,
         │                            on a fallback profile, what the router holds against its engine
         ├ nodes: NodeStatus...       reachable, pools, GPUs (each with memory and whether used), engines
-        │                            (missing ones with why), conflict
+        │                            (missing ones with why), conflict, scheduling (cordon, drain)
         └ events: Event...
 """
 from __future__ import annotations
@@ -40,6 +40,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..health import Failure
+from .scheduling import Scheduling
 from .states import ReplicaState
 from .usage import UNUSED, Usage
 
@@ -219,6 +220,8 @@ class NodeStatus:
     # and "legacy" when its token is from before claims (llmgwctl token node).
     refused: tuple[str, ...] = ()
     token: str = ""
+    # What the operator set (cordon, drain, uncordon): whether placement may use it.
+    scheduling: Scheduling = Scheduling.SCHEDULABLE
     _json: list[tuple[str, str, str]] = field(default_factory=list, init=False, repr=False, compare=False)
 
     @property
@@ -232,7 +235,8 @@ class NodeStatus:
                            "gpus_used": self.gpus_used, "gpu_models": list(self.gpu_models),
                            "engines": list(self.engines), "engines_missing": dict(self.engines_missing)},
                           {"conflict": self.conflict, "gpu_list": [g.to_dict() for g in self.gpu_list],
-                           "refused": list(self.refused), "token": self.token})
+                           "refused": list(self.refused), "token": self.token,
+                           "scheduling": self.scheduling.value})
             self._json.append((a + ',"last_seen_seconds":', ',"reports":', c + "}"))
         return self._json[0]
 
@@ -242,7 +246,7 @@ class NodeStatus:
                 "engines_missing": dict(self.engines_missing), "last_seen_seconds": last_seen_seconds,
                 "reports": reports, "conflict": self.conflict,
                 "gpu_list": [g.to_dict() for g in self.gpu_list],
-                "refused": list(self.refused), "token": self.token}
+                "refused": list(self.refused), "token": self.token, "scheduling": self.scheduling.value}
 
 
 @dataclass(frozen=True, slots=True)

@@ -150,6 +150,19 @@ class Controller:
                 self.urgent_event.set()
                 self.wake_event.set()
 
+    def set_scheduling(self, node: str, verb: str) -> bool:
+        """`cordon`, `drain` or `uncordon` `node` (reconciler.maintenance); True if it changed anything.
+
+        A change wakes a pass at once: a drain's replacements are placed in it.
+        """
+        r = self.reconciler
+        changed = {"cordon": r.cordon, "drain": r.drain, "uncordon": r.uncordon}[verb](node)
+        if changed:
+            self.status_changed.bump()
+            self.urgent_event.set()
+            self.wake_event.set()
+        return changed
+
     def agent_heartbeat(self, node: str) -> bool:
         """The node's last accepted report, sent again unchanged: True if taken as a heartbeat (no wake)."""
         return self.inventory.heartbeat(node)

@@ -40,7 +40,7 @@ from ..engines.custom import NOTHING_ALLOWED, AllowedEngines
 from ..httporigin import BrowserGuard
 from ..httpserver import ConnectionGuard, bound_port, json_errors, server_options
 from ..observability.metrics import ControlMetrics
-from . import revocations
+from . import holds, revocations
 from .api import ControlAPI
 from .auth import MAX_TOKEN_GPUS, ControlAuth, check_bind, node_token
 from .controller import Controller
@@ -167,6 +167,14 @@ class Server:
                 name="node-revocations"))
         metrics = ControlMetrics(self.controller.state)
         self.controller.reconciler.on_pass = metrics.observe_pass
+        # The operator's cordons and drains, back before any pass can place on
+        # a held node; a file that cannot be read stops the start (holds).
+        held_at = holds.path_in(self.cfg.state_dir)
+        restored = await asyncio.to_thread(holds.load, held_at)
+        if restored:
+            self.controller.reconciler.restore_holds(restored)
+            log.info("node holds from %s: %s", held_at, ", ".join(
+                f"{node} {'draining' if drain else 'cordoned'}" for node, drain in sorted(restored.items())))
         catalog = await asyncio.to_thread(self.controller.load)
         # The router is already the reconciler's endpoint sink (Controller(router=...)):
         # registering it again would push every endpoint and model-state change to it twice.
@@ -186,7 +194,7 @@ class Server:
                                          cors_origins=self.cfg.control_cors_origins,
                                          allowed_hosts=self.router.config.allowed_hosts,
                                          cors_option="--control-cors-origin")
-        runner = web.AppRunner(ControlAPI(self.controller, auth=auth, metrics=metrics).app(browsers),
+        runner = web.AppRunner(ControlAPI(self.controller, auth=auth, metrics=metrics, holds=held_at).app(browsers),
                                access_log=None, shutdown_timeout=0.5, **server_options())
         await runner.setup()
         json_errors(runner.server)      # aiohttp's own refusals and the unexpected, in JSON like the rest

@@ -104,8 +104,10 @@ def _due(reconciler: Reconciler) -> bool:
 
     Cheap looks, no pass: a node past its report timeout (it leaves the router
     on the next pass), a replica draining (it stops once its requests are
-    done), the settling window (it may end on any pass).
+    done), a draining node's replica waiting out its surge, the settling
+    window (it may end on any pass).
     """
     if not reconciler.settled or reconciler.inventory.overdue():
         return True
-    return any(rec.state == ReplicaState.DRAINING for rec in reconciler.replicas.values())
+    return (any(rec.state == ReplicaState.DRAINING for rec in reconciler.replicas.values())
+            or reconciler.maintenance.waiting())

@@ -138,6 +138,9 @@ class Adoption:
         self._double_claims: set[tuple[str, str]] = set()
         # Per node: the reported replicas mapping last merged and its records then (see `merge`).
         self.merged: dict[str, tuple[Mapping[str, ReportedReplica], list[tuple[Replica, ReplicaState]]]] = {}
+        # Nodes being drained (the reconciler hands in PlacementInput.draining): their replicas are on
+        # their way out, so `trim` never keeps one over a replacement elsewhere.
+        self.draining: set[str] = set()
 
     def merge(self, catalog: Catalog, now: float, settled: bool) -> None:
         """Every reachable node's report into the records, skipping the nodes whose merge would change nothing.
@@ -332,7 +335,7 @@ class Adoption:
             if model is None or model.name != name:
                 continue        # left the catalog: placement stops it as an orphan
             current = [r for r in recs if r.state not in (ReplicaState.DRAINING, ReplicaState.STOPPING, ReplicaState.LOST)
-                       and r.spec_hash == expected.get((name, r.spec.profile))]
+                       and r.spec_hash == expected.get((name, r.spec.profile)) and r.node not in self.draining]
             surplus = len(current) - wanted.get(name, model.replicas.min)
             if surplus <= 0:
                 continue

@@ -15,7 +15,8 @@ ready, i.e. its health check passed.
 `records` (the replicas and what changed in them), `scaling` (what each
 model wants), `adoption` (reports merged into the records), `placement_input`
 and `planning` (placement's input, its plan carried out), `publishing` (the
-endpoints, model states and desired lists handed out). `reconcile_once` is
+endpoints, model states and desired lists handed out). `maintenance` (the operator's
+cordon and drain of nodes). `reconcile_once` is
 those parts called in order; `incremental` wraps it for the test suite.
 
 It must not know HTTP or processes: it talks to agents through the
@@ -33,17 +34,29 @@ import logging
 import os
 import time
 import traceback
+from collections.abc import Callable
 from types import MappingProxyType
-from typing import Any, Callable
+from typing import Any
 
 from ..catalog import Catalog, Live, Model
-from ..contracts import (ConcurrencySource, Endpoint, Event, FleetStatus, LoadSource, ModelState, ModelStatus,
-                         ReplicaState, UsageSnapshot, UsageSource)
+from ..contracts import (
+    ConcurrencySource,
+    Endpoint,
+    Event,
+    FleetStatus,
+    LoadSource,
+    ModelState,
+    ModelStatus,
+    ReplicaState,
+    UsageSnapshot,
+    UsageSource,
+)
 from ..inventory import Inventory
 from ..placement import Unplaceable, place
 from .adoption import Adoption
 from .desired import DesiredStore
 from .incremental import IncrementalMismatch, checked
+from .maintenance import SURGE_WAIT, Maintenance
 from .placement_input import PlacementInput, SpecHashes, profile_of
 from .planning import Planner
 from .publishing import EndpointChangeSink, EndpointSink, ModelStateSink, Publisher
@@ -51,7 +64,7 @@ from .records import Records, Replica
 from .scaling import Scaling
 from .statusrows import StatusRows
 
-__all__ = ["DRAIN_GRACE", "EVENTS", "MOVE_EVERY", "REPLACE_AFTER", "SETTLE", "EndpointChangeSink", "EndpointSink",
+__all__ = ["DRAIN_GRACE", "EVENTS", "MOVE_EVERY", "REPLACE_AFTER", "SETTLE", "SURGE_WAIT", "EndpointChangeSink", "EndpointSink",
            "IncrementalMismatch", "ModelStateSink", "Reconciler", "Replica"]
 
 log = logging.getLogger("llmgw.reconciler")
@@ -123,7 +136,8 @@ class Reconciler:
                  load: LoadSource | None = None, concurrency: ConcurrencySource | None = None,
                  clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
                  settle: float = SETTLE, drain_grace: float = DRAIN_GRACE, replace_after: float = REPLACE_AFTER,
-                 on_change: Callable[[], None] = lambda: None, move_every: float = MOVE_EVERY):
+                 on_change: Callable[[], None] = lambda: None, move_every: float = MOVE_EVERY,
+                 surge_wait: float = SURGE_WAIT):
         self.live, self.inventory, self.desired = live, inventory, desired
         self.usage = usage
         self._clock, self._wall = clock, wall_clock
@@ -139,7 +153,10 @@ class Reconciler:
         self.adoption = Adoption(self.replicas, inventory, desired, self.scaling, hashes, self.event,
                                  replace_after=replace_after)
         self.placement_input = PlacementInput(self.replicas, inventory, self.adoption.forgotten, hashes)
+        self.adoption.draining = self.placement_input.draining
         self.planner = Planner(self.replicas, self.event, move_every=move_every, drain_grace=drain_grace)
+        self.maintenance = Maintenance(self.replicas, self.placement_input.cordoned, self.placement_input.draining,
+                                       self.event, surge_wait=surge_wait)
         self.publisher = Publisher(self.replicas, inventory, desired, on_change=on_change)
         if endpoints:
             self.publisher.sinks.append(endpoints)
@@ -155,7 +172,7 @@ class Reconciler:
         # Status rows kept between reads, rebuilt where a record changed; the
         # models' rows likewise, by what each shows (model name -> (key, row)).
         self._status_rows = StatusRows(_is_fallback)
-        self._model_rows: dict[str, tuple[tuple, ModelStatus]] = {}
+        self._model_rows: dict[str, tuple[tuple[Any, ...], ModelStatus]] = {}
 
     # --- what callers read, kept by the parts ------------------------------------
 
@@ -215,6 +232,22 @@ class Reconciler:
             self.event("node-stopping", f"stopping every replica on {node}")
             self.publisher.publish(self.live.current, self.settled)
 
+    def cordon(self, node: str) -> bool:
+        """Place nothing new on `node` (`maintenance`); True if it was not held already. Wake a pass after."""
+        return self.maintenance.cordon(node)
+
+    def drain(self, node: str) -> bool:
+        """Cordon `node` and move its replicas elsewhere, surge first (`maintenance`). Wake a pass after."""
+        return self.maintenance.drain(node, self._clock())
+
+    def uncordon(self, node: str) -> bool:
+        """Make `node` placeable again; False if it was not held. Wake a pass after."""
+        return self.maintenance.uncordon(node)
+
+    def restore_holds(self, holds: dict[str, bool]) -> None:
+        """Cordons (node -> drain) kept across a restart, in force from the first pass."""
+        self.maintenance.restore(holds, self._clock())
+
     def event(self, kind: str, message: str) -> None:
         self.events.append(Event(self._wall(), kind, message))
         log.info("%s: %s", kind, message, extra={"event": kind})     # `event` is a key in JSON logs
@@ -247,7 +280,8 @@ class Reconciler:
             if self.settled:
                 usage = dict(self.usage.usage_snapshot()) if self.usage else {}
                 self.scaling.read(now)
-                self._plan(catalog, now, usage)
+                wanted = self._plan(catalog, now, usage)
+                self.maintenance.step(wanted, now)
                 self.planner.drain(now, usage)
         finally:
             # Even when planning raised (a bug), what runs is still published:
@@ -268,12 +302,13 @@ class Reconciler:
             self.settled = True
             self.event("settled", f"settling window over: adopted {sum(r.adopted for r in self.replicas.values())} replicas")
 
-    def _plan(self, catalog: Catalog, now: float, usage: UsageSnapshot) -> None:
+    def _plan(self, catalog: Catalog, now: float, usage: UsageSnapshot) -> dict[str, int]:
         wanted = self.scaling.wanted(catalog, now, usage, self.replicas)
         self.adoption.trim(catalog, wanted, now)
         running, views = self.placement_input.build(catalog)
         self.planner.plan(catalog, now, wanted, running, views)
         self.publisher.derive_model_states(catalog, self.planner.unplaceable_detail)
+        return wanted
 
     def pass_failed(self, exc: BaseException) -> None:
         """A pass raised: count it and say so (the supervised loop calls this and goes on).
@@ -294,7 +329,7 @@ class Reconciler:
             log.error("reconcile pass failed; the next pass starts from the state this one left:\n%s",
                       "".join(traceback.format_exception(exc)).rstrip(), extra={"event": "reconcile-failed"})
 
-    def preview(self, catalog: Catalog) -> dict:
+    def preview(self, catalog: Catalog) -> dict[str, Any]:
         """What swapping in `catalog` would do to replicas, without doing it (for `catalog apply`)."""
         wanted = {}
         for model in catalog.models:
@@ -324,7 +359,7 @@ class Reconciler:
         catalog = self.live.current
         now = self._clock()
         rows = self._status_rows
-        rows.update(self.replicas, self.inventory.nodes(), catalog, self.inventory.conflict)
+        rows.update(self.replicas, self.inventory.nodes(), catalog, self.inventory.conflict, self.maintenance.state)
         models = []
         kept = self._model_rows
         for model in catalog.models:
@@ -355,7 +390,7 @@ class Reconciler:
                            seen_at=MappingProxyType({n.name: n.last_seen for n in nodes}),
                            reports_of=MappingProxyType({n.name: n.reports for n in nodes}))
 
-    def status(self, usage: UsageSnapshot | None = None) -> dict:
+    def status(self, usage: UsageSnapshot | None = None) -> dict[str, Any]:
         """`fleet_status` as the status JSON."""
         return self.fleet_status(usage).to_dict()
 

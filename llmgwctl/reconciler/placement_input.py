@@ -4,7 +4,7 @@ Placement reads a Running per record and a NodeView per node every pass;
 building them all anew was most of a pass at fleet size. Each is kept with
 exactly what it was built from -- a record's state and whether its spec is
 current, a node's reported pools, GPUs and engines (new objects with every
-report that changed), reachability, cordon and the catalog -- and built again
+report that changed), reachability, cordon and drain and the catalog -- and built again
 only when one of those differs, so a kept one is the one a rebuild would
 give. The lists stay in record and inventory order. Also what the catalog
 says a current replica of each profile hashes to, once per catalog.
@@ -52,6 +52,9 @@ class PlacementInput:
         self._forgotten = forgotten
         self.expected_hashes = expected
         self.cordoned: set[str] = set()
+        # Cordoned nodes being drained: their replicas are leaving for placement
+        # while they still serve, so their models get replacements elsewhere (see maintenance).
+        self.draining: set[str] = set()
         # Placement's NodeView per node, with what it was built from.
         self._views: dict[str, tuple[tuple[object, ...], NodeView]] = {}
 
@@ -59,20 +62,23 @@ class PlacementInput:
         """(a Running per record and per replica given up on a lost node, a NodeView per node), kept where unchanged."""
         expected = self.expected_hashes(catalog)
         running: list[Running] = []
+        draining = self.draining
         for rec in self.records.values():
             current = rec.spec_hash == expected.get((rec.spec.model, rec.spec.profile))
+            moving_off = rec.node in draining
             kept = rec.placed_as
-            if kept is None or kept[0] is not rec.state or kept[1] != current:
-                kept = rec.placed_as = (rec.state, current, Running(
+            if kept is None or kept[0] is not rec.state or kept[1] != current or kept[2] != moving_off:
+                kept = rec.placed_as = (rec.state, current, moving_off, Running(
                     replica_id=rec.spec.id, model=rec.spec.model, profile=rec.spec.profile,
                     node=rec.node, gpu_indices=rec.spec.gpu_indices, current=current,
                     ready=rec.state == ReplicaState.READY, failed=rec.state == ReplicaState.FAILED,
                     # Draining or stopping: still holding its GPUs (or its share of
                     # their memory) until its engine is gone, but no longer counted
                     # toward what the model wants, and its room counts as coming free.
-                    leaving=rec.state in _LEAVING,
+                    # On a draining node: the same, though it still serves until its replacement does.
+                    leaving=rec.state in _LEAVING or moving_off,
                     memory_mib=rec.spec.gpu_memory_mib))
-            running.append(kept[2])
+            running.append(kept[3])
         views = []
         kept_views = self._views
         for node in self.inventory.nodes():

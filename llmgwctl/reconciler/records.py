@@ -42,9 +42,9 @@ class Replica:
     returned: bool = False          # its node came back with it after a loss: surplus is settled next plan
     timed: bool = False             # its placement-to-ready time went into its model's cold start
     spec_hash: str = field(init=False)
-    # Placement's view of it, kept with what it was built from: (state, current) -> Running.
-    # Its spec and node never change, so those two are all that can make it differ.
-    placed_as: tuple[ReplicaState, bool, Running] | None = field(default=None, init=False, repr=False, compare=False)
+    # Placement's view of it, kept with what it was built from: (state, current, on a draining node) -> Running.
+    # Its spec and node never change, so those three are all that can make it differ.
+    placed_as: tuple[ReplicaState, bool, bool, Running] | None = field(default=None, init=False, repr=False, compare=False)
     # Told this record's id and node when a field in PUBLISHED is written; set by
     # the Records it is in, None outside one.
     _watch: Callable[[str, str], None] | None = field(default=None, init=False, repr=False, compare=False)

@@ -25,7 +25,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from ..catalog import Catalog, Model
-from ..contracts import NodeStatus, ReplicaState, ReplicaStatus
+from ..contracts import NodeStatus, ReplicaState, ReplicaStatus, Scheduling
 from ..contracts.status import GpuStatus
 from ..inventory import Node
 
@@ -60,7 +60,8 @@ class StatusRows:
         self.built = 0      # rows built since start: how a test tells a cached read from a rebuilt one
 
     def update(self, records: Mapping[str, Replica], nodes: Iterable[Node], catalog: Catalog,
-               conflict: Callable[[Node], str | None]) -> None:
+               conflict: Callable[[Node], str | None],
+               scheduling: Callable[[str], Scheduling] = lambda node: Scheduling.SCHEDULABLE) -> None:
         cache = self._replicas
         changed = False
         if catalog.version != self._catalog:
@@ -96,9 +97,10 @@ class StatusRows:
                 c[0] += row.state == ReplicaState.READY
                 c[1] += 1
             self.counts = {m: (ready, n) for m, (ready, n) in counts.items()}
-        self._update_nodes(nodes, conflict)
+        self._update_nodes(nodes, conflict, scheduling)
 
-    def _update_nodes(self, nodes: Iterable[Node], conflict: Callable[[Node], str | None]) -> None:
+    def _update_nodes(self, nodes: Iterable[Node], conflict: Callable[[Node], str | None],
+                      scheduling: Callable[[str], Scheduling]) -> None:
         cache, holders = self._nodes, self._holders
         changed = False
         seen = {}
@@ -107,10 +109,11 @@ class StatusRows:
             held = holders.get(node.name, _NO_GPUS)
             # The revision moves with every report that says something new (pools, GPUs, engines).
             # (A refusal is shown only while recent: asked of the inventory while there is one.)
-            key = (node.revision, node.reachable, conflict(node) if node.conflict is not None else None, held)
+            key = (node.revision, node.reachable, conflict(node) if node.conflict is not None else None, held,
+                   scheduling(node.name))
             hit = cache.get(node.name)
             if hit is None or hit[0] is not node or hit[1] != key:
-                cache[node.name] = (node, key, self._node_row(node, key[2], held))
+                cache[node.name] = (node, key, self._node_row(node, key[2], held, key[4]))
                 changed = True
         if seen.keys() != self._node_names:
             for name in [n for n in cache if n not in seen]:
@@ -135,7 +138,8 @@ class StatusRows:
             fallback=self._is_fallback(catalog.resolve(spec.model), spec.profile),
             starting_since=rec.created if rec.state in _STARTING else None)
 
-    def _node_row(self, node: Node, conflict: str | None, held: Mapping[int, str]) -> NodeStatus:
+    def _node_row(self, node: Node, conflict: str | None, held: Mapping[int, str],
+                  scheduling: Scheduling = Scheduling.SCHEDULABLE) -> NodeStatus:
         self.built += 1
         indices = {g.index for g in node.gpus}
         return NodeStatus(
@@ -145,6 +149,6 @@ class StatusRows:
             engines=tuple(sorted(node.available_engines)),
             engines_missing={n: why for n, (ok, why) in sorted(node.engines.items()) if not ok},
             conflict=conflict, refused=node.refused,
-            token="legacy" if node.claims.legacy else "",
+            token="legacy" if node.claims.legacy else "", scheduling=scheduling,
             gpu_list=tuple(GpuStatus(g.index, g.name, g.memory_mib, held.get(g.index))
                            for g in sorted(node.gpus, key=lambda g: g.index)))

@@ -86,11 +86,15 @@ class Fleet:
                                 env=env, start_new_session=True, cwd=self.root)
 
     def start_controller(self, *extra: str, keep_ports: bool = False) -> None:
+        # A state directory of the fleet's own (unless the test names one): the controller keeps
+        # its node holds (cordon, drain) there, and the default one is shared by every serve on
+        # the machine, where one test's drained n1 would stay drained for the next.
+        state = () if "--state-dir" in extra else ("--state-dir", str(self.root / "state-controller"))
         for _attempt in range(3):
             self.controller = self._spawn("controller", [
                 "serve", "--no-local-agent", "--catalogs", str(self.catalogs),
                 "--listen", f"127.0.0.1:{self.router_port}", "--control", f"127.0.0.1:{self.control_port}",
-                "--settle", "2", "--drain-grace", "10", "--node-timeout", "2", "--replace-after", "2", *extra])
+                "--settle", "2", "--drain-grace", "10", "--node-timeout", "2", "--replace-after", "2", *state, *extra])
             wait_until(lambda: self.controller.poll() is not None or requests.get(self.control + "/healthz", timeout=1).ok,
                             "the control API")
             if self.controller.poll() is None:

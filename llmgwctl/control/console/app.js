@@ -260,6 +260,8 @@ function renderNodes(nodes) {
     return el("tr", { "data-node": n.name },
       el("td", { class: "mono" }, n.name),
       el("td", {}, badge(n.state), n.conflict ? el("div", { class: "error" }, "conflict: " + n.conflict) : null),
+      // Whether placement may use it (llmgwctl cordon, drain, uncordon); older controllers send none.
+      el("td", { class: "scheduling" }, badge(n.scheduling || "schedulable")),
       el("td", {}, (n.pools || []).join(", ") || "-"),
       el("td", {}, n.gpus_used + " / " + n.gpus + " used", gpus.length ? el("ul", { class: "plain" }, gpus) : null),
       el("td", {}, (n.engines || []).join(", ") || "-",
