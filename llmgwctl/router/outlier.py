@@ -52,12 +52,8 @@ class Outliers:
 
     def __init__(self, balancer: Balancer, ejector: Ejector, *, clock: Callable[[], float] = time.monotonic,
                  after: int = EJECT_AFTER, base: float = BASE, cap: float = CAP):
-        self._balancer = balancer
-        self._ejector = ejector
-        self._clock = clock
-        self.after = after
-        self.base = base
-        self.cap = cap
+        self._balancer, self._ejector, self._clock = balancer, ejector, clock
+        self.after, self.base, self.cap = after, base, cap     # misses that eject; the back-off
         # replica id -> (its state, misses in a row, when the first of them was)
         self._misses: dict[str, tuple[EndpointState, int, float]] = {}
 
