@@ -183,8 +183,12 @@ class Agent:
             try:
                 if self._wake.is_set() or self.clock() >= next_pass:
                     self._wake.clear()
+                    began = self.clock()
                     await self.reconcile_once()
-                    next_pass = self.clock() + tick
+                    # A tick from the pass's start: a pass that waited out a
+                    # wedged engine's probe timeout is not followed by a whole
+                    # tick more, so its failed probes come once a tick.
+                    next_pass = began + tick
                 else:
                     await self._probe_starting(due_only=True)
             except Exception:  # a bug in one pass must not end the agent: engines would go unwatched
