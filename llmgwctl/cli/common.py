@@ -97,8 +97,7 @@ def _router_options() -> tuple:
                      help="Seconds between reads of each engine's /metrics."),
         click.option("--probe-timeout", type=click.FloatRange(min=0.05), default=d.probe_timeout, show_default=True,
                      metavar="SECONDS",
-                     help="A read of an engine's /metrics (the router's health probe) taking longer is a miss "
-                          "(at most --poll-interval)."),
+                     help="A read of an engine's /metrics (the router's health probe) taking longer is a miss."),
         click.option("--eject-after", type=click.IntRange(min=0), default=d.eject_after, show_default=True,
                      metavar="N",
                      help="Misses in a row that take a replica out of routing until it answers again; 0: never."),

@@ -25,8 +25,10 @@ class RouterConfig:
     # one that takes longer than this is a miss: an engine that is up answers
     # it in milliseconds, even while generating (vLLM's and SGLang's API
     # servers serve it between scheduler steps), so 1 s of silence is a
-    # stopped process, a hung GPU or a partition, not load. Capped at the
-    # poll interval (a pass never outlasts its tick).
+    # stopped process, a hung GPU or a partition, not load. Not capped at a
+    # shorter poll interval: a pass then waits out a wedged engine's timeout
+    # (the others' readings come a little late), where a timeout as short as
+    # a 0.1 s interval would eject engines that are merely busy.
     probe_timeout: float = 1.0
     # Missed polls in a row that take an endpoint out of routing until it
     # answers (router/outlier.py): with the 1 s poll, a wedged engine is out

@@ -103,9 +103,9 @@ class LoadPoller:
         self._on_refused = on_refused
         self._outliers = outliers       # None: misses eject nothing
         # A poll that takes longer than this is a miss (see config.probe_timeout);
-        # never longer than the interval, so a wedged engine does not hold up
-        # the pass, and with it the other endpoints' readings, past one tick.
-        self.probe_timeout = min(probe_timeout, interval)
+        # it is also the longest a wedged engine holds up a pass, and with it
+        # the other endpoints' readings.
+        self.probe_timeout = probe_timeout
         self._timeout = aiohttp.ClientTimeout(total=self.probe_timeout)
         self._resync = asyncio.Event()
         # One thread: parsing is Python holding the GIL, so a second thread
