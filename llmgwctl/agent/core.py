@@ -4,7 +4,9 @@ Owns the replicas this node runs and their life (starting, ready, failed,
 stopping), one process group each. Level-triggered: `reconcile_once()` looks
 at what runs and what is desired and does what differs -- start what is
 desired and missing, stop what runs and is no longer desired, replace what
-runs with another spec hash, restart what crashed once its backoff is over.
+runs with another spec hash, restart what crashed once its backoff is over,
+and probe the engines' health: a starting one until it passes, a ready one
+while it runs (health.py), so one that stops answering is reported not ready.
 The loop only calls it on a tick or when woken, so a test drives it directly.
 
 It must not know where the desired list comes from (a controller's long-poll
@@ -175,7 +177,7 @@ class Agent:
         """Reconcile every `tick` seconds or when woken, until `stop` is set; probe starting engines between.
 
         Between passes only the starting engines whose next probe is due are
-        probed (PROBE_SHARE): one that turns healthy is ready, and reported,
+        probed (health.PROBE_SHARE): one that turns healthy is ready, and reported,
         at once instead of at the next pass.
         """
         next_pass = self.clock()
