@@ -15,6 +15,10 @@ adopts them from its state file.
     state       replicas.json, written atomically
     desired     desired-list documents and the --desired file follower
     core        Agent: reconcile_once(), adoption, start/stop, report()
+    replica     Replica, the agent's record of one replica, and how it is saved and reported
+    health      health probes of starting and ready engines; a ready one that stops answering
+    groups      stopping an engine's process group (SIGTERM, grace, SIGKILL)
+    gpushare    which GPUs a replica gets, and free memory net of our shares
     controller  the agent protocol: report POSTs and the desired long-poll
     run         wiring one agent process
 

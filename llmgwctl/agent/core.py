@@ -4,7 +4,9 @@ Owns the replicas this node runs and their life (starting, ready, failed,
 stopping), one process group each. Level-triggered: `reconcile_once()` looks
 at what runs and what is desired and does what differs -- start what is
 desired and missing, stop what runs and is no longer desired, replace what
-runs with another spec hash, restart what crashed once its backoff is over.
+runs with another spec hash, restart what crashed once its backoff is over,
+and probe the engines' health: a starting one until it passes, a ready one
+while it runs (health.py), so one that stops answering is reported not ready.
 The loop only calls it on a tick or when woken, so a test drives it directly.
 
 It must not know where the desired list comes from (a controller's long-poll
@@ -31,101 +33,36 @@ import asyncio
 import dataclasses
 import logging
 import os
-import signal
-import subprocess
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Callable, Iterable, Mapping
 
 import aiohttp
 
 from .. import __version__
-from ..contracts import AgentReport, CpuCapacity, EngineAvailability, Gpu, ReplicaSpec, ReplicaState, ReportedReplica
+from ..aio import cancel_and_wait, sleep_unless
+from ..contracts import AgentReport, CpuCapacity, EngineAvailability, Gpu, ReplicaSpec
 from ..engines.errors import EngineError, LaunchError, NotAllowed
 from ..engines.spec import Driver
-from . import procs, state
-from .state import Record
-from ..aio import cancel_and_wait, sleep_unless
-from ..backoff import Backoff
+from . import gpushare, procs, state
 from .backoff import restart_schedule
+from .groups import STOP_GRACE, clear_leftovers, stop_if_ours
+from .health import DEFAULT_POLICY, TICK, HealthPolicy, Prober, missed, next_probe
 from .ports import PortRange, pick_port
+from .replica import FAILED, READY, STARTING, STOPPING, Replica, describe_exit
+
+__all__ = ["Agent", "FAILED", "READY", "Replica", "STARTING", "START_TIMEOUT", "STOP_GRACE", "STOPPING", "TICK"]
 
 log = logging.getLogger("llmgw.agent")
-
-# The four states a replica has on its node (contracts.AGENT_STATES).
-STARTING, READY, FAILED, STOPPING = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.FAILED,
-                                     ReplicaState.STOPPING)
 
 # 10 min to pass health after launch: vLLM loading a 70B model from local disk
 # and capturing CUDA graphs takes several minutes; longer than this is a hang
 # (a stuck download, a deadlocked NCCL init) that a restart may clear.
 START_TIMEOUT = 600.0
-# 15 s between SIGTERM and SIGKILL: vLLM and SGLang need a few seconds to stop
-# their worker processes and release GPU memory, and a replica is already out
-# of the router (drained) before the controller asks for the stop; an engine
-# still up after that is wedged, and holding its GPUs longer helps nobody.
-STOP_GRACE = 15.0
-# 1 s pass: crash detection and health polling latency, against a handful of
-# /proc reads and local HTTP probes per replica per pass.
-TICK = 1.0
-# 2 s per health probe: a local engine that is up answers in milliseconds; a
-# slow answer during loading counts as not ready yet, and it is re-probed next pass.
-PROBE_TIMEOUT = 2.0
-# A starting engine is probed between passes too: the moment its health passes
-# is the moment it can serve, and a notice one pass late is up to a second of
-# a cold start that its model's queue pays for (traced from placement to the
-# router, the wait for the agent's next pass was the largest share of what
-# was not the engine's own start-up). The wait between probes
-# grows with the time it has been starting -- 5 % of it, from 50 ms up to one
-# pass -- so readiness is noticed within about 5 % of the start-up's length:
-# ~0.2 s after a 4 s start, at most a pass after vLLM's minutes. That is ~50
-# loopback probes over the first 4 s, then one a pass: nothing next to an
-# engine loading weights.
-PROBE_SHARE, PROBE_MIN = 0.05, 0.05
-# After SIGKILL the kernel tears a group down in well under a second; 5 s
-# bounds the wait so a process stuck in uninterruptible I/O (D state) cannot
-# wedge a stop. It is logged and the group is reported as still there.
-KILL_WAIT = 5.0
 
 DriverLookup = Callable[[ReplicaSpec], Driver]
-
-
-@dataclass(eq=False)
-class Replica:
-    """One desired replica on this node and, while it has one, its process."""
-
-    spec: ReplicaSpec
-    backoff: Backoff
-    state: ReplicaState = STARTING
-    gpu_indices: tuple[int, ...] = ()
-    port: int | None = None
-    pid: int | None = None
-    start_time: int | None = None
-    pgid: int | None = None
-    popen: subprocess.Popen | None = None   # None when adopted: not our child, polled by pid
-    health_path: str = "/health"
-    started_at: float = 0.0
-    restarts: int = 0
-    last_exit: int | None = None
-    last_log: list[str] = field(default_factory=list)
-    reason: str = ""
-    next_start: float | None = None         # when a failed replica may start again; None = not by itself
-    next_probe: float = 0.0                 # starting: when its health is probed next between passes
-    group_task: asyncio.Task | None = None  # stopping, or clearing a crashed engine's leftovers
-
-    @property
-    def running(self) -> bool:
-        return self.pid is not None
-
-    def record(self) -> Record | None:     # not state.Record: in this class `state` is the field
-        if self.pid is None or self.start_time is None or self.pgid is None or self.port is None:
-            return None
-        spec = dataclasses.replace(self.spec, gpu_indices=self.gpu_indices)
-        return state.Record(spec=spec, pid=self.pid, start_time=self.start_time, pgid=self.pgid,
-                            port=self.port, restarts=self.restarts, health_path=self.health_path)
 
 
 class Agent:
@@ -134,7 +71,8 @@ class Agent:
                  pools: Iterable[str] = (), engines: Mapping[str, tuple[bool, str]] | None = None,
                  start_timeout: float = START_TIMEOUT, grace: float = STOP_GRACE,
                  on_change: Callable[[], None] = lambda: None,
-                 clock: Callable[[], float] = time.monotonic, cpu: CpuCapacity | None = None):
+                 clock: Callable[[], float] = time.monotonic, cpu: CpuCapacity | None = None,
+                 health: HealthPolicy = DEFAULT_POLICY):
         self.node = node
         self.cpu = cpu      # what the report says of the CPU side (agent.capacity); None: nothing
         self.gpus = tuple(gpus)
@@ -149,6 +87,8 @@ class Agent:
         self.grace = grace
         self.on_change = on_change
         self.clock = clock
+        self.health = health
+        self.prober = Prober(session, host, health.timeout)
         # Which agent process this is: new on every start, so the controller can
         # tell a second agent claiming this node from this one's next heartbeat.
         self.instance_id = uuid.uuid4().hex
@@ -159,8 +99,8 @@ class Agent:
         self.replicas: dict[str, Replica] = {}
         self.desired: tuple[ReplicaSpec, ...] | None = None
         self._wake = asyncio.Event()
-        self._availability: dict[tuple, EngineAvailability] = {}
-        self._saved: list[dict] | None = None
+        self._availability: dict[tuple[str, tuple[str, ...] | None], EngineAvailability] = {}
+        self._saved: list[dict[str, object]] | None = None
 
     # -- inputs -------------------------------------------------------------
 
@@ -203,7 +143,7 @@ class Agent:
             alive = await asyncio.to_thread(procs.is_same_process, rec.pid, rec.start_time)
             if not alive:
                 log.info("replica %s: pid %d from the last run is gone; not adopting it", rec.spec.id, rec.pid)
-                await self._clear_leftovers(rec)
+                await clear_leftovers(rec.spec.id, rec.pgid, self.grace, self.clock)
                 continue
             self.replicas[rec.spec.id] = Replica(
                 spec=rec.spec, backoff=restart_schedule(self.clock), state=STARTING,
@@ -223,26 +163,12 @@ class Agent:
         await self._save_state()
         return adopted
 
-    async def _clear_leftovers(self, rec: state.Record) -> None:
-        """Kill what an engine that died while no agent watched left in its group.
-
-        Its worker processes may still hold GPU memory. They are ours beyond
-        doubt only if the leader's pid is not in use at all (see
-        procs.group_is_ours); a reused pid means the group is long gone.
-        """
-        leader_free = await asyncio.to_thread(procs.start_time, rec.pgid) is None
-        # len(): with a bare list after `and`, mypy infers group_members as if it returned bool.
-        if leader_free and len(await asyncio.to_thread(procs.group_members, rec.pgid)) > 0:
-            log.warning("replica %s: its engine died while the agent was down; stopping what it left "
-                        "in process group %d", rec.spec.id, rec.pgid)
-            await self._signal_and_wait(rec.spec.id, rec.pgid, None)
-
     # -- the pass -----------------------------------------------------------
 
     async def reconcile_once(self) -> None:
         """One level-triggered pass: observe processes, probe, then converge on desired."""
         await self._observe_exits()
-        await self._probe_starting()
+        await asyncio.gather(self._probe_starting(), self._probe_ready())
         if self.desired is not None:
             await self._converge(self.desired)
         await self._housekeeping()
@@ -251,7 +177,7 @@ class Agent:
         """Reconcile every `tick` seconds or when woken, until `stop` is set; probe starting engines between.
 
         Between passes only the starting engines whose next probe is due are
-        probed (PROBE_SHARE): one that turns healthy is ready, and reported,
+        probed (health.PROBE_SHARE): one that turns healthy is ready, and reported,
         at once instead of at the next pass.
         """
         next_pass = self.clock()
@@ -259,8 +185,12 @@ class Agent:
             try:
                 if self._wake.is_set() or self.clock() >= next_pass:
                     self._wake.clear()
+                    began = self.clock()
                     await self.reconcile_once()
-                    next_pass = self.clock() + tick
+                    # A tick from the pass's start: a pass that waited out a
+                    # wedged engine's probe timeout is not followed by a whole
+                    # tick more, so its failed probes come once a tick.
+                    next_pass = began + tick
                 else:
                     await self._probe_starting(due_only=True)
             except Exception:  # a bug in one pass must not end the agent: engines would go unwatched
@@ -294,7 +224,7 @@ class Agent:
                 if await asyncio.to_thread(procs.is_same_process, r.pid, r.start_time or -1):
                     continue
                 code = None   # not our child: the exit code went to its new parent
-            await self._crashed(r, code, f"engine exited with {_describe_exit(code)}")
+            await self._crashed(r, code, f"engine exited with {describe_exit(code)}")
 
     async def _crashed(self, r: Replica, code: int | None, reason: str) -> None:
         r.last_exit = code
@@ -302,6 +232,7 @@ class Agent:
         delay = r.backoff.failure()
         r.next_start = self.clock() + delay
         r.state, r.reason = FAILED, reason
+        r.misses, r.unhealthy_since = 0, None
         log.warning("replica %s: %s; restarting in %.0fs", r.spec.id, reason, delay)
         # Whatever the engine left in its group (worker processes holding GPU
         # memory) goes before the restart, which waits for this task.
@@ -315,36 +246,52 @@ class Agent:
                     and (not due_only or r.next_probe <= now)]
         if not starting:
             return
-        results = await asyncio.gather(*(self._probe(r) for r in starting))
+        results = await asyncio.gather(*(self.prober.probe(r) for r in starting))
         now = self.clock()
-        for r, ok in zip(starting, results):
+        restart_after = self.health.restart_after
+        for r, why in zip(starting, results):
             if r.state != STARTING:
                 continue
-            r.next_probe = now + min(TICK, max(PROBE_MIN, PROBE_SHARE * (now - r.started_at)))
-            if ok:
-                assert r.port is not None   # it was probed: see _probe
-                r.state, r.reason = READY, ""
+            r.next_probe = next_probe(r, now)
+            if not why:
+                assert r.port is not None   # it was probed: see Prober.url
+                log.info("replica %s: %s at %s (pid %d)", r.spec.id,
+                         "ready" if r.unhealthy_since is None else "healthy again, ready", self.url(r.port), r.pid)
+                r.state, r.reason, r.misses, r.unhealthy_since = READY, "", 0, None
                 r.backoff.ready()
-                log.info("replica %s: ready at %s (pid %d)", r.spec.id, self.url(r.port), r.pid)
                 self._changed()
+            elif r.unhealthy_since is not None:
+                # Once ready, then silent: its bound runs from when it went
+                # silent; its start timeout was for loading, long over.
+                if restart_after and now - r.unhealthy_since > restart_after:
+                    await self._crashed(r, None, f"unhealthy: its health check did not pass for {restart_after:g} s "
+                                                 f"(last {why})")
             elif now - r.started_at > self.start_timeout:
                 await self._crashed(r, None, f"not healthy within {self.start_timeout:.0f}s of starting")
 
-    async def _probe(self, r: Replica) -> bool:
-        port = r.port
-        # Only a replica with a pid is probed, and _start and adoption set its port with its pid.
-        assert port is not None
-        # An engine bound to every address is probed on loopback: the probe must
-        # not depend on how this node's advertised address routes.
-        if self.host in ("0.0.0.0", "::"):
-            url = f"http://127.0.0.1:{port}{r.health_path}"
-        else:
-            url = self.url(port) + r.health_path
-        try:
-            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT)) as resp:
-                return resp.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-            return False
+    async def _probe_ready(self) -> None:
+        """Probe the ready engines' health; one failing too often in a row is reported not ready (health.py)."""
+        policy = self.health
+        ready = [r for r in self.replicas.values() if r.state == READY and r.pid is not None]
+        if not ready or not policy.unhealthy_after:
+            return
+        began = self.clock()
+        results = await asyncio.gather(*(self.prober.probe(r) for r in ready))
+        now = self.clock()
+        for r, why in zip(ready, results):
+            if r.state != READY:
+                continue
+            if not why:
+                r.misses = 0
+                continue
+            reason = missed(r, why, now, now - began, policy)
+            if reason:
+                # Back to starting: out of the router's list through the
+                # controller, probed every pass, ready again when it passes.
+                r.state, r.reason, r.unhealthy_since, r.next_probe = STARTING, reason, r.first_miss, now
+                log.warning("replica %s: %s", r.spec.id, reason,
+                            extra={"event": "replica-unhealthy", "replica": r.spec.id})
+                self._changed()
 
     async def _converge(self, desired: tuple[ReplicaSpec, ...]) -> None:
         want = {s.id: s for s in desired}
@@ -372,7 +319,7 @@ class Agent:
 
     async def _start(self, r: Replica) -> None:
         spec = r.spec
-        r.next_start, r.reason = None, ""
+        r.next_start, r.reason, r.misses, r.unhealthy_since = None, "", 0, None
         try:
             driver = self.driver_for(spec)
         except NotAllowed as exc:   # the node operator's verdict: nothing a retry (or the controller) changes
@@ -387,7 +334,7 @@ class Agent:
             return self._driver_bug(r, "asking whether its engine is available", exc)
         if not ok:
             return self._fail(r, f"engine {spec.engine!r} is not available on this node: {why}", retry=False)
-        indices, problem = self._assign_gpus(r)
+        indices, problem = gpushare.assign(r, self.gpus, self.replicas.values())
         if problem:
             # Another replica may free them (a replacement waiting for its old self to stop).
             return self._fail(r, problem, retry=True)
@@ -457,31 +404,6 @@ class Agent:
                 self.engines[spec.engine] = self._availability[key]
         return self._availability[key]
 
-    def _assign_gpus(self, r: Replica) -> tuple[tuple[int, ...], str]:
-        """The replica's GPU indices: the controller's choice, or the lowest free ones."""
-        spec = r.spec
-        have = {g.index for g in self.gpus}
-        others = [o for o in self.replicas.values() if o is not r and o.running]
-        taken = {i for o in others for i in o.gpu_indices}
-        if spec.gpu_memory_mib:
-            # A replica with a memory share may sit beside others that have one:
-            # the controller fitted their needs into the GPU's memory. Only a GPU
-            # held whole by another replica is off limits to it.
-            taken = {i for o in others if not o.spec.gpu_memory_mib for i in o.gpu_indices}
-        if spec.gpu_indices:
-            wanted = tuple(spec.gpu_indices)
-            unknown = [i for i in wanted if i not in have]
-            if unknown:
-                return (), f"GPU index {unknown} does not exist here (this node has {sorted(have) or 'no GPUs'})"
-            busy = [i for i in wanted if i in taken]
-            if busy:
-                return (), f"GPU {busy} is still held by another replica"
-            return wanted, ""
-        free = [i for i in sorted(have) if i not in taken]
-        if len(free) < spec.gpus:
-            return (), f"needs {spec.gpus} GPU(s), {len(free)} free of {len(have)}"
-        return tuple(free[:spec.gpus]), ""
-
     def _stop(self, r: Replica, why: str) -> None:
         log.info("replica %s: stopping: %s", r.spec.id, why)
         previous = r.group_task
@@ -489,7 +411,7 @@ class Agent:
         r.group_task = asyncio.create_task(self._stop_then_forget(r, previous))
         self._changed()
 
-    async def _stop_then_forget(self, r: Replica, previous: asyncio.Task | None) -> None:
+    async def _stop_then_forget(self, r: Replica, previous: asyncio.Task[None] | None) -> None:
         if previous is not None:
             await asyncio.gather(previous, return_exceptions=True)
         await self._terminate(r)
@@ -506,33 +428,13 @@ class Agent:
         """
         pgid, started, popen = r.pgid, r.start_time, r.popen
         if pgid is not None and started is not None:
-            if await asyncio.to_thread(procs.group_is_ours, pgid, started):
-                await self._signal_and_wait(r.spec.id, pgid, popen)
-            else:
-                log.warning("replica %s: pid %d is now another process; not signalling it", r.spec.id, pgid)
+            await stop_if_ours(r.spec.id, pgid, started, popen, self.grace, self.clock)
         if popen is not None:
             popen.poll()   # reap the leader; one stuck past SIGKILL is reaped by Popen's own cleanup later
         if detach or r.state == STOPPING:
             r.pid = r.start_time = r.pgid = None
             r.popen = None
             self._changed()
-
-    async def _signal_and_wait(self, rid: str, pgid: int, popen: subprocess.Popen | None) -> None:
-        for sig, wait in ((signal.SIGTERM, self.grace), (signal.SIGKILL, KILL_WAIT)):
-            if not await asyncio.to_thread(procs.signal_group, pgid, sig):
-                return
-            deadline = self.clock() + wait
-            while True:
-                if popen is not None:
-                    popen.poll()   # reap the leader as soon as it exits, or it lingers as a zombie
-                if not await asyncio.to_thread(procs.group_members, pgid):
-                    return
-                if self.clock() >= deadline:
-                    break
-                await asyncio.sleep(0.1)
-            if sig == signal.SIGTERM:
-                log.warning("replica %s: still running %.0fs after SIGTERM; sending SIGKILL", rid, wait)
-        log.error("replica %s: process group %d survived SIGKILL (stuck in the kernel?)", rid, pgid)
 
     # -- bookkeeping --------------------------------------------------------
 
@@ -559,52 +461,9 @@ class Agent:
             # Identity (see inventory.Inventory._claim): which process speaks for
             # the node, on which machine boot, succeeding which process.
             instance_id=self.instance_id, boot_id=self.machine_boot, previous_instance_id=self.previous_instance_id,
-            pools=self.pools, engines=MappingProxyType(dict(sorted(self.engines.items()))), gpus=self._gpus_now(),
-            replicas=tuple(self._replica_report(r) for r in sorted(self.replicas.values(), key=lambda r: r.spec.id)),
+            pools=self.pools, engines=MappingProxyType(dict(sorted(self.engines.items()))),
+            gpus=gpushare.free_now(self.gpus, self.replicas.values()),
+            replicas=tuple(r.report(self.url(r.port) if r.port is not None else None)
+                           for r in sorted(self.replicas.values(), key=lambda r: r.spec.id)),
             cpu=self.cpu,
         )
-
-    def _gpus_now(self) -> tuple[Gpu, ...]:
-        """The GPUs with free memory as it stands: what discovery read, less our memory shares since.
-
-        Free memory is read once, when the agent starts (nvidia-smi, or the
-        simulated SPEC). Each replica running with a memory share is taken
-        off it, as the engine allocates its share: without that, placement
-        would see a GPU as free as it was before anything started and could
-        overfill it. A replica adopted at start was already in the figure, so
-        it counts twice until the agent restarts; that errs towards not
-        sharing, never towards overcommitting.
-        """
-        used: dict[int, int] = {}
-        for r in self.replicas.values():
-            if r.running and r.spec.gpu_memory_mib:
-                for i in r.gpu_indices or r.spec.gpu_indices:
-                    used[i] = used.get(i, 0) + r.spec.gpu_memory_mib
-        if not used:
-            return self.gpus
-        return tuple(dataclasses.replace(g, memory_free_mib=max(0, g.free_mib - used[g.index]))
-                     if g.index in used and g.memory_mib else g for g in self.gpus)
-
-    def _replica_report(self, r: Replica) -> ReportedReplica:
-        return ReportedReplica(
-            id=r.spec.id, spec_hash=r.spec.spec_hash, model=r.spec.model, profile=r.spec.profile,
-            engine=r.spec.engine, gpu_indices=r.gpu_indices or r.spec.gpu_indices, port=r.port,
-            pid=r.pid, state=r.state, restarts=r.restarts, last_exit=r.last_exit,
-            last_log=tuple(r.last_log), url=self.url(r.port) if r.port is not None else None,
-            reason=r.reason,
-            # The whole spec, so a restarted controller can adopt this replica
-            # and keep desiring exactly it (same hash) until it decides to
-            # replace it, instead of the agent restarting it on a guessed spec.
-            spec=r.spec,
-        )
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "an unknown status (not our child)"
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"code {code}"

@@ -26,6 +26,7 @@ from .controller import HEARTBEAT, ControllerClient, desired_loop, file_loop, re
 from .core import START_TIMEOUT, STOP_GRACE, TICK, Agent
 from .desired import DesiredFile
 from .gpus import discover
+from .health import DEFAULT_POLICY, HealthPolicy
 from .logs import LogSender
 from .ports import PortRange
 
@@ -47,6 +48,7 @@ class AgentConfig:
     token: str | None = None
     grace: float = STOP_GRACE
     start_timeout: float = START_TIMEOUT
+    health: HealthPolicy = DEFAULT_POLICY   # how ready engines are probed and judged (health.py)
     tick: float = TICK
     heartbeat: float = HEARTBEAT
     # No catalog-defined engine, and no engine option that runs code, unless the
@@ -86,7 +88,8 @@ async def _run(cfg: AgentConfig, stop: asyncio.Event) -> None:
     async with aiohttp.ClientSession() as session:
         agent = Agent(node=cfg.node, gpus=gpus, state_dir=cfg.state_dir, ports=cfg.ports, host=cfg.host,
                       pools=cfg.pools, engines=engines, driver_for=driver_for, session=session,
-                      start_timeout=cfg.start_timeout, grace=cfg.grace, on_change=changed.set, cpu=cpu)
+                      start_timeout=cfg.start_timeout, grace=cfg.grace, on_change=changed.set, cpu=cpu,
+                      health=cfg.health)
         log.info("agent %s: %d GPU(s), %d core(s), at most %d CPU replica(s); engines available: %s", cfg.node,
                  len(gpus), cpu.cores, cpu.max_replicas,
                  ", ".join(n for n, (ok, _) in sorted(engines.items()) if ok) or "none")

@@ -9,6 +9,7 @@ import click
 
 from ..agent.controller import HEARTBEAT
 from ..agent.core import START_TIMEOUT, STOP_GRACE
+from ..agent.health import PROBE_TIMEOUT, RESTART_UNHEALTHY_AFTER, UNHEALTHY_AFTER, HealthPolicy
 from .common import PORT_RANGE, log_format_option, log_level_options, parsed_by, setup_logging
 
 if TYPE_CHECKING:
@@ -82,6 +83,14 @@ allow_engine_arg_option = click.option(
               help="Seconds between SIGTERM and SIGKILL when stopping an engine.")
 @click.option("--start-timeout", type=click.FloatRange(min=1), default=START_TIMEOUT, show_default=True,
               help="Seconds an engine may take to pass its health check before it is restarted.")
+@click.option("--probe-timeout", type=click.FloatRange(min=0.05), default=PROBE_TIMEOUT, show_default=True,
+              metavar="SECONDS", help="Seconds an engine's health check may take; longer counts as failed.")
+@click.option("--unhealthy-after", type=click.IntRange(min=0), default=UNHEALTHY_AFTER, show_default=True,
+              metavar="N",
+              help="Failed health checks in a row that make a ready engine reported not ready; 0: never.")
+@click.option("--restart-unhealthy-after", type=click.FloatRange(min=0), default=RESTART_UNHEALTHY_AFTER,
+              show_default=True, metavar="SECONDS",
+              help="Seconds an unhealthy engine may take to pass again before it is restarted; 0: never.")
 @click.option("--heartbeat", type=click.FloatRange(min=0.1), default=HEARTBEAT, show_default=True,
               help="Seconds between reports to the controller when nothing changes.")
 @allow_engine_option
@@ -93,7 +102,8 @@ allow_engine_arg_option = click.option(
 @log_format_option
 def command(controller: str | None, node: str, gpus: str, pools: tuple[str, ...], state_dir: Path,
             advertise_host: str, ports: PortRange, desired_file: Path | None, token_file: TextIO | None,
-            grace: float, start_timeout: float, heartbeat: float, allow_engines: AllowedEngines,
+            grace: float, start_timeout: float, probe_timeout: float, unhealthy_after: int,
+            restart_unhealthy_after: float, heartbeat: float, allow_engines: AllowedEngines,
             max_cpu_replicas: int | None, allow_engine_args: tuple[str, ...], log_level: str | None,
             verbose: bool, log_format: str) -> None:
     """Run the node agent: start, watch and stop this machine's engines."""
@@ -110,6 +120,7 @@ def command(controller: str | None, node: str, gpus: str, pools: tuple[str, ...]
         main(AgentConfig(node=node, state_dir=state_dir, ports=ports, gpus=gpus, pools=tuple(pools),
                          host=advertise_host, controller=controller, desired_file=desired_file, token=token,
                          grace=grace, start_timeout=start_timeout, heartbeat=heartbeat,
+                         health=HealthPolicy(probe_timeout, unhealthy_after, restart_unhealthy_after),
                          allow_engines=allow_engines.with_args(allow_engine_args), max_cpu_replicas=max_cpu_replicas))
     except StateLockedError as exc:
         raise click.ClickException(str(exc)) from None

@@ -115,7 +115,7 @@ def controller_headers() -> dict[str, str]:
 # The data plane's knobs, the same on `llmgwctl router` and on the router inside
 # `llmgwctl serve`: an operator tuning one expects the other to take the same flags.
 # Each default is RouterConfig's, where its reason is given.
-_ROUTER_FIELDS = ("poll_interval", "cold_timeout", "cold_queue", "max_body_bytes", "max_connections_per_client",
+_ROUTER_FIELDS = ("poll_interval", "probe_timeout", "eject_after", "cold_timeout", "cold_queue", "max_body_bytes", "max_connections_per_client",
                   "upstream_idle_timeout", "upstream_headers_timeout", "max_answer_bytes", "max_metrics_bytes",
                   "access_log", "cold_keepalive", "cors_origins", "allowed_hosts")
 
@@ -129,6 +129,12 @@ def _router_options() -> tuple[Decorator, ...]:
     return (
         click.option("--poll-interval", type=click.FloatRange(min=0.05), default=d.poll_interval, show_default=True,
                      help="Seconds between reads of each engine's /metrics."),
+        click.option("--probe-timeout", type=click.FloatRange(min=0.05), default=d.probe_timeout, show_default=True,
+                     metavar="SECONDS",
+                     help="A read of an engine's /metrics (the router's health probe) taking longer is a miss."),
+        click.option("--eject-after", type=click.IntRange(min=0), default=d.eject_after, show_default=True,
+                     metavar="N",
+                     help="Misses in a row that take a replica out of routing until it answers again; 0: never."),
         click.option("--cold-timeout", type=click.FloatRange(min=0), default=d.cold_timeout, show_default=True,
                      help="Seconds a request waits for a cold model's first replica before 503."),
         click.option("--cold-queue", type=click.IntRange(min=0), default=d.cold_queue, show_default=True,

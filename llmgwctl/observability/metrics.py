@@ -40,6 +40,8 @@ Router (hot path first):
                                                               metrics_redirect, metrics_interim)
     llmgw_router_endpoint_ejected{endpoint,reason}            gauge, 1 per endpoint kept out of picks for a
                                                               cause (router/ejection.py), reason as above
+                                                              or no_answer (missed polls, router/outlier.py)
+    llmgw_router_endpoint_ejections_total{reason}             counter, ejections since start, by the same reason
     llmgw_build_info{version,python}                          gauge, 1 (on both /metrics)
 
 Control plane (all read at scrape from `Controller.state()`, a typed
@@ -436,6 +438,10 @@ class RouterMetrics:
         r.register(self._watchers)
         self.engine_refusals = Counter("llmgw_router_engine_refusals", "Engine answers and /metrics pages refused "
                                        "for breaking a bound the router holds engines to.", ("reason",), registry=r)
+        # Counted as well as gauged: an ejection shorter than a scrape interval
+        # shows only here, and an engine that keeps wedging shows as a rate.
+        self.endpoint_ejections = Counter("llmgw_router_endpoint_ejections", "Endpoints ejected from picks, by "
+                                          "reason (router/ejection.py).", ("reason",), registry=r)
         self._models: dict[str, _ModelMetrics] = {}
         self._endpoints: dict[tuple[str, str], EndpointMetrics] = {}
         self._unrouted: dict[tuple[str, int], Any] = {}

@@ -416,6 +416,12 @@ class Balancer:
         state.ejected_until = max(state.ejected_until, until)
 
     @staticmethod
+    def readmit(state: EndpointState) -> None:
+        """Take `state` back into picks now: what kept it out (see ejection.Ejector.answered) is over."""
+        state.ejected_until = float("-inf")
+        state.failures = 0
+
+    @staticmethod
     def succeeded(state: EndpointState) -> None:
         state.failures = 0
 

@@ -25,6 +25,19 @@ class RouterConfig:
     # Engine gauges change at the pace of requests finishing; 1 s keeps the pick
     # current while costing each engine one small scrape a second.
     poll_interval: float = 1.0
+    # A poll of /metrics is also the router's health probe of the engine, and
+    # one that takes longer than this is a miss: an engine that is up answers
+    # it in milliseconds, even while generating (vLLM's and SGLang's API
+    # servers serve it between scheduler steps), so 1 s of silence is a
+    # stopped process, a hung GPU or a partition, not load. Not capped at a
+    # shorter poll interval: a pass then waits out a wedged engine's timeout
+    # (the others' readings come a little late), where a timeout as short as
+    # a 0.1 s interval would eject engines that are merely busy.
+    probe_timeout: float = 1.0
+    # Missed polls in a row that take an endpoint out of routing until it
+    # answers (router/outlier.py): with the 1 s poll, a wedged engine is out
+    # within about 4 s, one lost scrape ejects nothing. 0: never.
+    eject_after: int = 3
     # Long enough for a 7B-70B model cached on local disk to load (30-90 s with
     # vLLM); past it, a 503 with Retry-After lets the client decide.
     cold_timeout: float = 120.0

@@ -5,7 +5,12 @@ adapter (`llmgwctl.engines.parse_load`), store the reading in the balancer. It
 must not know any engine's metric names -- those belong to the drivers.
 
 A failed poll stores nothing: the last reading ages past `stale_after` and the
-balancer then treats the endpoint as unknown, not as idle.
+balancer then treats the endpoint as unknown, not as idle. A poll is also the
+router's health probe: one the engine does not answer at all (timed out,
+refused, reset) is told to `Outliers`, which takes an endpoint that misses
+several in a row out of routing until it answers again (outlier.py); any
+answer, even an error status, is an answer. An engine without a metrics
+path is not polled, so only its agent and failed requests watch it.
 
 An engine is a peer the router does not trust, and its page is read where it
 cannot stall the router: at most `max_bytes` of it (a larger page is not read
@@ -21,14 +26,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from typing import Callable
+import time
+from collections.abc import Callable
 
 import aiohttp
+from aiohttp.connector import Connection
+from aiohttp.http import RawResponseMessage
+from aiohttp.streams import StreamReader
 
 from ..aio import sleep_unless
 from ..contracts import LoadReading
 from .balancer import Balancer, EndpointState
 from .config import DEFAULTS
+from .outlier import Outliers
 
 log = logging.getLogger("llmgw.router.poller")
 
@@ -37,7 +47,7 @@ ParseLoad = Callable[[str, str], "LoadReading | None"]
 
 def parse_with_drivers(engine: str, text: str) -> LoadReading | None:
     """The default `ParseLoad`: the engine drivers' metrics adapters read the page."""
-    from ..engines import parse_load     # the adapters live with the drivers
+    from ..engines import parse_load  # the adapters live with the drivers
     return parse_load(engine, text)
 
 
@@ -56,11 +66,12 @@ class InterimBound(ValueError):
 class BoundedResponse(aiohttp.ClientResponse):
     """The poller session's `response_class`: at most MAX_INTERIM interim answers before the real one."""
 
-    async def start(self, connection):  # aiohttp's own signature
+    async def start(self, connection: Connection) -> aiohttp.ClientResponse:  # aiohttp's own signature
         protocol = connection.protocol
+        assert protocol is not None     # a connection being read from has its protocol
         read, seen = protocol.read, 0
 
-        async def bounded():
+        async def bounded() -> tuple[RawResponseMessage, StreamReader]:
             nonlocal seen
             message, payload = await read()
             seen += 1
@@ -69,7 +80,8 @@ class BoundedResponse(aiohttp.ClientResponse):
                 raise InterimBound(f"sent more than {MAX_INTERIM} interim (1xx) answers before its page")
             return message, payload
 
-        protocol.read = bounded
+        # An instance attribute over the class's method: this connection's reads only, for this answer.
+        protocol.read = bounded     # type: ignore[method-assign]
         try:
             return await super().start(connection)
         finally:
@@ -81,16 +93,20 @@ class LoadPoller:
 
     def __init__(self, balancer: Balancer, session: aiohttp.ClientSession, *,
                  interval: float = DEFAULTS.poll_interval, parse: ParseLoad = parse_with_drivers,
-                 max_bytes: int = DEFAULTS.max_metrics_bytes, on_refused: Callable[[str], None] = lambda code: None):
+                 max_bytes: int = DEFAULTS.max_metrics_bytes, on_refused: Callable[[str], None] = lambda code: None,
+                 outliers: Outliers | None = None, probe_timeout: float = DEFAULTS.probe_timeout):
         self._balancer = balancer
         self._session = session
         self.interval = interval
         self._parse = parse
         self.max_bytes = max_bytes
         self._on_refused = on_refused
-        # A poll that takes longer than the interval is as good as missing; the
-        # timeout keeps a wedged engine from holding up the pass for the others.
-        self._timeout = aiohttp.ClientTimeout(total=interval)
+        self._outliers = outliers       # None: misses eject nothing
+        # A poll that takes longer than this is a miss (see config.probe_timeout);
+        # it is also the longest a wedged engine holds up a pass, and with it
+        # the other endpoints' readings.
+        self.probe_timeout = probe_timeout
+        self._timeout = aiohttp.ClientTimeout(total=self.probe_timeout)
         self._resync = asyncio.Event()
         # One thread: parsing is Python holding the GIL, so a second thread
         # would only contend with the first and with the loop; pages queue for
@@ -114,6 +130,8 @@ class LoadPoller:
             listed = {st.replica_id for st in states}
             for rid in [r for r in self.problems if r not in listed]:
                 del self.problems[rid]
+        if self._outliers is not None:
+            self._outliers.retain({st.replica_id for st in states})
         if states:
             await asyncio.gather(*(self._poll(st) for st in states))
 
@@ -122,9 +140,11 @@ class LoadPoller:
         if ep.metrics_path is None:
             return      # poll_once passes only endpoints with one; an engine without metrics is not polled
         sent = st.inflight      # ours when the engine counted: the balancer subtracts it (Balancer.record)
+        asked = time.monotonic()
         try:
             async with self._session.get(ep.url + ep.metrics_path, timeout=self._timeout,
                                          allow_redirects=False) as resp:
+                self._answered(st)
                 if 300 <= resp.status < 400:
                     self._refuse(st, "metrics_redirect", f"/metrics answered {resp.status}, a redirect, which the "
                                  "router never follows")
@@ -133,10 +153,18 @@ class LoadPoller:
                     return
                 data = await self._read(resp)
         except InterimBound as exc:
+            self._answered(st)      # it spoke, if too much
             self._refuse(st, "metrics_interim", f"/metrics {exc}")
             return
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
-            return      # ValueError: aiohttp refusing a header line past its limits
+        except asyncio.TimeoutError:
+            self._missed(st, f"each timed out after {self.probe_timeout:g} s", asked)
+            return
+        except ValueError:
+            self._answered(st)      # aiohttp refusing a header line past its limits: an answer, if a bad one
+            return
+        except (aiohttp.ClientError, OSError) as exc:
+            self._missed(st, f"last: {_why(exc)}", asked)
+            return
         if data is None:
             self._refuse(st, "metrics_too_large", f"/metrics is larger than the router reads ({self.max_bytes} "
                          "bytes); no load reading")
@@ -174,6 +202,14 @@ class LoadPoller:
         # On the worker thread: decoding a few MiB is work too.
         return self._parse(engine, data.decode("utf-8", "replace"))
 
+    def _answered(self, st: EndpointState) -> None:
+        if self._outliers is not None:
+            self._outliers.answered(st)
+
+    def _missed(self, st: EndpointState, why: str, asked: float) -> None:
+        if self._outliers is not None:
+            self._outliers.missed(st, why, time.monotonic() - asked)
+
     def _refuse(self, st: EndpointState, code: str, reason: str) -> None:
         self._on_refused(code)
         if self.problems.get(st.replica_id) != reason:
@@ -182,7 +218,21 @@ class LoadPoller:
         self.problems[st.replica_id] = reason
 
     async def run(self) -> None:
+        # Passes start every `interval` (not `interval` after the last one
+        # ended): a wedged engine makes a pass last its probe timeout, and
+        # the misses that eject it must come once an interval for the
+        # ejection to come within seconds.
         while True:
             self._resync.clear()
+            began = time.monotonic()
             await self.poll_once()
-            await sleep_unless(self.interval, self._resync)
+            await sleep_unless(max(0.0, began + self.interval - time.monotonic()), self._resync)
+
+
+def _why(exc: BaseException) -> str:
+    """A failed poll's cause in a few words (aiohttp's own messages run to a paragraph with the URL)."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect: {exc.os_error.strerror or type(exc.os_error).__name__}"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the connection closed without an answer"
+    return type(exc).__name__

@@ -54,6 +54,7 @@ from .conventions import stamp_request_id
 from .ejection import Ejector
 from .info import InfoRoutes
 from .limits import BodyBudget
+from .outlier import Outliers
 from .policies import Policies
 from .poller import BoundedResponse, LoadPoller, ParseLoad, parse_with_drivers
 from .request import RequestPath
@@ -80,7 +81,11 @@ class Router:
         self.balancer = Balancer(clock=clock, stale_after=3 * config.poll_interval)
         # Endpoints kept out for what their engines did (a 10 GB answer, a
         # redirect), with the reason status shows.
-        self.ejector = Ejector(self.balancer, clock=clock)
+        self.ejector = Ejector(self.balancer, clock=clock,
+                               on_eject=lambda code: self.metrics.endpoint_ejections.labels(code).inc())
+        # ... and those whose engines stopped answering polls (config.eject_after).
+        self.outliers = Outliers(self.balancer, self.ejector, clock=clock, after=config.eject_after) \
+            if config.eject_after else None
         self.policies = Policies(self.balancer)
         self.cold = ColdStart(waker, max_waiting=config.cold_queue, timeout=config.cold_timeout, clock=clock)
         self._session: aiohttp.ClientSession | None = None     # the poller's
@@ -221,7 +226,8 @@ class Router:
                                               max_line_size=cfg.max_header_bytes, max_field_size=cfg.max_header_bytes,
                                               max_headers=cfg.max_headers, response_class=BoundedResponse)
         self.poller = LoadPoller(self.balancer, self._session, interval=cfg.poll_interval, parse=self._parse_load,
-                                 max_bytes=cfg.max_metrics_bytes,
+                                 max_bytes=cfg.max_metrics_bytes, outliers=self.outliers,
+                                 probe_timeout=cfg.probe_timeout,
                                  on_refused=lambda code: self.metrics.engine_refusals.labels(code).inc())
         self._poll_task = asyncio.get_running_loop().create_task(self.poller.run())
 

@@ -104,3 +104,43 @@ def test_a_page_past_the_cap_is_not_read_by_its_length_or_as_it_arrives():
         st, poller, refused = await _poll_page(sized, max_bytes=len(big))
         assert st.load is not None and st.load.running == 3 and not refused and not poller.problems
     asyncio.run(asyncio.wait_for(run(), 30))
+
+
+def test_polls_without_an_answer_eject_and_an_answer_of_any_status_brings_it_back():
+    # The poll is the router's health probe: silence (a stopped engine) is a
+    # miss, an error status is an answer. `silent` holds /metrics past the
+    # probe timeout; a 500 from a live engine must eject nothing.
+    from llmgwctl.router.ejection import Ejector
+    from llmgwctl.router.outlier import Outliers
+
+    async def run():
+        balancer = Balancer()
+        ejector = Ejector(balancer)
+        outliers = Outliers(balancer, ejector, after=3, base=0.0)
+        mode = {"now": "silent"}
+        release = asyncio.Event()
+
+        async def metrics(_request):
+            if mode["now"] == "silent":
+                await release.wait()        # answered only once the test is done with it
+            return web.Response(status=500, text="engine error")
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        async with local_server(app) as url:
+            balancer.set_endpoints([Endpoint("r", "m", "p", "vllm", url)])
+            st = balancer.states()[0]
+            async with aiohttp.ClientSession() as session:
+                poller = LoadPoller(balancer, session, outliers=outliers, probe_timeout=0.1)
+                for _ in range(2):
+                    await poller.poll_once()
+                assert ejector.current() == {}
+                await poller.poll_once()
+                assert ejector.current()["r"].reason.startswith("no answer to 3 health probes"), ejector.current()
+                assert st.ejected_until == float("inf")
+                mode["now"] = "error"
+                await poller.poll_once()
+                assert ejector.current() == {} and st.ejected_until < 0
+            release.set()
+
+    asyncio.run(asyncio.wait_for(run(), 30))
