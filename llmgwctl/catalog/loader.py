@@ -45,7 +45,7 @@ from ..yamlkit import LOADER, NodeCount
 from .durations import parse_duration
 from .sizes import parse_size_mib
 from .errors import CatalogError, Problem, format_path
-from .model import Autoscale, Catalog, EngineSpec, Model, Origin, Profile, Replicas
+from .model import CONTINUATION_ATTEMPTS, Autoscale, Catalog, EngineSpec, Model, Origin, Profile, Replicas
 
 SUFFIXES = (".yaml", ".yml")
 _CONSTRUCTOR = yaml.constructor.SafeConstructor()        # only to read floats' values while walking nodes
@@ -897,7 +897,17 @@ def _model(raw: Mapping[str, Any], origin: Origin) -> Model:
         priority=raw.get("priority", 0), origin=origin,
         autoscale=_autoscale(raw.get("autoscale")),
         routing=raw.get("routing"),
+        continuation=_continuation(raw.get("continuation")),
     )
+
+
+def _continuation(raw: Any) -> int:
+    """The hand-overs a cut stream may make: true (the default count), false or absent (0), or {attempts: N}."""
+    if raw is True:
+        return CONTINUATION_ATTEMPTS
+    if isinstance(raw, dict):
+        return int(raw.get("attempts", CONTINUATION_ATTEMPTS))
+    return 0
 
 
 _DEFAULT_AUTOSCALE = Autoscale()
