@@ -208,7 +208,7 @@ class Router:
         # Streams alone get a bound on silence (upstream_idle_timeout, passed
         # per request). The pool sends no Accept-Encoding, so engines answer
         # uncompressed and the router never decompresses.
-        self.requests.pool = Pool(connect_timeout=cfg.connect_timeout, keepalive_timeout=cfg.keepalive_timeout,
+        self.requests.pool = self.answer.continuation.pool = Pool(connect_timeout=cfg.connect_timeout, keepalive_timeout=cfg.keepalive_timeout,
                                   headers_timeout=cfg.upstream_headers_timeout,
                                   limit_per_endpoint=cfg.connections_per_endpoint,
                                   limit_total=cfg.connections_total)
