@@ -367,17 +367,23 @@ class Continuation:
             balancer.eject(to)
             kind = "could not be reached" if isinstance(exc, ConnectFailed) else "failed"
             return f"{to.replica_id} {kind}: {exc or type(exc).__name__}"
+        except BaseException:
+            balancer.finished(to)       # the client left while it was sent
+            raise
+        # From here on released by close(), however the stream ends.
+        opened = (upstream, to)
+        splice.open.append(opened)
         if upstream.status != 200 or not upstream.headers.get("content-type", "").startswith("text/event-stream"):
             try:
                 said = (await upstream.read(_ERROR_BYTES))[:300].decode(errors="replace")
             except UpstreamError:
                 said = ""
+            splice.open.remove(opened)
             upstream.release()
             balancer.finished(to)
             return f"{to.replica_id} answered {upstream.status}: {said}"
         balancer.succeeded(to)
-        splice.open.append((upstream, to))
-        return upstream, to
+        return opened
 
     def close(self, splice: Splice) -> None:
         """The stream ended, however: the continuations' connections released, their endpoints' requests over."""
