@@ -10,6 +10,7 @@ ends with the error event as it always did.
 from __future__ import annotations
 
 import logging
+import threading
 
 import openai
 import pytest
@@ -18,6 +19,7 @@ import requests
 from llmgwctl.catalog import Model, Profile
 from llmgwctl.engines.fake_replies import digest, reply_tokens
 
+from ..support import wait_until
 from .harness import catalog, make_router
 
 MODEL = "m"
@@ -69,7 +71,6 @@ def cut_stream(engines, routers, continuation: int, replicas: int = 2, kills: in
 
 def _busy(running, killed) -> str:
     """The replica (not yet killed) running a request now: where the router continued the stream."""
-    from ..support import wait_until
     return wait_until(lambda: next((n for n, e in running.items() if n not in killed and e.load().running), None),
                       what="the continuation to reach a replica")
 
@@ -136,3 +137,37 @@ def test_a_request_a_resumed_generation_could_change_ends_with_the_error_event(e
     assert isinstance(error, openai.APIError) and "stopped mid-stream" in str(error)
     page = requests.get(rt.url + "/metrics", timeout=5).text
     assert f'llmgw_router_stream_continuations_total{{model="{MODEL}",outcome="ineligible"}} 1.0' in page
+
+
+def test_with_no_other_replica_the_cut_stream_ends_with_the_error_event(engines, routers):
+    got, error, victim, rt = cut_stream(engines, routers, continuation=2, replicas=1)
+    assert isinstance(error, openai.APIError) and "stopped mid-stream" in str(error)
+    page = requests.get(rt.url + "/metrics", timeout=5).text
+    assert f'llmgw_router_stream_continuations_total{{model="{MODEL}",outcome="failed"}} 1.0' in page
+
+
+def test_a_stream_cut_before_its_first_token_is_answered_whole_by_another_replica(engines, routers):
+    # The engine sends its stream's headers at once and its first token only
+    # after --ttft: killed in between, the client got headers and no text.
+    slow = engines(MODEL, "slow", "--ttft", "60")
+    fast = engines(MODEL, "fast")
+    rt = routers(make_router(catalog(model(2))))
+    rt.set_endpoints([slow.endpoint(priority=10), fast.endpoint()])     # the slow one is picked first
+    client = openai.OpenAI(base_url=rt.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    box: list = []
+
+    def read() -> None:
+        try:
+            box.append(list(client.chat.completions.create(
+                model=MODEL, messages=ASKED, max_tokens=TOKENS, stream=True, extra_body={"ignore_eos": True})))
+        except Exception as exc:       # the assertion below says what it was
+            box.append(exc)
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    wait_until(lambda: (slow.load().running or 0) == 1, what="the stream to reach the slow replica")
+    slow.kill()
+    reader.join(30)
+    (got,) = box
+    assert isinstance(got, list), got
+    assert len({c.id for c in got}) == 1 and sum(1 for c in got if c.choices and c.choices[0].delta.role) == 1
+    assert text_of(got) == whole_reply("fast")
