@@ -19,7 +19,7 @@ from typing import Any
 from .durations import parse_duration
 from .errors import Problem, excerpt
 from .limits import NO_DEADLINE, Deadline
-from .model import Autoscale, EngineSpec, Model, Origin, Profile, Replicas
+from .model import CONTINUATION_ATTEMPTS, Autoscale, EngineSpec, Model, Origin, Profile, Replicas
 from .schema import kind, locate, models_per_file, schema_errors
 from .sizes import parse_size_mib
 from .yamldoc import DocPath, Finding, Positions, not_finite
@@ -156,7 +156,17 @@ def _model(raw: Mapping[str, Any], origin: Origin) -> Model:
         priority=raw.get("priority", 0), origin=origin,
         autoscale=_autoscale(raw.get("autoscale")),
         routing=raw.get("routing"),
+        continuation=_continuation(raw.get("continuation")),
     )
+
+
+def _continuation(raw: Any) -> int:
+    """The hand-overs a cut stream may make: true (the default count), false or absent (0), or {attempts: N}."""
+    if raw is True:
+        return CONTINUATION_ATTEMPTS
+    if isinstance(raw, dict):
+        return int(raw.get("attempts", CONTINUATION_ATTEMPTS))
+    return 0
 
 
 _DEFAULT_AUTOSCALE = Autoscale()

@@ -30,6 +30,11 @@ KIND = "Catalog"
 # this layer cannot import; tests/router/policies/test_registry.py holds this
 # tuple and the schema's enum to it. None in a Model means the router's default.
 ROUTING_POLICIES = ("round-robin", "least-load", "prefix", "session")
+# `continuation: true`'s hand-overs per stream: the first covers the replica
+# that died, a second one whose replacement died too (a node going down with
+# both); a stream cut three times has a model in trouble, and the client
+# should hear it.
+CONTINUATION_ATTEMPTS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +235,11 @@ class Model:
     # One of ROUTING_POLICIES; None: the router's default. Last, so the
     # fields before it keep their positions for callers that pass them so.
     routing: str | None = None
+    # Hand-overs a cut chat stream may make to another replica (router/continuation.py);
+    # 0: off, the default, since each re-sends the whole prompt (a second
+    # prefill on another GPU) and the text is only as faithful as that
+    # engine's continuation of it.
+    continuation: int = 0
 
     def ranked(self) -> tuple[Profile, ...]:
         """Profiles by priority, highest first; the written order breaks ties."""
@@ -252,6 +262,9 @@ class Model:
         if self.routing is not None:
             # Only when written: a catalog without it keeps its version.
             out["routing"] = self.routing
+        if self.continuation:
+            out["continuation"] = (True if self.continuation == CONTINUATION_ATTEMPTS
+                                   else {"attempts": self.continuation})
         return out
 
 

@@ -81,6 +81,7 @@ def parse_generation(body: dict[str, Any], kind: str, *, model: str, replica: st
 
     `natural` is the reply length when the client sets no limit.
     """
+    done = 0
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -94,6 +95,12 @@ def parse_generation(body: dict[str, Any], kind: str, *, model: str, replica: st
                 content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
             texts.append(str(content or ""))
         prompt_text, prompt_digest = " ".join(texts), digest(messages)
+        done = _continued(body, messages, texts)
+        if done:
+            # The reply to the conversation before the partial message,
+            # from the word the partial one ends at: deterministic, so a
+            # stream continued elsewhere reads as if it had never been cut.
+            prompt_digest = digest(messages[:-1])
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1:
@@ -106,13 +113,14 @@ def parse_generation(body: dict[str, Any], kind: str, *, model: str, replica: st
     limit = body.get(limit_key)
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise BadRequest(f"'{limit_key}' must be a positive integer, got {limit!r}", limit_key)
+    left = max(0, natural - done)       # what the whole reply has left after the partial message
     if limit is None:
-        count, finish = natural, "stop"
+        count, finish = left, "stop"
     elif body.get("ignore_eos"):
         # vLLM's extension: generate exactly max_tokens; benchmarks use it for long streams.
         count, finish = limit, "length"
     else:
-        count, finish = min(limit, natural), ("length" if limit < natural else "stop")
+        count, finish = min(limit, left), ("length" if limit < left else "stop")
 
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
@@ -124,9 +132,25 @@ def parse_generation(body: dict[str, Any], kind: str, *, model: str, replica: st
     return Generation(
         kind=kind, stream=stream, include_usage=bool(stream and options.get("include_usage")),
         prompt_tokens=count_prompt_tokens(prompt_text),
-        tokens=reply_tokens(model, replica, prompt_digest, count),
+        tokens=reply_tokens(model, replica, prompt_digest, done + count)[done:],
         finish_reason=finish,
     )
+
+
+def _continued(body: dict[str, Any], messages: list[Any], texts: list[str]) -> int:
+    """Words of the final assistant message a `continue_final_message` request continues (0: none).
+
+    As vLLM: the flag needs `add_generation_prompt: false` and the
+    assistant's message last. A word stands for a token, as in the prompt count.
+    """
+    if not body.get("continue_final_message"):
+        return 0
+    if body.get("add_generation_prompt", True):
+        raise BadRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                         "continue_final_message")
+    if messages[-1].get("role") != "assistant":
+        raise BadRequest("continue_final_message needs the assistant's message last", "messages")
+    return len(texts[-1].split())
 
 
 class Chunks:

@@ -28,6 +28,8 @@ Router (hot path first):
     llmgw_router_catalog_info{version}                        gauge, 1
     llmgw_router_connections_refused_total{reason}            counter, connections closed by the input limits
     llmgw_router_api_keys_reloads_total{result}               counter, applied | rejected
+    llmgw_router_stream_continuations_total{model,outcome}    counter, cut streams of models with continuation
+                                                              on: resumed | failed | ineligible
     llmgw_watcher_degraded{watcher="catalog|api-keys|endpoints"}  gauge, 1 while that file or directory is not
                                                               followed or its last state was not usable
     llmgw_watcher_failures_total{watcher}                     counter, problems since start, each once
@@ -434,6 +436,10 @@ class RouterMetrics:
         self.refused = Counter("llmgw_router_connections_refused", "Connections closed by the router's input "
                                "limits.", ("reason",), registry=r)
         self.key_reloads = Counter("llmgw_router_api_keys_reloads", "API key file reloads.", ("result",), registry=r)
+        self.continuations = Counter("llmgw_router_stream_continuations", "Streams cut by their engine, of models "
+                                     "with continuation on: resumed on another replica, failed (none could take "
+                                     "it), or ineligible (the request or the stream may not be continued).",
+                                     ("model", "outcome"), registry=r)
         self._watchers = _Watchers()
         r.register(self._watchers)
         self.engine_refusals = Counter("llmgw_router_engine_refusals", "Engine answers and /metrics pages refused "

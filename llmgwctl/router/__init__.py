@@ -19,6 +19,7 @@ and reporting usage. Its modules:
     surface    what the control plane tells the router: endpoints, catalog, model states, API keys
     request    the request path: target, key and rate, body, model, endpoint, the attempts
     answer     the answer path: whole or streamed, slow readers, a stream opened early for a cold start
+    continuation  a cut chat stream resumed on another replica and spliced onto the client's (opt-in per model)
     accounting the caller's key; each request counted and logged once
     info       /health, /healthz, /readyz, /metrics, /v1/models, the 404
     call       what those parts pass each other: View, Call, Refused

@@ -8,7 +8,9 @@ else read whole up to `max_answer_bytes` and sent in one piece
 cold start (see conventions.held_for_cold_start) ends with the refusal or the
 engine's error as its last event (`refuse_in_stream`, `_pass_whole_in_stream`).
 Token counts are read off the bytes as they pass (`usage`); each answered
-request is counted once, in `Accounting.served`.
+request is counted once, in `Accounting.served`. A chat stream whose engine
+dies mid-way goes on from another replica where its model turned
+continuation on (`continuation`); any other ends with an error event.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from .accounting import Accounting
 from .balancer import Balancer, EndpointState
 from .call import Call, Refused
 from .config import RouterConfig
+from .continuation import Continuation, Splice
 from .ejection import Ejector
 from .upstream import OutOfBounds, Response, UpstreamError
 from .usage import StreamUsage, usage_tokens
@@ -49,6 +52,8 @@ class AnswerPath:
         self._ejector = ejector
         self._metrics = metrics
         self._accounting = accounting
+        # Cut chat streams continued on another replica, for the models that ask (continuation.py).
+        self.continuation = Continuation(config, balancer=balancer, metrics=metrics)
 
     async def respond(self, call: Call, upstream: Response, state: EndpointState) -> web.StreamResponse:
         """Pass the engine's answer on: an event stream as it arrives, anything else whole (up to max_answer_bytes).
@@ -128,31 +133,55 @@ class AnswerPath:
         transport = request.transport
         first = 0.0
         usage = StreamUsage()
+        # Streams of a model with continuation on are read event by event
+        # (continuation.Splice) when they may be continued; every other passes as bytes.
+        splice = self.continuation.watch(call) if call.view.continuation else None
+        feed = splice.feed if isinstance(splice, Splice) else None
+        parts = upstream.chunks()
         try:
-            # chunks() yields whatever bytes arrived, as soon as they arrive: no
-            # line splitting, no re-encoding, no waiting for a full event.
-            async for chunk in upstream.chunks():
-                # A write can block only when it leaves the client's socket
-                # backlogged past the transport's high-water mark (64 KiB): a
-                # small chunk onto an empty backlog never does.
-                if transport is not None and (transport.get_write_buffer_size() or len(chunk) > _SMALL_WRITE):
-                    await self._write_to_slow_reader(write, chunk, transport)
-                else:
-                    await write(chunk)
-                if not first:
-                    first = perf_counter()
-                usage.feed(chunk)
-        except UpstreamError as exc:
-            # The engine died (or went silent past upstream_idle_timeout)
-            # mid-stream. Headers are sent, so no retry: end the stream with an
-            # error event, which OpenAI SDKs raise, instead of a hang.
-            self._balancer.eject(state)
-            log.warning("endpoint %s died mid-stream: %s", state.replica_id, exc or type(exc).__name__)
-            try:
-                await write(errors.stream_error_event(f"{state.replica_id}: {exc or type(exc).__name__}"))
-                await resp.write_eof()
-            except ConnectionError:
-                pass
+            while True:
+                try:
+                    # chunks() yields whatever bytes arrived, as soon as they arrive: no
+                    # line splitting, no re-encoding, no waiting for a full event.
+                    async for chunk in parts:
+                        if feed is not None:
+                            chunk = feed(chunk)
+                            if not chunk:
+                                continue
+                        # A write can block only when it leaves the client's socket
+                        # backlogged past the transport's high-water mark (64 KiB): a
+                        # small chunk onto an empty backlog never does.
+                        if transport is not None and (transport.get_write_buffer_size() or len(chunk) > _SMALL_WRITE):
+                            await self._write_to_slow_reader(write, chunk, transport)
+                        else:
+                            await write(chunk)
+                        if not first:
+                            first = perf_counter()
+                        usage.feed(chunk)
+                    if isinstance(splice, Splice) and (tail := splice.rest()):
+                        await write(tail)
+                    await resp.write_eof()
+                    break
+                except UpstreamError as exc:
+                    # The engine died (or went silent past upstream_idle_timeout)
+                    # mid-stream. Headers are sent, so no retry: continued on
+                    # another replica where the model allows it, else the stream
+                    # ends with an error event, which OpenAI SDKs raise, instead of a hang.
+                    self._balancer.eject(state)
+                    failure = f"{exc or type(exc).__name__}"
+                    resumed = None if splice is None else await self.continuation.resume(call, splice, state, failure)
+                    if resumed is not None:
+                        upstream, state = resumed
+                        parts = upstream.chunks()
+                        continue
+                    if splice is None:
+                        log.warning("endpoint %s died mid-stream: %s", state.replica_id, failure)
+                    try:
+                        await write(errors.stream_error_event(f"{state.replica_id}: {failure}"))
+                        await resp.write_eof()
+                    except ConnectionError:
+                        pass
+                    break
         except ConnectionError:
             # The client left: counted as nginx's 499; the caller closes the
             # upstream connection.
@@ -162,8 +191,9 @@ class AnswerPath:
             # The same, as a handler cancelled by aiohttp when the client disconnects.
             served(call, state, 499, first, overhead, usage.usage)
             raise
-        else:
-            await resp.write_eof()
+        finally:
+            if isinstance(splice, Splice):
+                self.continuation.close(splice)
         served(call, state, status, first, overhead, usage.usage)
         return resp
 

@@ -28,7 +28,7 @@ __all__ = ["Call", "Refused", "View", "known", "usable_names"]
 class View:
     """The per-catalog facts the hot path needs, built once per `set_catalog`."""
 
-    __slots__ = ("catalog", "version", "top_profile", "routing", "routes")
+    __slots__ = ("catalog", "version", "top_profile", "routing", "routes", "continuation")
 
     def __init__(self, catalog: Catalog):
         self.catalog = catalog
@@ -41,6 +41,8 @@ class View:
                         if (m.routing or DEFAULT_POLICY) != LEAST_LOAD}
         # The routes the catalog's engines add (routes.py), and who may use them.
         self.routes = routing.View(catalog)
+        # Hand-overs a cut stream may make, for the models that turned continuation on (continuation.py).
+        self.continuation = {m.name: m.continuation for m in catalog.models if m.continuation}
 
 
 class Call:
@@ -52,7 +54,7 @@ class Call:
     """
 
     __slots__ = ("request", "route", "t0", "api_key", "model", "view", "stream", "waited", "rid", "fwd", "early",
-                 "chooser", "held")
+                 "chooser", "held", "body", "continued")
 
     def __init__(self, request: web.Request, route: routing.Route, t0: float, view: View):
         self.request = request
@@ -78,6 +80,10 @@ class Call:
         self.chooser: Chooser | None = None
         # Bytes of its body charged to the large-body budget (limits.BodyBudget), given back at its end.
         self.held = 0
+        # The body as forwarded, once read and resolved: what a cut stream's continuation is built from.
+        self.body = b""
+        # A cut stream's hand-overs (continuation.py): (from replica, to replica, tokens sent at the cut).
+        self.continued: tuple[tuple[str, str, int], ...] = ()
 
 
 class Refused(Exception):

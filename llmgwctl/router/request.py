@@ -94,7 +94,7 @@ class RequestPath:
                 wait = self._limiter.take(api_key)
                 if wait:
                     raise Refused(keyauth.rate_limited(api_key, wait))
-            body = await self._resolve(call, await self._read_body(call))
+            body = call.body = await self._resolve(call, await self._read_body(call))
             return await self._forward(call, body)
         except Refused as refused:
             response = route.error_shape(refused.response)

@@ -7,6 +7,7 @@ job, hands each its collaborators, and wires them into one aiohttp app
     surface     what the control plane tells it (endpoints, catalog, model states, API keys)
     request     the request path: target, key and rate, body, model, endpoint, attempts
     answer      the answer path: whole or streamed, slow readers, a stream opened early for a cold start
+                (a cut chat stream continued on another replica: continuation)
     accounting  the caller's key; each request counted and logged once
     info        /health, /healthz, /readyz, /metrics, /v1/models, the 404
     call        what they pass each other (the catalog's `View`, a request's `Call`, `Refused`)
@@ -217,6 +218,8 @@ class Router:
                                   headers_timeout=cfg.upstream_headers_timeout,
                                   limit_per_endpoint=cfg.connections_per_endpoint,
                                   limit_total=cfg.connections_total)
+        # A cut stream's continuation goes to its next replica over the same pool.
+        self.answer.continuation.pool = self.requests.pool
         # The poller's scrapes, one a second per engine, stay on aiohttp.
         connector = aiohttp.TCPConnector(limit=cfg.connections_total, keepalive_timeout=cfg.keepalive_timeout)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout)

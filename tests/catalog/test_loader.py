@@ -137,6 +137,31 @@ models:
         load_text(text.replace("routing: prefix", "routing: prefix-cache"))
 
 
+def test_stream_continuation_is_opt_in_per_model_with_bounded_attempts():
+    text = HEADER + """
+models:
+  - name: chat
+    continuation: true
+    profiles: [{engine: fake}]
+  - name: plain
+    profiles: [{engine: fake}]
+"""
+    catalog = load_text(text)
+    assert catalog.resolve("chat").continuation == 2       # true: the default count of hand-overs
+    assert catalog.resolve("plain").continuation == 0      # off unless asked
+    assert catalog.to_dict()["models"][0]["continuation"] is True
+    assert "continuation" not in catalog.to_dict()["models"][1]
+    assert load_text(text.replace("    continuation: true\n", "")).version != catalog.version
+    assert load_text(text.replace("continuation: true", "continuation: false")).resolve("chat").continuation == 0
+    three = load_text(text.replace("continuation: true", "continuation: {attempts: 3}"))
+    assert three.resolve("chat").continuation == 3
+    assert three.to_dict()["models"][0]["continuation"] == {"attempts": 3}
+    for bad in ("continuation: {attempts: 0}", "continuation: {attempts: 11}", "continuation: yes please",
+                "continuation: {tries: 2}"):
+        with pytest.raises(CatalogError, match=r"models\[0\]\.continuation"):
+            load_text(text.replace("continuation: true", bad))
+
+
 def test_a_model_that_passed_the_schema_once_is_still_checked_where_it_changed_or_json_cannot_say_it():
     # Models that passed are remembered by their JSON text (issue 19: a 1,000-model
     # file is checked again on every edit of one model): the same model in a later

@@ -33,6 +33,34 @@ def test_reply_length_and_finish_reason(body, finish, count):
     assert (g.finish_reason, len(g.tokens)) == (finish, count)
 
 
+def test_continue_final_message_goes_on_from_the_partial_message_as_if_never_cut():
+    asked = [{"role": "user", "content": "x"}]
+    whole = "".join(gen({"messages": asked, "max_tokens": 10}).tokens)
+    for cut in (1, 3, 4, 9):
+        partial = whole.split(" ")[:cut]
+        g = gen({"messages": asked + [{"role": "assistant", "content": " ".join(partial)}],
+                 "continue_final_message": True, "add_generation_prompt": False, "max_tokens": 10 - cut})
+        assert " ".join(partial) + "".join(g.tokens) == whole
+        assert (len(g.tokens), g.finish_reason) == (10 - cut, "length")
+        assert g.prompt_tokens == 1 + cut        # the partial message is prompt now
+    # Unlimited: the rest of the natural reply, then stop.
+    g = gen({"messages": asked + [{"role": "assistant", "content": "a b c d e"}], "continue_final_message": True,
+             "add_generation_prompt": False})
+    assert (len(g.tokens), g.finish_reason) == (16 - 5, "stop")
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
+      "continue_final_message": True}, "continue_final_message"),     # add_generation_prompt defaults to true
+    ({"messages": [{"role": "user", "content": "x"}], "continue_final_message": True,
+      "add_generation_prompt": False}, "messages"),
+])
+def test_continue_final_message_is_refused_as_vllm_refuses_it(body, param):
+    with pytest.raises(BadRequest) as err:
+        gen(body)
+    assert err.value.param == param
+
+
 def test_content_parts_count_as_prompt_text():
     g = gen({"messages": [{"role": "user", "content": [{"type": "text", "text": "one two"}, {"type": "text", "text": "three"}]}]})
     assert g.prompt_tokens == 3
