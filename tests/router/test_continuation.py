@@ -80,8 +80,13 @@ def text_of(chunks) -> str:
 
 
 def test_a_stream_cut_by_a_killed_engine_continues_on_another_replica_as_one_stream(engines, routers, caplog):
+    def access_lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "llmgw.access"]
     with caplog.at_level(logging.INFO, logger="llmgw.access"):
         got, error, victim, rt = cut_stream(engines, routers, continuation=2)
+        # The router writes the access line once the answer is done, which can be just after the
+        # client has read the stream's last chunk.
+        (line,) = wait_until(access_lines, what="the access log line of the continued stream")
     assert error is None
     # One stream: one id, one role delta, the text exactly the killed replica's whole reply.
     assert len({c.id for c in got}) == 1 and len({c.created for c in got}) == 1 and {c.model for c in got} == {MODEL}
@@ -92,7 +97,6 @@ def test_a_stream_cut_by_a_killed_engine_continues_on_another_replica_as_one_str
     assert got[-1].choices == [] and got[-1].usage is not None
     assert (got[-1].usage.prompt_tokens, got[-1].usage.completion_tokens) == (3, TOKENS)
     # The access log records the hand-over, the metric counts it.
-    (line,) = [r.getMessage() for r in caplog.records if r.name == "llmgw.access"]
     survivor = "b" if victim == "a" else "a"
     assert f"endpoint={survivor}" in line and f"continued={victim}>{survivor}@" in line
     assert " 200 " in line and f"tokens=3/{TOKENS}" in line
