@@ -19,9 +19,7 @@ from .core import (
     DRAIN_GRACE,
     REPLACE_AFTER,
     SETTLE,
-    EndpointSink,
     IncrementalMismatch,
-    ModelStateSink,
     Reconciler,
     Replica,
 )
@@ -56,8 +54,7 @@ IDLE_SHARE = 0.05
 # the pass before it (issue 19: a catalog change's way to the nodes).
 WOKEN_SHARE = 0.5
 
-__all__ = ["DRAIN_GRACE", "LONG_POLL", "REPLACE_AFTER", "SETTLE", "TICK", "DesiredStore", "EndpointSink",
-           "ModelStateSink", "Reconciler", "Replica", "run"]
+__all__ = ["DRAIN_GRACE", "LONG_POLL", "REPLACE_AFTER", "SETTLE", "TICK", "DesiredStore", "Reconciler", "Replica", "run"]
 
 
 async def run(reconciler: Reconciler, wake: asyncio.Event, stop: asyncio.Event, tick: float = TICK,

@@ -20,7 +20,7 @@ cordon and drain of nodes). `reconcile_once` is
 those parts called in order; `incremental` wraps it for the test suite.
 
 It must not know HTTP or processes: it talks to agents through the
-DesiredStore, to the router through the EndpointSink protocols (`publishing`)
+DesiredStore, to the router through the RouterSink contract (`publishing`)
 and the contracts' UsageSource, and reads time from an injected clock. What crosses
 to other pieces (Endpoint, ReplicaSpec, ReplicaState, the usage snapshot, the
 status records) is in `llmgwctl.contracts`, so importing this never loads
@@ -48,6 +48,7 @@ from ..contracts import (
     ModelState,
     ModelStatus,
     ReplicaState,
+    RouterSink,
     UsageSnapshot,
     UsageSource,
 )
@@ -59,13 +60,13 @@ from .incremental import IncrementalMismatch, checked
 from .maintenance import SURGE_WAIT, Maintenance
 from .placement_input import PlacementInput, SpecHashes, profile_of
 from .planning import Planner
-from .publishing import EndpointChangeSink, EndpointSink, ModelStateSink, Publisher
+from .publishing import Publisher
 from .records import Records, Replica
 from .scaling import Scaling
 from .statusrows import StatusRows
 
-__all__ = ["DRAIN_GRACE", "EVENTS", "MOVE_EVERY", "REPLACE_AFTER", "SETTLE", "SURGE_WAIT", "EndpointChangeSink", "EndpointSink",
-           "IncrementalMismatch", "ModelStateSink", "Reconciler", "Replica"]
+__all__ = ["DRAIN_GRACE", "EVENTS", "MOVE_EVERY", "REPLACE_AFTER", "SETTLE", "SURGE_WAIT",
+           "IncrementalMismatch", "Reconciler", "Replica"]
 
 log = logging.getLogger("llmgw.reconciler")
 
@@ -132,7 +133,7 @@ class Reconciler:
     """The coordinator: one pass is its parts called in order; its public surface is what callers read."""
 
     def __init__(self, live: Live, inventory: Inventory, desired: DesiredStore, *,
-                 endpoints: EndpointSink | None = None, usage: UsageSource | None = None,
+                 endpoints: RouterSink | None = None, usage: UsageSource | None = None,
                  load: LoadSource | None = None, concurrency: ConcurrencySource | None = None,
                  clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
                  settle: float = SETTLE, drain_grace: float = DRAIN_GRACE, replace_after: float = REPLACE_AFTER,
@@ -200,7 +201,7 @@ class Reconciler:
     concurrency = _delegate("scaling", "concurrency")
     move_every = _delegate("planner", "move_every")
 
-    def add_sink(self, sink: EndpointSink) -> None:
+    def add_sink(self, sink: RouterSink) -> None:
         self.publisher.add_sink(sink)
 
     # --- inputs -------------------------------------------------------------

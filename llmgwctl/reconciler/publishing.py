@@ -20,7 +20,6 @@ import bisect
 import collections
 from collections.abc import Callable, Mapping
 from operator import attrgetter
-from typing import TypeAlias
 
 from ..catalog import Catalog
 from ..contracts import Endpoint, ModelState, ReplicaSpec, ReplicaState, RouterSink
@@ -30,11 +29,6 @@ from .desired import DesiredStore
 from .modelstates import model_states
 from .records import Records, Replica
 from .scaling import GONE
-
-# Other names of the one sink contract (`contracts.sink.RouterSink`), which this package exports.
-EndpointSink: TypeAlias = RouterSink
-EndpointChangeSink: TypeAlias = RouterSink
-ModelStateSink: TypeAlias = RouterSink
 
 replica_id = attrgetter("replica_id")
 Ranks = Mapping[tuple[str, str], tuple[int, float]]

@@ -13,7 +13,7 @@ the client, each checked and dropped when malformed:
 
 Nothing else: not `Authorization` (the client's API key is the gateway's
 credential, not the engine's), not cookies, not `Accept-Encoding` (engines
-answer uncompressed, see upstream.py), not `User-Agent` or any `X-Forwarded-*`
+answer uncompressed, see upstream/outgoing.py), not `User-Agent` or any `X-Forwarded-*`
 (an engine needs none of them, and an allow-list is the only list that stays
 safe as clients invent headers). An id from outside is bounded and limited to
 characters that cannot break a log line or a header, since it is written to

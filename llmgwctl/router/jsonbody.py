@@ -38,11 +38,12 @@ import asyncio
 import json
 import multiprocessing
 import re
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from json import scanner
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from .errors import MAX_NAME_CHARS, RouterError
 from .limits import DepthError, check_depth

@@ -3,7 +3,7 @@
 A real `llmgwctl serve` (fake engine, temporary catalog, free ports) answers a
 few requests; its router's and control API's /metrics are scraped, and each
 PromQL expression in deploy/ is held against what they list. A metric renamed
-in llmgwctl/observability/metrics.py without the dashboard following fails here.
+in llmgwctl/observability/metrics/ without the dashboard following fails here.
 """
 from __future__ import annotations
 

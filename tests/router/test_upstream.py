@@ -1,4 +1,4 @@
-"""The router's HTTP/1.1 client (router/upstream.py) against real servers on loopback.
+"""The router's HTTP/1.1 client (router/upstream/) against real servers on loopback.
 
 Engines that behave are aiohttp apps; engines that misbehave are raw asyncio
 servers, so the bytes on the wire are exactly the ones each test means. Every
@@ -29,6 +29,7 @@ from llmgwctl.router.upstream import (
     UpstreamTimeout,
     parse_target,
 )
+from llmgwctl.router.upstream.outgoing import JOIN_BELOW, write_request
 
 from ..support import FakeClock, until
 
@@ -843,6 +844,47 @@ async def test_request_carries_the_url_path_prefix_host_and_json_headers(prefix)
     assert headers["content-type"] == "application/json"
     assert headers["content-length"] == str(len(body))
     assert sent == body
+
+
+@pytest.mark.parametrize("size", [JOIN_BELOW - 1, JOIN_BELOW, 4 << 20], ids=["joined", "beside", "4MiB"])
+async def test_a_body_on_either_side_of_the_join_bound_arrives_whole_and_the_connection_carries_the_next(size):
+    seen = []
+
+    async def record(reader, writer):
+        while (request := await read_request(reader)) is not None:
+            seen.append(request[1])
+            writer.write(reply(b"{}"))
+
+    body = b'{"input": "%s"}' % (b"x" * (size - 13))
+    assert len(body) == size
+    async with Raw(record) as server, pooled() as pool:
+        assert await fetch(pool, server.url, "/v1/x", body) == (200, b"{}")
+        assert await fetch(pool, server.url, "/v1/x", b"{}") == (200, b"{}")
+        assert server.accepted == 1
+    assert seen == [body, b"{}"]
+
+
+class Recording:
+    """A transport that keeps what it is handed, to see whether the body was copied on the way."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, list[bytes]]] = []
+
+    def write(self, data):
+        self.calls.append(("write", [data]))
+
+    def writelines(self, data):
+        self.calls.append(("writelines", list(data)))
+
+
+def test_a_long_body_is_handed_to_the_transport_beside_its_head_not_copied_into_it():
+    long, short = b"x" * JOIN_BELOW, b"{}"
+    transport = Recording()
+    write_request(transport, b"HEAD", long)
+    write_request(transport, b"HEAD", short)
+    (long_call, (first, second)), (short_call, (joined,)) = transport.calls
+    assert long_call == "writelines" and first == b"HEAD" and second is long
+    assert short_call == "write" and joined == b"HEAD{}"
 
 
 # -- 15. interim answers -------------------------------------------------------------------------

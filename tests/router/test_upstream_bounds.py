@@ -1,4 +1,4 @@
-"""The router's client holds every engine to bounds (router/upstream.py): an engine is an untrusted peer.
+"""The router's client holds every engine to bounds (router/upstream/): an engine is an untrusted peer.
 
 Raw asyncio servers send exactly the hostile bytes each test means: a
 Content-Length of 10 GB, a body without end, header lines without end, a
