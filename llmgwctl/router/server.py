@@ -38,6 +38,7 @@ import aiohttp
 from aiohttp import web
 
 from ..aio import cancel_and_wait
+from ..allocator import Trimmer
 from ..catalog import Catalog
 from ..contracts import Endpoint, LoadReading, ModelState, Usage
 from ..httporigin import BrowserGuard
@@ -98,6 +99,8 @@ class Router:
                                  max(config.large_bodies_per_client, config.max_body_bytes),
                                  max(config.large_bodies_total, config.max_body_bytes))
         self.parser = jsonbody.OffLoop()
+        # The heap given back to the kernel after large bodies and answers are let go (allocator.py).
+        self.trimmer = Trimmer()
         self.metrics = RouterMetrics(RouterProbe(
             states=self.balancer.states,
             waiting=lambda: {m.name: self.cold.waiting(m.name) for m in self.surface.view.catalog.models},
@@ -110,9 +113,10 @@ class Router:
         self.info = InfoRoutes(config, balancer=self.balancer, metrics=self.metrics, surface=self.surface,
                                accounting=self.accounting)
         self.answer = AnswerPath(config, balancer=self.balancer, ejector=self.ejector, metrics=self.metrics,
-                                 accounting=self.accounting)
+                                 accounting=self.accounting, trimmer=self.trimmer)
         self.requests = RequestPath(config, balancer=self.balancer, policies=self.policies, cold=self.cold,
                                     limiter=self.limiter, bodies=self.bodies, parser=self.parser,
+                                    trimmer=self.trimmer,
                                     metrics=self.metrics, surface=self.surface, accounting=self.accounting,
                                     answer=self.answer, info=self.info)
 
@@ -244,6 +248,8 @@ class Router:
         if self.requests.pool is not None:
             await self.requests.pool.close()
         self.parser.close()
+        self.trimmer.close()
+        self.requests.close()
 
 
 async def start(router: Router, host: str = "127.0.0.1", port: int = 0, *,

@@ -1,0 +1,147 @@
+"""The allocator kit: glibc's heap given back after large buffers, trims rate-limited and off the loop.
+
+- in a fresh interpreter, buffers freed after a large one (which raised
+  glibc's creeping mmap threshold past them) stay resident untuned and go
+  back at once tuned; a trim gives back what stays either way;
+- the Trimmer trims only once `threshold` bytes were let go, in its own
+  thread, and keeps `interval` between trims; bytes let go while a trim waits
+  go with it; off glibc it does nothing.
+"""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from llmgwctl import allocator
+
+ROOT = Path(__file__).resolve().parents[1]
+
+needs_glibc = pytest.mark.skipif(allocator.unavailable() is not None, reason=str(allocator.unavailable()))
+
+# What the child prints: its RSS in MiB at the start, with 200 MiB of 1 MiB
+# buffers held, once they are freed, and after a trim.
+CHILD = """
+import sys
+from llmgwctl import allocator
+
+def rss():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) >> 10
+
+if sys.argv[1] == "tune":
+    assert allocator.tune()
+big = bytes(20 << 20)
+del big                          # glibc's threshold, untuned, is now 20 MiB
+start = rss()
+keep, junk = [], []
+for _ in range(200):
+    junk.append(b"x" * (1 << 20))
+    keep.append(b"y" * 2000)     # a small survivor after each (malloc'd, past pymalloc's 512 bytes)
+held = rss()
+del junk
+freed = rss()
+allocator.trim()
+print(start, held, freed, rss())
+"""
+
+
+def _child(mode: str) -> tuple[int, ...]:
+    out = subprocess.run([sys.executable, "-c", CHILD, mode], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60, check=True)
+    return tuple(int(v) for v in out.stdout.split())
+
+
+@needs_glibc
+def test_tuned_large_buffers_go_back_when_freed_and_a_trim_gives_back_the_rest():
+    start, held, freed, trimmed = _child("plain")
+    assert held - start > 150, (start, held)
+    # Untuned: the 1 MiB buffers came from the heap, and freeing them gave nothing back...
+    assert freed - start > 150, (start, held, freed)
+    # ... until a trim did.
+    assert trimmed - start < 30, (start, freed, trimmed)
+    start, held, freed, trimmed = _child("tune")
+    assert held - start > 150, (start, held)
+    assert freed - start < 30, (start, held, freed)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_trim_waits_for_the_threshold_then_runs_in_a_thread_of_its_own():
+    clock = Clock()
+    threads: list[str] = []
+
+    def fake_trim() -> None:
+        threads.append(threading.current_thread().name)
+
+    async def main() -> allocator.Trimmer:
+        trimmer = allocator.Trimmer(threshold=10, interval=5.0, settle=0.0, clock=clock, trim_with=fake_trim)
+        trimmer.released(4)
+        trimmer.released(5)
+        assert not trimmer.scheduled and trimmer.pending == 9
+        trimmer.released(0)
+        assert not trimmer.scheduled
+        trimmer.released(1)
+        assert trimmer.scheduled
+        trimmer.released(50)            # while it waits: goes with it
+        deadline = time.monotonic() + 10
+        while trimmer.trims == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        trimmer.close()
+        return trimmer
+
+    trimmer = asyncio.run(main())
+    assert trimmer.trims == 1 and trimmer.pending == 0 and not trimmer.scheduled
+    assert threads and threads[0].startswith("llmgw-trim") and threads[0] != threading.current_thread().name
+
+
+def test_trims_keep_their_interval_and_a_waiting_one_is_cancelled_on_close():
+    clock = Clock()
+    calls: list[float] = []
+
+    async def main() -> None:
+        trimmer = allocator.Trimmer(threshold=10, interval=5.0, settle=1.0, clock=clock,
+                                    trim_with=lambda: calls.append(clock.now))
+        assert trimmer.delay(clock.now) == 1.0     # none yet: only the settle
+        trimmer.settle = 0.0
+        trimmer.released(10)
+        deadline = time.monotonic() + 10
+        while trimmer.trims == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert trimmer.trims == 1
+        # The last ended at 100: at 102 the next waits 3 s more, at 104.5 half a second, past 105 only the settle.
+        clock.now = 102.0
+        assert trimmer.delay(clock.now) == 3.0
+        assert trimmer.delay(104.5) == 0.5
+        trimmer.settle = 1.0
+        assert trimmer.delay(110.0) == 1.0
+        trimmer.released(10)
+        assert trimmer.scheduled and trimmer.pending == 10
+        trimmer.close()                 # the waiting one (3 s away) never runs
+        assert not trimmer.scheduled
+
+    asyncio.run(main())
+    assert calls == [100.0]
+
+
+def test_off_glibc_nothing_is_tuned_counted_or_trimmed(monkeypatch):
+    monkeypatch.setattr(allocator, "_libc", lambda: "the C library is not glibc (musl)")
+    assert allocator.unavailable() == "the C library is not glibc (musl)"
+    assert allocator.tune() is False and allocator.trim() is False
+    trimmer = allocator.Trimmer(threshold=1)
+    assert not trimmer.enabled
+    trimmer.released(1 << 30)           # no loop needed: nothing is scheduled
+    assert trimmer.pending == 0 and not trimmer.scheduled
