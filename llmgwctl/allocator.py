@@ -31,6 +31,7 @@ import concurrent.futures
 import ctypes
 import ctypes.util
 import logging
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -93,11 +94,17 @@ def tune(mmap_threshold: int = MMAP_THRESHOLD) -> bool:
     """Fix glibc's mmap threshold at `mmap_threshold` bytes (see the module docstring); whether it was set.
 
     Call once, at the start of a process that handles large buffers, before
-    its threads start. Off glibc, a no-op (False, logged at debug with the reason).
+    its threads start. Off glibc, a no-op (False, logged at debug with the
+    reason); so too when the environment already sets the threshold
+    (MALLOC_MMAP_THRESHOLD_, or glibc.malloc.mmap_threshold in
+    GLIBC_TUNABLES): an operator's choice stands.
     """
     libc = _libc()
     if isinstance(libc, str):
         log.debug("allocator not tuned: %s", libc)
+        return False
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or "glibc.malloc.mmap_threshold" in os.environ.get("GLIBC_TUNABLES", ""):
+        log.debug("allocator not tuned: the environment sets glibc's mmap threshold")
         return False
     # mallopt answers 1 on success, 0 on a value it refuses.
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold))

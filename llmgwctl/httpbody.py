@@ -122,7 +122,7 @@ def _pieces(data: bytes, wbits: int, step: int) -> Iterator[bytes]:
                 pending = inflater.unconsumed_tail
                 if out:
                     yield out
-                elif not pending:
+                elif not pending and not inflater.eof:
                     # All input taken, nothing more came out and the stream
                     # did not end: the body was cut short.
                     raise BadEncoding("the request body's compressed stream is truncated")

@@ -3,6 +3,7 @@
 - in a fresh interpreter, buffers freed after a large one (which raised
   glibc's creeping mmap threshold past them) stay resident untuned and go
   back at once tuned; a trim gives back what stays either way;
+- a threshold the environment sets is left alone;
 - the Trimmer trims only once `threshold` bytes were let go, in its own
   thread, and keeps `interval` between trims; bytes let go while a trim waits
   go with it; off glibc it does nothing.
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 needs_glibc = pytest.mark.skipif(allocator.unavailable() is not None, reason=str(allocator.unavailable()))
 
 # What the child prints: its RSS in MiB at the start, with 200 MiB of 1 MiB
-# buffers held, once they are freed, and after a trim.
+# buffers held (and 12.5 MiB of survivors), once they are freed, and after a trim.
 CHILD = """
 import sys
 from llmgwctl import allocator
@@ -44,7 +45,9 @@ start = rss()
 keep, junk = [], []
 for _ in range(200):
     junk.append(b"x" * (1 << 20))
-    keep.append(b"y" * 2000)     # a small survivor after each (malloc'd, past pymalloc's 512 bytes)
+    # A survivor after each, too large for the holes a fresh heap has below
+    # (which smaller ones filled, leaving the buffers to merge into the top).
+    keep.append(b"y" * (64 << 10))
 held = rss()
 del junk
 freed = rss()
@@ -145,3 +148,12 @@ def test_off_glibc_nothing_is_tuned_counted_or_trimmed(monkeypatch):
     assert not trimmer.enabled
     trimmer.released(1 << 30)           # no loop needed: nothing is scheduled
     assert trimmer.pending == 0 and not trimmer.scheduled
+
+
+@needs_glibc
+def test_a_threshold_the_environment_sets_is_left_as_it_is(monkeypatch):
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=1048576")
+    assert allocator.tune() is False
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "1048576")
+    assert allocator.tune() is False
