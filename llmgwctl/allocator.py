@@ -16,10 +16,11 @@ high after a burst of large bodies (issue 27: +139 MB, never returned):
 
 So, at process start, `tune()` fixes M_MMAP_THRESHOLD (setting it also turns
 the creeping off), and a `Trimmer` calls `malloc_trim(0)` (every arena, free
-pages below the top too) once large buffers of at least `threshold` bytes
-were let go since the last trim: in a thread of its own, as a trim walks the
-heap's free lists; at most once per `interval`, so a flood of large bodies
-costs one trim every few seconds, not one per body.
+pages below the top too) soon after large buffers of at least `threshold`
+bytes were let go since the last trim, and after a quiet `interval` when
+fewer were: in a thread of its own, as a trim walks the heap's free lists;
+at most once per `interval`, so a flood of large bodies costs one trim every
+few seconds, not one per body.
 
 Off glibc (musl, macOS, Windows) neither call exists: `tune()` and the
 `Trimmer` do nothing, and `unavailable()` says why. It imports nothing of ours.
@@ -51,9 +52,9 @@ _M_MMAP_THRESHOLD = -3
 # until the next trim.
 MMAP_THRESHOLD = 512 << 10
 
-# A trim once 32 MiB of large buffers were let go since the last: one body at
-# the default size limit, or two 16 MiB answers. Less is not worth a walk of
-# the heap; more is what may stay resident until the next burst.
+# A trim soon once 32 MiB of large buffers were let go since the last: one
+# body at the default size limit, or two 16 MiB answers. Less waits a quiet
+# interval: not worth a walk of the heap while more may come.
 TRIM_AFTER_BYTES = 32 << 20
 # At most one trim per 5 s: a trim of a heap of a few hundred MB takes
 # milliseconds of a core, in a thread, so a flood costs well under 1 % of one.
@@ -123,15 +124,18 @@ def trim() -> bool:
 
 
 class Trimmer:
-    """Trims the heap once enough large buffers were let go, at most once per `interval`, off the loop.
+    """Trims the heap after large buffers were let go, at most once per `interval`, off the loop.
 
     `released(nbytes)` is called on the loop when a request lets go of large
-    buffers (its body, a whole answer); it costs an addition unless a trim
-    becomes due, which is scheduled `settle` seconds on (or later, to keep
-    `interval` between trims) and run in a thread of the trimmer's own.
-    Bytes let go while a trim is waiting go with it; while one runs, towards
-    the next. `trim_with` is the call made, by default glibc's `malloc_trim(0)`;
-    off glibc there is none, and nothing is ever counted or trimmed.
+    buffers (its body, a whole answer); it costs an addition and, at most, a
+    timer. Once `threshold` bytes were let go since the last trim, one is
+    due `settle` seconds on (or later, to keep `interval` between trims);
+    fewer wait `interval` (so the last bodies of a burst, too few to pass the
+    threshold, are given back too, once things are quiet). A trim runs in a
+    thread of the trimmer's own. Bytes let go while a trim waits go with it;
+    while one runs, towards the next. `trim_with` is the call made, by
+    default glibc's `malloc_trim(0)`; off glibc there is none, and nothing is
+    ever counted or trimmed.
     """
 
     def __init__(self, *, threshold: int = TRIM_AFTER_BYTES, interval: float = TRIM_INTERVAL,
@@ -146,7 +150,9 @@ class Trimmer:
         self.trims = 0              # trims finished
         self._last: float | None = None     # when the last trim ended
         self._timer: asyncio.TimerHandle | None = None
+        self._due = 0.0             # when the waiting trim runs, on `clock`
         self._running = False
+        self._closed = False
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
 
     @property
@@ -159,19 +165,28 @@ class Trimmer:
         return self._timer is not None or self._running
 
     def delay(self, now: float) -> float:
-        """How long from `now` a trim becoming due waits: `settle`, or longer to keep `interval` since the last."""
-        if self._last is None:
-            return self.settle
-        return max(self.settle, self._last + self.interval - now)
+        """How long from `now` a trim of what is pending waits (see the class docstring)."""
+        gap = self.settle if self._last is None else max(self.settle, self._last + self.interval - now)
+        return gap if self.pending >= self.threshold else max(gap, self.interval)
 
     def released(self, nbytes: int) -> None:
         """Large buffers of `nbytes` bytes in all were let go (call on the loop)."""
-        if self._trim is None or nbytes <= 0:
+        if self._trim is None or self._closed or nbytes <= 0:
             return
         self.pending += nbytes
-        if self.pending < self.threshold or self.scheduled:
-            return
-        self._timer = asyncio.get_running_loop().call_later(self.delay(self._clock()), self._start)
+        if not self._running:
+            self._arm()
+
+    def _arm(self) -> None:
+        """A timer for the trim of what is pending; moved earlier if it became due sooner."""
+        now = self._clock()
+        due = now + self.delay(now)
+        if self._timer is not None:
+            if due >= self._due:
+                return
+            self._timer.cancel()
+        self._due = due
+        self._timer = asyncio.get_running_loop().call_later(due - now, self._start)
 
     def _start(self) -> None:
         self._timer = None
@@ -194,9 +209,12 @@ class Trimmer:
         self.trims += 1
         if not future.cancelled() and future.exception() is not None:
             log.warning("malloc_trim failed: %s", future.exception())
+        if self.pending and not self._closed:
+            self._arm()     # let go of while it ran
 
     def close(self) -> None:
-        """Cancel a waiting trim and let the thread go (a running trim ends on its own)."""
+        """Cancel a waiting trim and let the thread go (a running trim ends on its own); no more trims."""
+        self._closed = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

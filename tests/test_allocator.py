@@ -4,9 +4,10 @@
   glibc's creeping mmap threshold past them) stay resident untuned and go
   back at once tuned; a trim gives back what stays either way;
 - a threshold the environment sets is left alone;
-- the Trimmer trims only once `threshold` bytes were let go, in its own
-  thread, and keeps `interval` between trims; bytes let go while a trim waits
-  go with it; off glibc it does nothing.
+- the Trimmer trims soon once `threshold` bytes were let go, and after a
+  quiet `interval` when fewer were, in its own thread, keeping `interval`
+  between trims; bytes let go while a trim waits go with it; off glibc it
+  does nothing.
 """
 from __future__ import annotations
 
@@ -83,7 +84,14 @@ class Clock:
         return self.now
 
 
-def test_a_trim_waits_for_the_threshold_then_runs_in_a_thread_of_its_own():
+async def _until_trimmed(trimmer: allocator.Trimmer, trims: int) -> None:
+    deadline = time.monotonic() + 10
+    while trimmer.trims < trims and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert trimmer.trims == trims
+
+
+def test_past_the_threshold_a_trim_runs_soon_in_a_thread_of_its_own_and_takes_what_came_while_it_waited():
     clock = Clock()
     threads: list[str] = []
 
@@ -91,53 +99,59 @@ def test_a_trim_waits_for_the_threshold_then_runs_in_a_thread_of_its_own():
         threads.append(threading.current_thread().name)
 
     async def main() -> allocator.Trimmer:
-        trimmer = allocator.Trimmer(threshold=10, interval=5.0, settle=0.0, clock=clock, trim_with=fake_trim)
+        trimmer = allocator.Trimmer(threshold=10, interval=60.0, settle=0.0, clock=clock, trim_with=fake_trim)
         trimmer.released(4)
-        trimmer.released(5)
-        assert not trimmer.scheduled and trimmer.pending == 9
         trimmer.released(0)
-        assert not trimmer.scheduled
-        trimmer.released(1)
-        assert trimmer.scheduled
+        # Under the threshold: waits a quiet interval (a minute here: it must not come in this test).
+        assert trimmer.scheduled and trimmer.pending == 4 and trimmer.delay(clock.now) == 60.0
+        trimmer.released(6)             # past it: brought forward to the settle
+        assert trimmer.delay(clock.now) == 0.0
         trimmer.released(50)            # while it waits: goes with it
-        deadline = time.monotonic() + 10
-        while trimmer.trims == 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        await _until_trimmed(trimmer, 1)
+        assert trimmer.pending == 0 and not trimmer.scheduled
         trimmer.close()
         return trimmer
 
-    trimmer = asyncio.run(main())
-    assert trimmer.trims == 1 and trimmer.pending == 0 and not trimmer.scheduled
-    assert threads and threads[0].startswith("llmgw-trim") and threads[0] != threading.current_thread().name
+    asyncio.run(main())
+    assert len(threads) == 1 and threads[0].startswith("llmgw-trim")
+    assert threads[0] != threading.current_thread().name
 
 
-def test_trims_keep_their_interval_and_a_waiting_one_is_cancelled_on_close():
+def test_trims_keep_their_interval_and_a_few_bytes_are_trimmed_once_quiet():
     clock = Clock()
     calls: list[float] = []
 
     async def main() -> None:
         trimmer = allocator.Trimmer(threshold=10, interval=5.0, settle=1.0, clock=clock,
                                     trim_with=lambda: calls.append(clock.now))
+        trimmer.pending = 10
         assert trimmer.delay(clock.now) == 1.0     # none yet: only the settle
+        trimmer.pending = 0
         trimmer.settle = 0.0
         trimmer.released(10)
-        deadline = time.monotonic() + 10
-        while trimmer.trims == 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        assert trimmer.trims == 1
-        # The last ended at 100: at 102 the next waits 3 s more, at 104.5 half a second, past 105 only the settle.
-        clock.now = 102.0
-        assert trimmer.delay(clock.now) == 3.0
-        assert trimmer.delay(104.5) == 0.5
+        await _until_trimmed(trimmer, 1)
+        # The last ended at 100: past the threshold at 102 the next waits 3 s more, at 104.5 half a
+        # second, past 105 only the settle; under it, a whole interval from now.
+        trimmer.pending = 10
+        assert trimmer.delay(102.0) == 3.0 and trimmer.delay(104.5) == 0.5
         trimmer.settle = 1.0
         assert trimmer.delay(110.0) == 1.0
-        trimmer.released(10)
-        assert trimmer.scheduled and trimmer.pending == 10
-        trimmer.close()                 # the waiting one (3 s away) never runs
+        trimmer.pending = 1
+        assert trimmer.delay(102.0) == 5.0 and trimmer.delay(110.0) == 5.0
+        trimmer.pending = 0
+        # A few bytes and a quiet interval (made short): trimmed all the same.
+        trimmer.interval = trimmer.settle = 0.0
+        trimmer.released(1)
+        await _until_trimmed(trimmer, 2)
+        trimmer.interval = 5.0
+        trimmer.released(1)
+        assert trimmer.scheduled
+        trimmer.close()                 # the waiting one (5 s away) never runs, nor any after
+        trimmer.released(100)
         assert not trimmer.scheduled
 
     asyncio.run(main())
-    assert calls == [100.0]
+    assert calls == [100.0, 100.0]
 
 
 def test_off_glibc_nothing_is_tuned_counted_or_trimmed(monkeypatch):
