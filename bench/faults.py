@@ -47,6 +47,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -193,7 +194,7 @@ class Bench:
                 and all(sum(r["model"] == m for r in ready) == 2 for m in ("talk", "plain"))
         wait_until(ok, what, timeout=120, every=0.25)
 
-    def replica(self, model: str, node: str | None = None) -> dict:
+    def replica(self, model: str, node: str | None = None) -> dict[str, Any]:
         reps = [r for r in self.fleet.ready(model) if node is None or r["node"] == node]
         return sorted(reps, key=lambda r: r["node"])[0]
 

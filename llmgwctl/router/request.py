@@ -36,8 +36,8 @@ from .conventions import ClientGone, held_for_cold_start
 from .info import InfoRoutes
 from .limits import BodyBudget, BudgetFull, PathError, check_target
 from .policies import Policies
-from .surface import Surface
 from .retry import ATTEMPTS_HEADER, Attempts, Failure, retryable, retryable_status
+from .surface import Surface
 from .upstream import OutOfBounds, Pool, Response, UpstreamError
 
 __all__ = ["RequestPath"]
