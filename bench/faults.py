@@ -5,7 +5,7 @@
 A real fleet on 127.0.0.1 (tests/e2e/fleet.py): `llmgwctl serve` without a
 local agent, two agents (nodes n1, n2) and fake engines they launch, every
 one a process of its own. Two models of two replicas each, spread one of
-each per node: `talk` with stream continuation on (`continuation: 2`) and
+each per node: `talk` with stream continuation on (`continuation: true`) and
 `plain` with it off, so the same fault meets both. Their fakes stream at 40
 tokens/s; each request asks for 16 tokens (0.4 s), streamed or whole.
 
@@ -23,7 +23,8 @@ Phases, each `--phase-seconds` unless said:
     kill     SIGKILL one replica of each model (its agent restarts it)
     stop     SIGSTOP one replica of talk for --stop-seconds, then SIGCONT
     503      SIGUSR1 one replica of each model (the fake answers 503 until the next SIGUSR1)
-    drain    `llmgwctl drain n1 --wait`: replacements on n2 first, then n1's replicas stop
+    drain    `llmgwctl drain NODE --wait` (the node with most replicas): replacements elsewhere first, then its
+             replicas stop
 
 For each it prints the client-visible errors of each kind, how many answers
 took more than one attempt (`x-llmgw-attempts`), and p99 latency (whole
@@ -59,7 +60,7 @@ kind: Catalog
 models:
   - name: talk
     replicas: 2
-    continuation: 2
+    continuation: true
     profiles: [{name: cpu, engine: fake, gpus: 0, args: [--tokens-per-second, '40']}]
   - name: plain
     replicas: 2
@@ -228,7 +229,7 @@ class Bench:
         self.load.stop()
 
     def kill(self) -> None:
-        victims = {m: self.replica(m, "n1") for m in ("talk", "plain")}
+        victims = {m: self.replica(m) for m in ("talk", "plain")}
         t0 = time.monotonic()
         for v in victims.values():
             os.kill(v["pid"], signal.SIGKILL)
@@ -241,11 +242,14 @@ class Bench:
         off = [o for o in self.load.ended(t0, phase.t1) if o.kind == "off"]
         running = {id(o) for o in off if o.replica == victims["plain"]["id"] and o.started <= killed_at}
         cut = {id(o) for o in off if not o.ok}
+        on = [o for o in self.load.ended(t0, phase.t1) if o.kind == "on"]
+        continued = [o for o in on if o.replica == victims["talk"]["id"] and o.started <= killed_at]
         phase.note = (f"off streams running on the killed {victims['plain']['id']}: {len(running)}, cut: {len(cut)}, "
-                      f"cut and running there: {len(cut & running)}")
+                      f"cut and running there: {len(cut & running)}; on streams running on the killed "
+                      f"{victims['talk']['id']}: {len(continued)}, completed: {sum(o.ok for o in continued)}")
 
     def stop_one(self) -> None:
-        victim = self.replica("talk", "n1")
+        victim = self.replica("talk")
         rid = victim["id"]
         t0 = time.monotonic()
         os.kill(victim["pid"], signal.SIGSTOP)
@@ -275,7 +279,7 @@ class Bench:
              else "; no request sent to it after SIGSTOP")
 
     def unavailable(self) -> None:
-        victims = [self.replica(m, "n2") for m in ("talk", "plain")]
+        victims = [self.replica(m) for m in ("talk", "plain")]
         t0 = time.monotonic()
         for v in victims:
             os.kill(v["pid"], signal.SIGUSR1)
@@ -289,15 +293,18 @@ class Bench:
         phase.note = "answering 503: " + ", ".join(v["id"] for v in victims)
 
     def drain(self) -> None:
+        # The node with the most replicas (the placement spreads, but need not split them evenly).
+        nodes = [r["node"] for r in self.fleet.replicas() if r["state"] == "ready"]
+        node = max(sorted(set(nodes)), key=nodes.count)
         t0 = time.monotonic()
-        out = self.llmgwctl("drain", "n1", "--wait", "--timeout", "120")
+        out = self.llmgwctl("drain", node, "--wait", "--timeout", "120")
         took = time.monotonic() - t0
         rest = max(0.0, self.args.phase_seconds - took)
         time.sleep(rest)
         phase = Phase("drain", t0, time.monotonic())
         self.phases.append(phase)
         where = sorted(r["node"] for r in self.fleet.replicas() if r["state"] == "ready")
-        phase.note = (f"drain exit {out.returncode} in {took:.1f} s ({out.stdout.strip().splitlines()[-1:]}); "
+        phase.note = (f"drain {node} ({nodes.count(node)} replicas): exit {out.returncode} in {took:.1f} s ({out.stdout.strip().splitlines()[-1:]}); "
                       f"ready replicas on {where}")
 
     # -- the report ------------------------------------------------------------------------------------
