@@ -289,6 +289,8 @@ class RequestPath:
                     attempts.grant()        # the endpoint that came back gets its try
             elif attempts.left <= 0:
                 state = None
+            if state is not None:
+                self._metrics.retries.labels(call.model, answer.kind).inc()
         raise Refused(self._failed(call, attempts))
 
     def _failed(self, call: Call, attempts: Attempts) -> web.Response:
@@ -360,7 +362,8 @@ class RequestPath:
         text = said[:200].decode(errors="replace").strip()
         log.warning("endpoint %s answered %d before any byte reached the client; trying another", state.replica_id,
                     upstream.status)
-        return Failure(state.replica_id, f"answered {upstream.status}" + (f": {text}" if text else ""), Failure.FAILED)
+        return Failure(state.replica_id, f"answered {upstream.status}" + (f": {text}" if text else ""),
+                       Failure.REFUSED)
 
     async def _send(self, call: Call, state: EndpointState, body: bytes) -> Response | Failure:
         """The request sent to `state`, once its answer's headers are in; or (a Failure) why they did not come.

@@ -58,7 +58,10 @@ class Replica(Protocol):
 
 
 class Failure:
-    """What one failed attempt came to: the replica, why, and which kind of failure (`UNREACHED` ...)."""
+    """What one failed attempt came to: the replica, why, and which kind of failure (`UNREACHED` ...).
+
+    The kind is also the `reason` label of llmgw_router_retries_total.
+    """
 
     __slots__ = ("replica", "reason", "kind")
 
@@ -67,8 +70,10 @@ class Failure:
     UNREACHED = "unreached"
     # No complete headers in time: the last one is answered 504, as a gateway timeout.
     TIMED_OUT = "timed_out"
-    # Anything else: headers cut short, an answer of 502 or 503.
-    FAILED = "failed"
+    # The connection cut after some bytes of the head, before it was complete.
+    HEADERS_CUT = "headers_cut"
+    # An answer of 502 or 503 (`RETRY_STATUSES`).
+    REFUSED = "refused"
 
     def __init__(self, replica: str, reason: str, kind: str):
         self.replica = replica
@@ -78,7 +83,7 @@ class Failure:
     @classmethod
     def of(cls, replica: str, exc: UpstreamError) -> Failure:
         kind = cls.UNREACHED if isinstance(exc, ConnectFailed) else \
-            cls.TIMED_OUT if isinstance(exc, UpstreamTimeout) else cls.FAILED
+            cls.TIMED_OUT if isinstance(exc, UpstreamTimeout) else cls.HEADERS_CUT
         return cls(replica, f"{exc or type(exc).__name__}", kind)
 
     def __str__(self) -> str:

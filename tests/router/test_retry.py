@@ -37,8 +37,9 @@ def _access_lines(caplog) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == "llmgw.access"]
 
 
-@pytest.mark.parametrize("fault", ["unavailable", "reset", "cut-headers", "no-headers"])
-def test_a_replica_failing_before_its_first_byte_is_retried_on_another(engines, routers, caplog, fault):
+@pytest.mark.parametrize(("fault", "reason"), [("unavailable", "refused"), ("reset", "unreached"),
+                                               ("cut-headers", "headers_cut"), ("no-headers", "timed_out")])
+def test_a_replica_failing_before_its_first_byte_is_retried_on_another(engines, routers, caplog, fault, reason):
     bad = engines(MODEL, "bad", "--fault", fault)
     good = engines(MODEL, "good")
     # The failing replica in a higher tier: every first pick is it.
@@ -60,6 +61,8 @@ def test_a_replica_failing_before_its_first_byte_is_retried_on_another(engines, 
         assert line.attempts == 2 and line.endpoint == "good" and " attempts=2 " in line.getMessage()
         (state,) = [s for s in rt.router.balancer.states() if s.replica_id == "bad"]
         assert state.failures == 1 and state.inflight == 0
+        page = requests.get(rt.url + "/metrics", timeout=5).text
+        assert f'llmgw_router_retries_total{{model="{MODEL}",reason="{reason}"}} 1.0' in page
 
 
 def test_every_replica_failing_is_a_clear_error_after_each_was_tried_once(engines, routers):
@@ -161,7 +164,7 @@ def test_attempts_spend_their_budget_once_per_replica_and_say_what_failed():
     attempts.failed(Failure("a", "ConnectionRefusedError", Failure.UNREACHED))
     assert attempts.unreached_only()
     attempts.start()
-    attempts.failed(Failure("b", "answered 503", Failure.FAILED))
+    attempts.failed(Failure("b", "answered 503", Failure.REFUSED))
     assert not attempts.unreached_only() and attempts.left == 1
     assert attempts.summary() == "2 attempts: a: ConnectionRefusedError; b: answered 503"
     attempts.start()
