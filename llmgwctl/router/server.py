@@ -10,6 +10,7 @@ job, hands each its collaborators, and wires them into one aiohttp app
                 (a cut chat stream continued on another replica: continuation)
     accounting  the caller's key; each request counted and logged once
     info        /health, /healthz, /readyz, /metrics, /v1/models, the 404
+    modelinfo   what each endpoint's engine says of its model (its context length), asked as it joins
     call        what they pass each other (the catalog's `View`, a request's `Call`, `Refused`)
     usage       the token counts read off an answer's bytes
 
@@ -55,6 +56,7 @@ from .conventions import stamp_request_id
 from .ejection import Ejector
 from .info import InfoRoutes
 from .limits import BodyBudget
+from .modelinfo import ModelInfo
 from .outlier import Outliers
 from .policies import Policies
 from .poller import BoundedResponse, LoadPoller, ParseLoad, parse_with_drivers
@@ -107,8 +109,10 @@ class Router:
         self.surface = Surface(catalog if catalog is not None else Catalog(), balancer=self.balancer,
                                metrics=self.metrics, cold=self.cold, limiter=self.limiter, resync=self._resync)
         self.accounting = Accounting(config, self.metrics, self.surface)
+        # What each endpoint's engine says about its model (its context length), for /v1/models.
+        self.modelinfo = ModelInfo()
         self.info = InfoRoutes(config, balancer=self.balancer, metrics=self.metrics, surface=self.surface,
-                               accounting=self.accounting)
+                               accounting=self.accounting, modelinfo=self.modelinfo)
         self.answer = AnswerPath(config, balancer=self.balancer, ejector=self.ejector, metrics=self.metrics,
                                  accounting=self.accounting)
         self.requests = RequestPath(config, balancer=self.balancer, policies=self.policies, cold=self.cold,
@@ -133,6 +137,7 @@ class Router:
     def set_catalog(self, catalog: Catalog) -> None:
         """Make `catalog` the one new requests resolve against; requests already running keep theirs."""
         self.surface.set_catalog(catalog)
+        self.modelinfo.retain(m.name for m in catalog.models)
 
     @property
     def catalog(self) -> Catalog:
@@ -168,9 +173,11 @@ class Router:
         return out
 
     def _resync(self) -> None:
-        """The endpoint list changed: the poller scrapes the new list (before the app starts there is none)."""
+        """The endpoint list changed: the poller scrapes the new list (before the app starts there is none),
+        and a new endpoint's engine is asked its context length."""
         if self.poller is not None:
             self.poller.resync()
+            self.modelinfo.sync(self.balancer.states())
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -233,10 +240,14 @@ class Router:
                                  probe_timeout=cfg.probe_timeout,
                                  on_refused=lambda code: self.metrics.engine_refusals.labels(code).inc())
         self._poll_task = asyncio.get_running_loop().create_task(self.poller.run())
+        # Asked over the poller's session: the same caps on an engine's headers.
+        self.modelinfo.start(self._session)
+        self.modelinfo.sync(self.balancer.states())
 
     async def _on_cleanup(self, app: web.Application) -> None:
         if self._poll_task is not None:
             await cancel_and_wait(self._poll_task)
+        await self.modelinfo.close()
         if self._session is not None:
             await self._session.close()
         if self.poller is not None:
