@@ -6,7 +6,7 @@ Clients (LiteLLM, IDE plugins) read a model's context length off
 `n_ctx` in `/props` (`default_generation_settings.n_ctx`; its `/v1/models`
 only has the length the model was trained at, not the one it serves).
 `ModelInfo` asks each endpoint once, when the router is told it is ready
-(`sync`, called on every change of the endpoint list): its `/v1/models`
+(`sync`, run soon after each change of the endpoint list): its `/v1/models`
 card first, `/props` when the card has no length. What it learns it keeps
 for as long as the endpoint is listed.
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -57,6 +57,9 @@ TIMEOUT = 5.0
 # Three asks with backoff (1 s, 2 s ceilings) cover an engine that turned
 # ready a moment before it answers /v1/models; past that it has no answer.
 TRIES = 3
+# Half a second: a joining endpoint is asked that much later at most, which
+# no client notices, while a fleet's burst of pushes costs one pass.
+COALESCE = 0.5
 
 
 def _length(value: Any) -> int | None:
@@ -106,24 +109,46 @@ class ModelInfo:
         self._session: aiohttp.ClientSession | None = None
         self._asking: dict[str, asyncio.Task[None]] = {}
         self._listed: dict[str, Endpoint] = {}
-        self._lengths: dict[str, int] = {}       # replica id -> what its engine said
-        self._last: dict[str, int] = {}          # model -> the last length any of its endpoints said
+        # model -> {replica id: what its engine said}: a model's length is a min over its own replicas only.
+        self._lengths: dict[str, dict[str, int]] = {}
+        self._last: dict[str, int] = {}          # model -> its length when it last had endpoints that said one
         # Bumped whenever what `context_length` answers may have changed, so /v1/models can cache.
         self.generation = 0
+        self._changed = asyncio.Event()
 
     def start(self, session: aiohttp.ClientSession) -> None:
         """Ask with `session` from now on (the poller's: its caps on headers and interim answers)."""
         self._session = session
 
+    def changed(self) -> None:
+        """The endpoint list changed: `run` syncs with it soon. Cheap, so every push may call it."""
+        self._changed.set()
+
+    async def run(self, states: Callable[[], Iterable[EndpointState]]) -> None:
+        """Sync with `states()` after each change; a burst of changes costs one pass over the list."""
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            self.sync(states())
+            # A push costs the router the endpoints that changed, not the whole
+            # list (surface.change_endpoints); a pass here walks the whole list,
+            # so at most one pass per COALESCE keeps a fleet's pushes cheap.
+            await asyncio.sleep(COALESCE)
+
     def sync(self, states: Iterable[EndpointState]) -> None:
         """The endpoint list is now `states`: ask the endpoints not asked yet, forget those gone. Call on the loop."""
         listed = {st.replica_id: st.endpoint for st in states}
         for rid in [r for r in self._listed if r not in listed]:
-            del self._listed[rid]
+            ep = self._listed.pop(rid)
             task = self._asking.pop(rid, None)
             if task is not None:
                 task.cancel()
-            if self._lengths.pop(rid, None) is not None:
+            said = self._lengths.get(ep.model)
+            if said is not None and said.pop(rid, None) is not None:
+                if said:
+                    self._last[ep.model] = min(said.values())
+                else:
+                    del self._lengths[ep.model]     # _last keeps what it said while scaled to zero
                 self.generation += 1
         session = self._session
         if session is None:
@@ -138,17 +163,18 @@ class ModelInfo:
         keep = set(models)
         for name in [m for m in self._last if m not in keep]:
             del self._last[name]
+            self.generation += 1
 
     def context_length(self, model: str) -> int | None:
         """The context length a request for `model` can count on (see the module docstring), or None."""
-        lengths = [n for rid, n in self._lengths.items() if self._listed[rid].model == model]
-        if lengths:
-            return min(lengths)
+        said = self._lengths.get(model)
+        if said:
+            return min(said.values())
         return self._last.get(model)
 
     def lengths(self) -> Mapping[str, int]:
         """{replica id: the context length its engine said}, for tests and status."""
-        return dict(self._lengths)
+        return {rid: n for said in self._lengths.values() for rid, n in said.items()}
 
     async def close(self) -> None:
         tasks = list(self._asking.values())
@@ -172,8 +198,9 @@ class ModelInfo:
                     await asyncio.sleep(backoff.failure())
                     continue
                 if found is not None and ep.replica_id in self._listed:
-                    self._lengths[ep.replica_id] = found
-                    self._last[ep.model] = found
+                    said = self._lengths.setdefault(ep.model, {})
+                    said[ep.replica_id] = found
+                    self._last[ep.model] = min(said.values())
                     self.generation += 1
                 return
         finally:

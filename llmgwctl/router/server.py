@@ -94,6 +94,7 @@ class Router:
         self._session: aiohttp.ClientSession | None = None     # the poller's
         self.poller: LoadPoller | None = None
         self._poll_task: asyncio.Task[None] | None = None
+        self._info_task: asyncio.Task[None] | None = None
         self.limiter = keyauth.Limiter(clock)
         # A budget never below one body at the size limit, so any allowed body can be sent.
         self.bodies = BodyBudget(config.large_body_bytes,
@@ -177,7 +178,7 @@ class Router:
         and a new endpoint's engine is asked its context length."""
         if self.poller is not None:
             self.poller.resync()
-            self.modelinfo.sync(self.balancer.states())
+            self.modelinfo.changed()
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -242,11 +243,14 @@ class Router:
         self._poll_task = asyncio.get_running_loop().create_task(self.poller.run())
         # Asked over the poller's session: the same caps on an engine's headers.
         self.modelinfo.start(self._session)
-        self.modelinfo.sync(self.balancer.states())
+        self.modelinfo.changed()
+        self._info_task = asyncio.get_running_loop().create_task(self.modelinfo.run(self.balancer.states))
 
     async def _on_cleanup(self, app: web.Application) -> None:
         if self._poll_task is not None:
             await cancel_and_wait(self._poll_task)
+        if self._info_task is not None:
+            await cancel_and_wait(self._info_task)
         await self.modelinfo.close()
         if self._session is not None:
             await self._session.close()
