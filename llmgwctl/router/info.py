@@ -159,6 +159,8 @@ class InfoRoutes:
         else:
             extra = {"ready_replicas": ready, "alias_of": model.name}
         context = self._modelinfo.context_length(model.name)
+        if context is None:
+            context = model.context_length      # the catalog's, until an engine said one
         return {"id": listed_as, "object": "model", "created": 0, "owned_by": "llmgw",
                 "aliases": list(model.aliases), "status": self._status(model.name, ready),
                 "context_length": context, "max_model_len": context, "parent": None, "llmgw": extra}

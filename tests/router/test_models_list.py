@@ -9,6 +9,7 @@ import openai
 import pytest
 import requests
 
+from llmgwctl.catalog import Model, Profile
 from llmgwctl.contracts import ModelCondition, ModelState
 from llmgwctl.router.auth import KeyFileWatcher, hash_key
 
@@ -31,7 +32,11 @@ def _listed(rt, headers=None) -> dict[str, dict]:
 @pytest.fixture
 def setup(engines, routers):
     big = engines(MODEL, "c1", "--max-model-len", "8192")
-    rt = routers(make_router(catalog((MODEL, ("ctx", "ctx-default")), (ASLEEP, ()), (OTHER, ("o",)))))
+    # The catalog says a length for two: the engine's own word wins for the one it runs.
+    said = [Model(name=n, aliases=a, source=f"org/{n}", profiles=(Profile(name="default", engine="fake", gpus=0),),
+                  context_length=length)
+            for n, a, length in ((MODEL, ("ctx", "ctx-default"), 999), (ASLEEP, (), None), (OTHER, ("o",), 1234))]
+    rt = routers(make_router(catalog(*said)))
     rt.set_endpoints([big.endpoint()])
     return rt, big, engines
 
@@ -51,8 +56,9 @@ def test_each_entry_has_its_aliases_status_and_the_context_length_its_engine_sai
     alias = listed["ctx"]
     assert (alias["status"], alias["context_length"], alias["aliases"]) == ("loaded", 8192, ["ctx", "ctx-default"])
     assert alias["llmgw"]["alias_of"] == MODEL
-    # Never started: nothing known of its length.
+    # Never started: nothing known of its length, unless the catalog says one.
     assert (listed[ASLEEP]["status"], listed[ASLEEP]["context_length"]) == ("unloaded", None)
+    assert (listed["o"]["context_length"], listed["o"]["max_model_len"]) == (1234, 1234)
     # The openai client reads the list and one entry, extra fields kept.
     client = openai.OpenAI(base_url=rt.url + "/v1", api_key="unused", max_retries=0, timeout=30)
     one = client.models.retrieve("ctx")
