@@ -63,6 +63,12 @@ class Route:
     # only for the models whose engines all list it (`View.allows`).
     from_catalog: bool = False
 
+    @property
+    def prefix(self) -> str:
+        """What its request target must start with (`limits.check_target`): /v1/ for the OpenAI
+        routes, / for those vLLM serves at the root (/rerank, /score, /tokenize...)."""
+        return "/v1/" if self.path.startswith("/v1/") else "/"
+
 
 TABLE: tuple[Route, ...] = (
     Route("/v1/chat/completions", streams=True, prompt=chat_prompt),

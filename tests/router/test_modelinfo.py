@@ -51,13 +51,15 @@ def _endpoint(rid: str, url: str, model: str = "m") -> Endpoint:
 async def _ask(handlers: dict[str, web.Response | object], **options) -> int | None:
     app = web.Application()
     for path, answer in handlers.items():
-        app.router.add_get(path, (lambda a: lambda _r: _respond(a))(answer))
+        app.router.add_get(path, _handler(answer))
     async with local_server(app) as url, aiohttp.ClientSession() as session:
         return await ModelInfo(**options).ask(_endpoint("r", url), session)
 
 
-async def _respond(answer):
-    return answer() if callable(answer) else answer
+def _handler(answer):
+    async def respond(_request):
+        return answer() if callable(answer) else answer
+    return respond
 
 
 async def test_vllm_card_then_llamacpp_props():
@@ -146,10 +148,7 @@ async def test_an_engine_that_does_not_answer_yet_is_asked_again_then_left():
 
 async def _settled(info: ModelInfo, lengths: int) -> None:
     """Until no ask is running (bounded), then `lengths` lengths are known."""
-    async def quiet() -> None:
-        while info._asking:
-            await asyncio.sleep(0.01)
-    await asyncio.wait_for(quiet(), 30)
+    await asyncio.wait_for(asyncio.gather(*info._asking.values(), return_exceptions=True), 30)
     assert len(info.lengths()) == lengths, info.lengths()
 
 

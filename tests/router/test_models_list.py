@@ -16,7 +16,7 @@ from llmgwctl.router.auth import KeyFileWatcher, hash_key
 from .harness import catalog, make_router, wait_until
 
 MODEL = "ctx-model"
-ASLEEP = "ctx-asleep"
+ASLEEP = "asleep-model"
 OTHER = "secret-llm"
 KEY = "sk-ctx-" + "k" * 32
 FIELDS = {"id", "object", "created", "owned_by", "aliases", "status", "context_length", "max_model_len", "parent",

@@ -44,7 +44,7 @@ CASES = [
     ("POST", "/rerank", MODEL + "-alias", {"query": "a", "documents": ["a"]}, 200, True),
     ("POST", "/v2/rerank", MODEL, {"query": "a", "documents": ["a"]}, 200, True),
     ("POST", "/v1/score", MODEL, {"text_1": "a", "text_2": "b"}, 200, True),
-    ("POST", "/score", MIXED, {"text_1": "a", "text_2": "b"}, 200, True),
+    ("POST", "/score", MODEL + "-alias", {"text_1": "a", "text_2": "b"}, 200, True),
     ("POST", "/tokenize", MODEL, {"prompt": "a b"}, 200, True),
     ("POST", "/detokenize", MODEL, {"tokens": [97]}, 200, True),
     # Engine-admin routes: never reachable, whatever model the body names.
