@@ -103,7 +103,7 @@ class RequestPath:
             try:
                 # The target the engine will get, before anything else is
                 # spent on the request.
-                check_target(request.raw_path)
+                check_target(request.raw_path, route.prefix)
             except PathError as exc:
                 raise Refused(errors.response(400, str(exc), "invalid_request_error", "invalid_path")) from None
             # The key and its rate before the body is read: a stranger or a

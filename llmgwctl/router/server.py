@@ -10,6 +10,7 @@ job, hands each its collaborators, and wires them into one aiohttp app
                 (a cut chat stream continued on another replica: continuation)
     accounting  the caller's key; each request counted and logged once
     info        /health, /healthz, /readyz, /metrics, /v1/models, the 404
+    modelinfo   what each endpoint's engine says of its model (its context length), asked as it joins
     call        what they pass each other (the catalog's `View`, a request's `Call`, `Refused`)
     usage       the token counts read off an answer's bytes
 
@@ -56,6 +57,7 @@ from .conventions import stamp_request_id
 from .ejection import Ejector
 from .info import InfoRoutes
 from .limits import BodyBudget
+from .modelinfo import ModelInfo
 from .outlier import Outliers
 from .policies import Policies
 from .poller import BoundedResponse, LoadPoller, ParseLoad, parse_with_drivers
@@ -94,6 +96,7 @@ class Router:
         self._session: aiohttp.ClientSession | None = None     # the poller's
         self.poller: LoadPoller | None = None
         self._poll_task: asyncio.Task[None] | None = None
+        self._info_task: asyncio.Task[None] | None = None
         self.limiter = keyauth.Limiter(clock)
         # A budget never below one body at the size limit, so any allowed body can be sent.
         self.bodies = BodyBudget(config.large_body_bytes,
@@ -111,8 +114,10 @@ class Router:
         self.surface = Surface(catalog if catalog is not None else Catalog(), balancer=self.balancer,
                                metrics=self.metrics, cold=self.cold, limiter=self.limiter, resync=self._resync)
         self.accounting = Accounting(config, self.metrics, self.surface)
+        # What each endpoint's engine says about its model (its context length), for /v1/models.
+        self.modelinfo = ModelInfo()
         self.info = InfoRoutes(config, balancer=self.balancer, metrics=self.metrics, surface=self.surface,
-                               accounting=self.accounting)
+                               accounting=self.accounting, modelinfo=self.modelinfo)
         self.answer = AnswerPath(config, balancer=self.balancer, ejector=self.ejector, metrics=self.metrics,
                                  accounting=self.accounting, trimmer=self.trimmer)
         self.requests = RequestPath(config, balancer=self.balancer, policies=self.policies, cold=self.cold,
@@ -138,6 +143,7 @@ class Router:
     def set_catalog(self, catalog: Catalog) -> None:
         """Make `catalog` the one new requests resolve against; requests already running keep theirs."""
         self.surface.set_catalog(catalog)
+        self.modelinfo.retain(m.name for m in catalog.models)
 
     @property
     def catalog(self) -> Catalog:
@@ -173,9 +179,11 @@ class Router:
         return out
 
     def _resync(self) -> None:
-        """The endpoint list changed: the poller scrapes the new list (before the app starts there is none)."""
+        """The endpoint list changed: the poller scrapes the new list (before the app starts there is none),
+        and a new endpoint's engine is asked its context length."""
         if self.poller is not None:
             self.poller.resync()
+            self.modelinfo.changed()
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -238,10 +246,17 @@ class Router:
                                  probe_timeout=cfg.probe_timeout,
                                  on_refused=lambda code: self.metrics.engine_refusals.labels(code).inc())
         self._poll_task = asyncio.get_running_loop().create_task(self.poller.run())
+        # Asked over the poller's session: the same caps on an engine's headers.
+        self.modelinfo.start(self._session)
+        self.modelinfo.changed()
+        self._info_task = asyncio.get_running_loop().create_task(self.modelinfo.run(self.balancer.states))
 
     async def _on_cleanup(self, app: web.Application) -> None:
         if self._poll_task is not None:
             await cancel_and_wait(self._poll_task)
+        if self._info_task is not None:
+            await cancel_and_wait(self._info_task)
+        await self.modelinfo.close()
         if self._session is not None:
             await self._session.close()
         if self.poller is not None:
