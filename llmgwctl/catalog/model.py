@@ -21,6 +21,7 @@ from .commands import check_engine
 from .durations import format_duration
 from .engine_env import env_refusal
 from .errors import CatalogError, Problem, format_path
+from .fallbacks import check_fallbacks
 from .sizes import format_size_mib
 
 API_VERSION = "llmgw/v1"
@@ -240,6 +241,10 @@ class Model:
     # prefill on another GPU) and the text is only as faithful as that
     # engine's continuation of it.
     continuation: int = 0
+    # Other models (names or aliases, as written) that answer for this one when
+    # it has no replica that can (catalog/fallbacks.py checks them, the router's
+    # router/fallback.py follows them); empty: none, the default.
+    fallbacks: tuple[str, ...] = ()
 
     def ranked(self) -> tuple[Profile, ...]:
         """Profiles by priority, highest first; the written order breaks ties."""
@@ -265,6 +270,9 @@ class Model:
         if self.continuation:
             out["continuation"] = (True if self.continuation == CONTINUATION_ATTEMPTS
                                    else {"attempts": self.continuation})
+        if self.fallbacks:
+            # Only when written: a catalog without it keeps its version.
+            out["fallbacks"] = list(self.fallbacks)
         return out
 
 
@@ -314,6 +322,7 @@ class Catalog:
                     continue
                 first_use[key] = (model.origin.file, path, "the name" if what == "name" else "an alias")
                 index[key] = model
+        problems.extend(check_fallbacks(models, index))
         if problems:
             raise CatalogError(problems)
         self._models = models
