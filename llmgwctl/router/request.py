@@ -5,7 +5,8 @@ add. `RequestPath.proxy` checks the target, the caller's key and its rate
 before reading a byte of body; reads the body within its budget
 (`_read_body`, `limits.BodyBudget`) and parses it once (off the loop when
 costly, `jsonbody`); resolves the model against the catalog taken once for
-the request (`_resolve`); picks an endpoint, waiting once, bounded, for one
+the request (`_resolve`), or the fallback that answers for it when it has
+no replica that can (`_fall_back`, `fallback`); picks an endpoint, waiting once, bounded, for one
 when none is ready (`_wait_for_endpoint`); and tries endpoints in turn
 (`_forward`: `_attempt` each, `_send` the request in it) until one answers,
 whose answer the answer path (`answer.AnswerPath`) passes back. A step that
@@ -22,6 +23,7 @@ from time import perf_counter
 from aiohttp import web
 
 from .. import httpbody
+from ..catalog import Model
 from ..observability.metrics import RouterMetrics
 from . import auth as keyauth
 from . import errors, jsonbody
@@ -33,6 +35,7 @@ from .call import Call, Refused, known, usable_names
 from .coldstart import ColdStart, ColdTimeout, QueueFull
 from .config import RouterConfig
 from .conventions import ClientGone, held_for_cold_start
+from .fallback import DOWN, Fallbacks
 from .info import InfoRoutes
 from .limits import BodyBudget, BudgetFull, PathError, check_target
 from .policies import Policies
@@ -62,6 +65,8 @@ class RequestPath:
         self._accounting = accounting
         self._answer = answer
         self._info = info           # the 404 of a POST no route of the catalog's takes
+        # Which model answers a request whose own has no replica that can (fallback.py).
+        self._fallbacks = Fallbacks(balancer)
         # Requests' connections to engines (see upstream.py): made by the Router as the app starts.
         self.pool: Pool | None = None
 
@@ -212,6 +217,9 @@ class RequestPath:
         route = call.route
         if not view.routes.allows(route, model.name):
             raise Refused(errors.no_such_route(call.request.method, route.path, model.name))
+        chain = view.fallbacks.get(model.name)
+        if chain:
+            model = self._fall_back(call, model, chain)
         call.stream = route.streams and facts.stream
         policy = view.routing.get(model.name)
         if policy is not None:
@@ -221,6 +229,26 @@ class RequestPath:
         if name != model.name:
             body = self._renamed(body, facts, route.model_key, model.name)
         return body
+
+    def _fall_back(self, call: Call, model: Model, chain: tuple[str, ...]) -> Model:
+        """The model that answers `call`: `model`, or the fallback taken when it has no replica that can (fallback.py).
+
+        Asked after the key and the route were checked against `model`, so a
+        request its key or route could not send to `model` gets `model`'s refusal,
+        never a fallback's answer.
+        """
+        unplaceable = self._surface.unplaceable
+        choice = self._fallbacks.choose(call, model, chain, bool(unplaceable) and model.name in unplaceable)
+        if choice is None:
+            return model
+        if choice.reason == DOWN:
+            # Woken all the same, as a request waiting for it would: the
+            # fallback answers until the model's own replica is ready.
+            self._cold.demand(model.name)
+        self._metrics.fallbacks.labels(model.name, choice.model.name, choice.reason).inc()
+        call.fallback_from = model.name
+        call.model = choice.model.name
+        return choice.model
 
     def _renamed(self, body: bytes, facts: jsonbody.Facts, key: str, name: str) -> bytes:
         """`body` naming the model `name` instead of the alias it was sent with: only the model's value changes."""

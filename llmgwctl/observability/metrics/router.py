@@ -14,6 +14,9 @@
     llmgw_router_api_keys_reloads_total{result}               counter, applied | rejected
     llmgw_router_stream_continuations_total{model,outcome}    counter, cut streams of models with continuation
                                                               on: resumed | failed | ineligible
+    llmgw_router_fallbacks_total{model,fallback,reason}        counter, requests a fallback model answered for
+                                                              `model` (router/fallback.py): unplaceable | down |
+                                                              saturated
     llmgw_router_engine_refusals_total{reason}                counter, engine answers or /metrics pages refused
                                                               for breaking a bound (answer_too_large,
                                                               headers_too_large, redirect, metrics_too_large,
@@ -94,6 +97,9 @@ class RouterMetrics:
                                      "with continuation on: resumed on another replica, failed (none could take "
                                      "it), or ineligible (the request or the stream may not be continued).",
                                      ("model", "outcome"), registry=r)
+        self.fallbacks = Counter("llmgw_router_fallbacks", "Requests answered by a fallback model because the "
+                                 "model asked for had no replica that could: unplaceable, down (none ready) or "
+                                 "saturated (every ready one full).", ("model", "fallback", "reason"), registry=r)
         self._watchers = Watchers()
         r.register(self._watchers)
         self.engine_refusals = Counter("llmgw_router_engine_refusals", "Engine answers and /metrics pages refused "
