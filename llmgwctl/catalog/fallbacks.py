@@ -22,6 +22,7 @@ It imports nothing of ours at run time but the error type: `model` imports it.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -118,6 +119,10 @@ def _spelled(loop: list[str]) -> str:
     return " -> ".join(loop[:3] + [f"... ({len(loop) - 6} more)"] + loop[-3:])
 
 
+# A few catalogs: the one in force and the one replacing it. The router's view
+# and every status read ask for the same catalog's chains; a Catalog hashes by
+# its version, and the one in force is found by identity before any compare.
+@functools.lru_cache(maxsize=4)
 def chains(catalog: Catalog) -> Mapping[str, tuple[str, ...]]:
     """{model name: the canonical names its requests may fall back to, in the order tried} for models with fallbacks.
 
