@@ -76,7 +76,8 @@ def test_an_unplaceable_model_is_served_by_its_fallback_within_its_keys_and_by_i
                            "the access lines")
         assert lines["fb-1"]["model"] == "small" and lines["fb-1"]["fallback_from"] == "big"
         assert lines["fb-narrow"]["status"] == 503 and "fallback_from" not in lines["fb-narrow"]
-        metrics = requests.get(fleet.router + "/metrics", timeout=10).text
+        metrics = requests.get(fleet.router + "/metrics", headers={"Authorization": f"Bearer {KEY_ALL}"},
+                               timeout=10).text
         assert 'llmgw_router_fallbacks_total{fallback="small",model="big",reason="unplaceable"} 2.0' in metrics
 
         # `llmgwctl status` shows the chain, with what is ready in it.

@@ -47,9 +47,12 @@ def chat(url, model, key=None, timeout=30, **extra):
                                **extra})
 
 
-def fallbacks_metric(rt) -> dict[tuple[str, str, str], float]:
+def fallbacks_metric(rt, key=None) -> dict[tuple[str, str, str], float]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    resp = requests.get(rt.url + "/metrics", headers=headers, timeout=10)
+    assert resp.status_code == 200, resp.text
     out = {}
-    for line in requests.get(rt.url + "/metrics", timeout=10).text.splitlines():
+    for line in resp.text.splitlines():
         if line.startswith("llmgw_router_fallbacks_total{"):
             labels, value = line[len("llmgw_router_fallbacks_total{"):].rsplit("} ", 1)
             got = dict(part.split("=", 1) for part in labels.split(","))
@@ -146,7 +149,7 @@ def test_an_unplaceable_model_falls_back_but_never_past_what_the_key_may_use(eng
     resp = chat(rt.url, "a", key=KEY_AB)
     assert resp.status_code == 200 and resp.json()["model"] == "b"
     assert resp.headers["x-llmgw-fallback-from"] == "a"
-    assert fallbacks_metric(rt) == {("a", "b", "unplaceable"): 1.0}
+    assert fallbacks_metric(rt, KEY_AB) == {("a", "b", "unplaceable"): 1.0}
     # The engine of b served that one request and no other.
     assert b.load() is not None
     text = requests.get(b.url + "/metrics", timeout=5).text
