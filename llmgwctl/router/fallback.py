@@ -2,7 +2,7 @@
 
 A model's chain is its catalog `fallbacks`, each followed by its own, in order
 (llmgwctl.catalog.fallbacks.chains, built once per catalog into the `View`).
-`Fallbacks.choose` is asked once per request for a model with a chain, as the
+`Fallbacks.choose` is asked for a request for a model with a chain as the
 request arrives, before its endpoint is picked, and judges by what the router
 knows then -- the endpoints listed, their ejections and their room (the
 balancer's own pick rules), and what the controller said about placement:
@@ -20,6 +20,12 @@ queueing at, or its KV cache at 0.95. That bound is the one the pick already
 spills across priority tiers by, so a model falls back to another model
 exactly when it would otherwise queue at a replica that is known to be full,
 and never on a guess (an engine that has never been seen full has room).
+
+It is asked once more, at most, when every endpoint of the model refused the
+request's connection (the request ran nowhere, and the model turns out down):
+the request goes to the fallback instead of waiting for the model's engines
+to come back (`RequestPath._forward`). A request a fallback took never falls
+back again.
 
 When no fallback can take it, the request stays with its model and gets what
 it always got there: a 503 with the placement's reason, a cold-start wait, a

@@ -35,7 +35,7 @@ from .call import Call, Refused, known, usable_names
 from .coldstart import ColdStart, ColdTimeout, QueueFull
 from .config import RouterConfig
 from .conventions import ClientGone, held_for_cold_start
-from .fallback import DOWN, Fallbacks
+from .fallback import DOWN, Choice, Fallbacks
 from .info import InfoRoutes
 from .limits import BodyBudget, BudgetFull, PathError, check_target
 from .policies import Policies
@@ -237,22 +237,55 @@ class RequestPath:
         request its key or route could not send to `model` gets `model`'s refusal,
         never a fallback's answer.
         """
-        unplaceable = self._surface.unplaceable
-        choice = self._fallbacks.choose(call, model, chain, bool(unplaceable) and model.name in unplaceable)
+        choice = self._switch(call, model, chain)
         if choice is None:
             return model
         if choice.reason == DOWN:
             # Woken all the same, as a request waiting for it would: the
             # fallback answers until the model's own replica is ready.
             self._cold.demand(model.name)
+        return choice.model
+
+    def _fall_back_after_refusals(self, call: Call, body: bytes) -> tuple[bytes, EndpointState] | None:
+        """`call` moved to a fallback once every endpoint of its model refused the connection: the body
+        renamed for it and its endpoint; None when the model has no fallback that can take it.
+
+        The model's policy chooser was built for the model's endpoints and the
+        parsed body is gone by now, so the fallback's pick is least-load's.
+        """
+        view = call.view
+        chain = view.fallbacks.get(call.model)
+        model = view.catalog.resolve(call.model)
+        if not chain or model is None:
+            return None
+        choice = self._switch(call, model, chain)
+        if choice is None:
+            return None
+        call.chooser = None
+        body = call.body = self._renamed(body, None, call.route.model_key, choice.model.name)
+        state = self._balancer.pick(choice.model.name, (), None)
+        # choose() took a fallback with a usable endpoint, and nothing ran since: there is one.
+        assert state is not None
+        return body, state
+
+    def _switch(self, call: Call, model: Model, chain: tuple[str, ...]) -> Choice | None:
+        """The fallback of `model` that `call` goes to, counted and marked on the call; None: `model` keeps it."""
+        unplaceable = self._surface.unplaceable
+        choice = self._fallbacks.choose(call, model, chain, bool(unplaceable) and model.name in unplaceable)
+        if choice is None:
+            return None
         self._metrics.fallbacks.labels(model.name, choice.model.name, choice.reason).inc()
         call.fallback_from = model.name
         call.model = choice.model.name
-        return choice.model
+        return choice
 
-    def _renamed(self, body: bytes, facts: jsonbody.Facts, key: str, name: str) -> bytes:
-        """`body` naming the model `name` instead of the alias it was sent with: only the model's value changes."""
-        lone = facts.lone_surrogate
+    def _renamed(self, body: bytes, facts: jsonbody.Facts | None, key: str, name: str) -> bytes:
+        """`body` naming the model `name` instead of the alias it was sent with: only the model's value changes.
+
+        `facts`: what parsing the body found, which saves a scan; None for a
+        body already forwarded once (a fallback after refusals, `_forward`).
+        """
+        lone = facts.lone_surrogate if facts is not None else None
         if lone is None:
             lone = jsonbody.lone_surrogate(body)
         if lone:
@@ -262,7 +295,7 @@ class RequestPath:
             raise Refused(errors.response(
                 400, "the request body holds a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape), "
                 "which is not text", "invalid_request_error", "invalid_json"))
-        span = facts.span or jsonbody.model_span(body, key)
+        span = (facts.span if facts is not None else None) or jsonbody.model_span(body, key)
         if span is not None:
             return jsonbody.with_model(body, span, name)
         # Not UTF-8 (JSON may be UTF-16 or 32): re-encoded whole, as UTF-8.
@@ -281,8 +314,9 @@ class RequestPath:
         """Try endpoints of the model in turn, up to max_attempts, until one answers; Refused when none does.
 
         Only an endpoint that refused the connection is retried elsewhere (the
-        request never ran there); when every one did, the request waits once
-        for an endpoint not tried yet, as for a cold start.
+        request never ran there); when every one did, the request goes to a
+        fallback of the model that can take it, if it names one, else waits
+        once for an endpoint not tried yet, as for a cold start.
         """
         balancer = self._balancer
         state: EndpointState | None = await self._first_endpoint(call)
@@ -297,6 +331,15 @@ class RequestPath:
             failure = answer
             tried += (state,)
             state = balancer.pick(call.model, tried, call.chooser)
+            if state is None and not held and not call.fallback_from:
+                # Every endpoint of the model refused the connection, so the
+                # request ran nowhere and a fallback may take it (fallback.py),
+                # rather than wait for the model's engines to come back.
+                fallen = self._fall_back_after_refusals(call, body)
+                if fallen is not None:
+                    body, state = fallen
+                    attempts = max(attempts, 1)
+                    continue
             if state is None and not held and self._cold.can_wait:
                 # Every endpoint of the model refused the connection: its engines
                 # are down -- the one replica crashed, say, and its agent is

@@ -177,3 +177,18 @@ def test_a_saturated_model_spills_to_a_fallback_with_room(engines, routers):
         for t in threads:
             t.join(60)
     assert [r.json()["model"] for r in done] == ["a", "a"]
+
+
+def test_a_model_whose_every_endpoint_refuses_falls_back_instead_of_waiting(fleet):
+    rt, engines = fleet
+    # a's engine is gone but the router was not told: its endpoint is listed, and refuses.
+    a, b = engines("a", "a-r1"), engines("b", "b-r1")
+    a.kill()
+    rt.set_endpoints([a.endpoint(), b.endpoint()])
+    resp = chat(rt.url, "a-alias", timeout=20)       # well inside the 60 s cold timeout it would wait otherwise
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["model"] == "b" and resp.headers["x-llmgw-fallback-from"] == "a"
+    assert fallbacks_metric(rt) == {("a", "b", "down"): 1.0}
+    # The next one goes to b at once: a's endpoint is ejected, so a is down as the request arrives.
+    assert chat(rt.url, "a").headers["x-llmgw-fallback-from"] == "a"
+    assert fallbacks_metric(rt) == {("a", "b", "down"): 2.0}
