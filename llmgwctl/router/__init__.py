@@ -18,6 +18,7 @@ and reporting usage. Its modules:
     server     Router (set_endpoints, set_catalog, usage_snapshot): builds the parts below, its aiohttp app
     surface    what the control plane tells the router: endpoints, catalog, model states, API keys
     request    the request path: target, key and rate, body, model, endpoint, the attempts
+    fallback   which fallback model answers when the model asked for has no replica that can
     answer     the answer path: whole or streamed, slow readers, a stream opened early for a cold start
     continuation  a cut chat stream resumed on another replica and spliced onto the client's (opt-in per model)
     accounting the caller's key; each request counted and logged once

@@ -6,11 +6,12 @@ before reading a byte of body; reads the body within its budget
 (`_read_body`, `limits.BodyBudget`) and parses it once (off the loop when
 costly, `jsonbody`); resolves the model against the catalog taken once for
 the request (`_resolve`), or the fallback that answers for it when it has
-no replica that can (`_fall_back`, `fallback`); picks an endpoint, waiting once, bounded, for one
-when none is ready (`_wait_for_endpoint`); and tries endpoints in turn
-(`_forward`: `_attempt` each, `_send` the request in it) until one answers,
-whose answer the answer path (`answer.AnswerPath`) passes back. A step that
-answers the request itself raises `call.Refused`, counted and logged once here.
+no replica that can (`_fall_back`, `fallback`); picks an endpoint, waiting
+once, bounded, for one when none is ready (`_wait_for_endpoint`); and tries
+endpoints in turn (`_forward`: `_attempt` each, `_send` the request in it)
+until one answers, whose answer the answer path (`answer.AnswerPath`) passes
+back. A step that answers the request itself raises `call.Refused`, counted
+and logged once here.
 """
 from __future__ import annotations
 
