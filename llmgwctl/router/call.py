@@ -57,7 +57,7 @@ class Call:
     """
 
     __slots__ = ("request", "route", "t0", "api_key", "model", "view", "stream", "waited", "rid", "fwd", "early",
-                 "chooser", "held", "body", "continued", "fallback_from")
+                 "chooser", "held", "body", "continued", "attempts", "fallback_from")
 
     def __init__(self, request: web.Request, route: routing.Route, t0: float, view: View):
         self.request = request
@@ -87,6 +87,8 @@ class Call:
         self.body = b""
         # A cut stream's hand-overs (continuation.py): (from replica, to replica, tokens sent at the cut).
         self.continued: tuple[tuple[str, str, int], ...] = ()
+        # Endpoints tried so far before its first byte (retry.py); 0: none yet.
+        self.attempts = 0
         # The model the client asked for when a fallback answers instead (fallback.py); "" when it answers itself.
         self.fallback_from = ""
 

@@ -17,6 +17,9 @@
     llmgw_router_fallbacks_total{model,fallback,reason}        counter, requests a fallback model answered for
                                                               `model` (router/fallback.py): unplaceable | down |
                                                               saturated
+    llmgw_router_retries_total{model,reason}                  counter, requests sent to another replica after an
+                                                              attempt failed before its first byte: unreached |
+                                                              headers_cut | timed_out | refused (502/503)
     llmgw_router_engine_refusals_total{reason}                counter, engine answers or /metrics pages refused
                                                               for breaking a bound (answer_too_large,
                                                               headers_too_large, redirect, metrics_too_large,
@@ -100,6 +103,10 @@ class RouterMetrics:
         self.fallbacks = Counter("llmgw_router_fallbacks", "Requests answered by a fallback model because the "
                                  "model asked for had no replica that could: unplaceable, down (none ready) or "
                                  "saturated (every ready one full).", ("model", "fallback", "reason"), registry=r)
+        self.retries = Counter("llmgw_router_retries", "Requests sent again to another replica after an attempt "
+                               "failed before any byte of its answer (router/retry.py), by what failed: unreached, "
+                               "headers_cut, timed_out, refused (an answer of 502 or 503).", ("model", "reason"),
+                               registry=r)
         self._watchers = Watchers()
         r.register(self._watchers)
         self.engine_refusals = Counter("llmgw_router_engine_refusals", "Engine answers and /metrics pages refused "
