@@ -158,6 +158,7 @@ def _model(raw: Mapping[str, Any], origin: Origin) -> Model:
         routing=raw.get("routing"),
         continuation=_continuation(raw.get("continuation")),
         context_length=raw.get("context_length"),
+        fallbacks=tuple(raw.get("fallbacks") or ()),
     )
 
 

@@ -21,6 +21,7 @@ from .commands import check_engine
 from .durations import format_duration
 from .engine_env import env_refusal
 from .errors import CatalogError, Problem, format_path
+from .fallbacks import check_fallbacks
 from .sizes import format_size_mib
 
 API_VERSION = "llmgw/v1"
@@ -244,6 +245,10 @@ class Model:
     # one (router/modelinfo.py: an engine's own word wins once it is heard);
     # None: unknown until then.
     context_length: int | None = None
+    # Other models (names or aliases, as written) that answer for this one when
+    # it has no replica that can (catalog/fallbacks.py checks them, the router's
+    # router/fallback.py follows them); empty: none, the default.
+    fallbacks: tuple[str, ...] = ()
 
     def ranked(self) -> tuple[Profile, ...]:
         """Profiles by priority, highest first; the written order breaks ties."""
@@ -272,6 +277,9 @@ class Model:
         if self.context_length is not None:
             # Only when written: a catalog without it keeps its version.
             out["context_length"] = self.context_length
+        if self.fallbacks:
+            # Only when written: a catalog without it keeps its version.
+            out["fallbacks"] = list(self.fallbacks)
         return out
 
 
@@ -321,6 +329,7 @@ class Catalog:
                     continue
                 first_use[key] = (model.origin.file, path, "the name" if what == "name" else "an alias")
                 index[key] = model
+        problems.extend(check_fallbacks(models, index))
         if problems:
             raise CatalogError(problems)
         self._models = models

@@ -121,6 +121,12 @@ def render(status: dict[str, Any], now: float | None = None, events: int = 8, wi
         (_cut(m["name"], 40), _cut(",".join(m["aliases"]), 30), m["desired"], m["ready"],
          f"{m['min']}-{m['max']}" if m["min"] != m["max"] else m["min"], _load(m.get("autoscale")))
         for m in status["models"]]))
+    ready = {m["name"]: m["ready"] for m in status["models"]}
+    for m in status["models"]:
+        if m.get("fallbacks"):
+            # The chain in the order tried, each with its ready count: what would answer if this model could not.
+            out.extend(_wrap(f"{m['name']} falls back to " + " -> ".join(
+                f"{name} ({ready.get(name, 0)} ready)" for name in m["fallbacks"])))
     for m in status["models"]:
         if m.get("unplaceable"):
             never = " (never, with this fleet)" if m.get("unplaceable_permanent") else ""

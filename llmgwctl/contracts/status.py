@@ -116,11 +116,13 @@ class ModelStatus:
     # True: it can never be placed on this fleet as it is (placement's Unplaceable.permanent).
     unplaceable_permanent: bool = False
     priority: int = 0
+    # The models its requests fall back to, in the order tried (catalog.fallbacks.chains); () when none.
+    fallbacks: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "aliases": list(self.aliases), "min": self.min, "max": self.max,
                 "desired": self.desired, "ready": self.ready, "replicas": self.replicas,
-                "priority": self.priority, "unplaceable": self.unplaceable,
+                "priority": self.priority, "fallbacks": list(self.fallbacks), "unplaceable": self.unplaceable,
                 "unplaceable_permanent": self.unplaceable_permanent,
                 "autoscale": {"metric": self.metric, "target": self.target, "load": self.load, "needed": self.needed}}
 

@@ -39,6 +39,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..catalog import Catalog, Live, Model
+from ..catalog.fallbacks import chains
 from ..contracts import (
     ConcurrencySource,
     Endpoint,
@@ -363,6 +364,7 @@ class Reconciler:
         rows.update(self.replicas, self.inventory.nodes(), catalog, self.inventory.conflict, self.maintenance.state)
         models = []
         kept = self._model_rows
+        chain = chains(catalog)
         for model in catalog.models:
             ready, count = rows.counts.get(model.name, (0, 0))
             scale = self.scaling.get(model.name)
@@ -370,14 +372,17 @@ class Reconciler:
             # The row of the last read while nothing it shows moved: no new record per model per read.
             key = (model, scale.wanted if scale else model.replicas.min, ready, count,
                    self.unplaceable.get(model.name), bool(getattr(detail, "permanent", False)),
-                   scale.load if scale else None, scale.needed if scale else None)
+                   scale.load if scale else None, scale.needed if scale else None,
+                   # Its chain follows other models' fallbacks too, not only its own.
+                   chain.get(model.name, ()))
             hit = kept.get(model.name)
             if hit is None or hit[0] != key:
                 hit = kept[model.name] = (key, ModelStatus(
                     name=model.name, aliases=tuple(model.aliases), min=model.replicas.min, max=model.replicas.max,
                     desired=key[1], ready=ready, replicas=count, unplaceable=key[4], priority=model.priority,
                     unplaceable_permanent=key[5], metric=model.autoscale.metric,
-                    target=model.autoscale.policy().target, load=key[6], needed=key[7]))
+                    target=model.autoscale.policy().target, load=key[6], needed=key[7],
+                    fallbacks=key[8]))
             models.append(hit[1])
         if len(kept) > len(models):
             names = {m.name for m in models}

@@ -19,6 +19,7 @@ and reporting usage. Its modules:
     server     Router (set_endpoints, set_catalog, usage_snapshot): builds the parts below, its aiohttp app
     surface    what the control plane tells the router: endpoints, catalog, model states, API keys
     request    the request path: target, key and rate, body, model, endpoint, the attempts
+    fallback   which fallback model answers when the model asked for has no replica that can
     retry      which failed attempts go to another replica before the first byte, and each request's budget
     answer     the answer path: whole or streamed, slow readers, a stream opened early for a cold start
     continuation  a cut chat stream resumed on another replica and spliced onto the client's (opt-in per model)

@@ -80,10 +80,13 @@ class Accounting:
         tokens_in, tokens_out = usage if usage is not None else (None, None)
         # A cut stream's hand-overs, only when there were any: FROM>TO@TOKENS sent at the cut.
         continued = ",".join(f"{a}>{b}@{n}" for a, b, n in call.continued)
-        access_log.info("%s %s %s %d model=%s endpoint=%s key=%s id=%s tokens=%s/%s attempts=%d %.1fms%s",
+        # The model asked for, only when a fallback answered it (`model` is the one that did).
+        fallback = call.fallback_from
+        access_log.info("%s %s %s %d model=%s endpoint=%s key=%s id=%s tokens=%s/%s attempts=%d %.1fms%s%s",
                         request.remote, request.method, request.path, status, model or "-", endpoint or "-", name,
                         call.rid, "-" if tokens_in is None else tokens_in, "-" if tokens_out is None else tokens_out,
                         call.attempts, seconds * 1e3, f" continued={continued}" if continued else "",
+                        f" fallback_from={fallback}" if fallback else "",
                         extra={"event": "access", "client": request.remote, "method": request.method,
                                "path": request.path, "status": status, "model": model, "endpoint": endpoint,
                                "key": name, "request_id": call.rid, "tokens_in": tokens_in,
@@ -91,4 +94,5 @@ class Accounting:
                                "duration_ms": round(seconds * 1e3, 3),
                                "overhead_ms": None if overhead is None else round(overhead * 1e3, 3),
                                **({"continued": [{"from": a, "to": b, "tokens": n} for a, b, n in call.continued]}
-                                  if continued else {})})
+                                  if continued else {}),
+                               **({"fallback_from": fallback} if fallback else {})})

@@ -74,7 +74,11 @@ class AnswerPath:
             raise OutOfBounds("redirect", f"answered {status}, a redirect, which the router never follows")
         ctype = upstream.headers.get("content-type", "application/json")
         headers = {"Content-Type": ctype, "x-llmgw-replica": state.replica_id,
-                   "x-llmgw-catalog-version": call.view.version, ATTEMPTS_HEADER: str(call.attempts)}
+                   "x-llmgw-catalog-version": call.view.version, ATTEMPTS_HEADER: str(call.attempts),
+                   "x-llmgw-model": call.model}
+        if call.fallback_from:
+            # A fallback answered (fallback.py): the model the client asked for.
+            headers["x-llmgw-fallback-from"] = call.fallback_from
         encoding = upstream.headers.get("content-encoding")
         if encoding is not None:
             headers["Content-Encoding"] = encoding

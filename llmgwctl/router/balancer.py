@@ -308,6 +308,23 @@ class Balancer:
         rest = [st for tier in tiers for st in tier if st not in exclude]
         return min(rest, key=lambda st: st.ejected_until) if rest else None
 
+    def room(self, model: str) -> bool | None:
+        """Whether a request for `model` sent now finds an endpoint that can take it, as `pick` judges:
+        True when one has a free slot, False when every usable one is full, None when none is usable
+        (none listed, or every one ejected). What router/fallback.py decides by."""
+        tiers = self._tiers.get(model)
+        if not tiers:
+            return None
+        now = self._clock()
+        usable = False
+        for tier in tiers:
+            for st in tier:
+                if st.ejected_until <= now:
+                    if self._has_room(st, now):
+                        return True
+                    usable = True
+        return False if usable else None
+
     def has_other(self, model: str, exclude: tuple[EndpointState, ...]) -> bool:
         """Whether a pick for `model` excluding `exclude` would find an endpoint (ejected ones count, as in `pick`)."""
         return any(st not in exclude for tier in self._tiers.get(model, ()) for st in tier)

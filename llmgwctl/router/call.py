@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from ..catalog import Catalog
+from ..catalog.fallbacks import chains
 from . import auth as keyauth
 from . import headers as reqheaders
 from . import routes as routing
@@ -28,7 +29,7 @@ __all__ = ["Call", "Refused", "View", "known", "usable_names"]
 class View:
     """The per-catalog facts the hot path needs, built once per `set_catalog`."""
 
-    __slots__ = ("catalog", "version", "top_profile", "routing", "routes", "continuation")
+    __slots__ = ("catalog", "version", "top_profile", "routing", "routes", "continuation", "fallbacks")
 
     def __init__(self, catalog: Catalog):
         self.catalog = catalog
@@ -43,6 +44,8 @@ class View:
         self.routes = routing.View(catalog)
         # Hand-overs a cut stream may make, for the models that turned continuation on (continuation.py).
         self.continuation = {m.name: m.continuation for m in catalog.models if m.continuation}
+        # Each model's whole chain of fallbacks, for the models that name any (fallback.py).
+        self.fallbacks = chains(catalog)
 
 
 class Call:
@@ -54,7 +57,7 @@ class Call:
     """
 
     __slots__ = ("request", "route", "t0", "api_key", "model", "view", "stream", "waited", "rid", "fwd", "early",
-                 "chooser", "held", "body", "continued", "attempts")
+                 "chooser", "held", "body", "continued", "attempts", "fallback_from")
 
     def __init__(self, request: web.Request, route: routing.Route, t0: float, view: View):
         self.request = request
@@ -86,6 +89,8 @@ class Call:
         self.continued: tuple[tuple[str, str, int], ...] = ()
         # Endpoints tried so far before its first byte (retry.py); 0: none yet.
         self.attempts = 0
+        # The model the client asked for when a fallback answers instead (fallback.py); "" when it answers itself.
+        self.fallback_from = ""
 
 
 class Refused(Exception):

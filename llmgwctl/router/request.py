@@ -5,11 +5,13 @@ add. `RequestPath.proxy` checks the target, the caller's key and its rate
 before reading a byte of body; reads the body within its budget
 (`_read_body`, `limits.BodyBudget`) and parses it once (off the loop when
 costly, `jsonbody`); resolves the model against the catalog taken once for
-the request (`_resolve`); picks an endpoint, waiting once, bounded, for one
-when none is ready (`_wait_for_endpoint`); and tries endpoints in turn
-(`_forward`: `_attempt` each, `_send` the request in it) until one answers,
-whose answer the answer path (`answer.AnswerPath`) passes back. A step that
-answers the request itself raises `call.Refused`, counted and logged once here.
+the request (`_resolve`), or the fallback that answers for it when it has
+no replica that can (`_fall_back`, `fallback`); picks an endpoint, waiting
+once, bounded, for one when none is ready (`_wait_for_endpoint`); and tries
+endpoints in turn (`_forward`: `_attempt` each, `_send` the request in it)
+until one answers, whose answer the answer path (`answer.AnswerPath`) passes
+back. A step that answers the request itself raises `call.Refused`, counted
+and logged once here.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from aiohttp import web
 
 from .. import httpbody
 from ..allocator import Trimmer
+from ..catalog import Model
 from ..observability.metrics import RouterMetrics
 from . import auth as keyauth
 from . import errors, jsonbody
@@ -35,6 +38,7 @@ from .call import Call, Refused, known, usable_names
 from .coldstart import ColdStart, ColdTimeout, QueueFull
 from .config import RouterConfig
 from .conventions import ClientGone, held_for_cold_start
+from .fallback import DOWN, Choice, Fallbacks
 from .info import InfoRoutes
 from .limits import BodyBudget, BudgetFull, PathError, check_target
 from .policies import Policies
@@ -75,6 +79,8 @@ class RequestPath:
         self._accounting = accounting
         self._answer = answer
         self._info = info           # the 404 of a POST no route of the catalog's takes
+        # Which model answers a request whose own has no replica that can (fallback.py).
+        self._fallbacks = Fallbacks(balancer)
         # Requests' connections to engines (see upstream.py): made by the Router as the app starts.
         self.pool: Pool | None = None
 
@@ -235,6 +241,9 @@ class RequestPath:
         route = call.route
         if not view.routes.allows(route, model.name):
             raise Refused(errors.no_such_route(call.request.method, route.path, model.name))
+        chain = view.fallbacks.get(model.name)
+        if chain:
+            model = self._fall_back(call, model, chain)
         call.stream = route.streams and facts.stream
         policy = view.routing.get(model.name)
         if policy is not None:
@@ -245,9 +254,62 @@ class RequestPath:
             body = self._renamed(body, facts, route.model_key, model.name)
         return body
 
-    def _renamed(self, body: bytes, facts: jsonbody.Facts, key: str, name: str) -> bytes:
-        """`body` naming the model `name` instead of the alias it was sent with: only the model's value changes."""
-        lone = facts.lone_surrogate
+    def _fall_back(self, call: Call, model: Model, chain: tuple[str, ...]) -> Model:
+        """The model that answers `call`: `model`, or the fallback taken when it has no replica that can (fallback.py).
+
+        Asked after the key and the route were checked against `model`, so a
+        request its key or route could not send to `model` gets `model`'s refusal,
+        never a fallback's answer.
+        """
+        choice = self._switch(call, model, chain)
+        if choice is None:
+            return model
+        if choice.reason == DOWN:
+            # Woken all the same, as a request waiting for it would: the
+            # fallback answers until the model's own replica is ready.
+            self._cold.demand(model.name)
+        return choice.model
+
+    def _fall_back_after_refusals(self, call: Call, body: bytes) -> tuple[bytes, EndpointState] | None:
+        """`call` moved to a fallback once every endpoint of its model refused the connection: the body
+        renamed for it and its endpoint; None when the model has no fallback that can take it.
+
+        The model's policy chooser was built for the model's endpoints and the
+        parsed body is gone by now, so the fallback's pick is least-load's.
+        """
+        view = call.view
+        chain = view.fallbacks.get(call.model)
+        model = view.catalog.resolve(call.model)
+        if not chain or model is None:
+            return None
+        choice = self._switch(call, model, chain)
+        if choice is None:
+            return None
+        call.chooser = None
+        body = call.body = self._renamed(body, None, call.route.model_key, choice.model.name)
+        state = self._balancer.pick(choice.model.name, (), None)
+        # choose() took a fallback with a usable endpoint, and nothing ran since: there is one.
+        assert state is not None
+        return body, state
+
+    def _switch(self, call: Call, model: Model, chain: tuple[str, ...]) -> Choice | None:
+        """The fallback of `model` that `call` goes to, counted and marked on the call; None: `model` keeps it."""
+        unplaceable = self._surface.unplaceable
+        choice = self._fallbacks.choose(call, model, chain, bool(unplaceable) and model.name in unplaceable)
+        if choice is None:
+            return None
+        self._metrics.fallbacks.labels(model.name, choice.model.name, choice.reason).inc()
+        call.fallback_from = model.name
+        call.model = choice.model.name
+        return choice
+
+    def _renamed(self, body: bytes, facts: jsonbody.Facts | None, key: str, name: str) -> bytes:
+        """`body` naming the model `name` instead of the alias it was sent with: only the model's value changes.
+
+        `facts`: what parsing the body found, which saves a scan; None for a
+        body already forwarded once (a fallback after refusals, `_forward`).
+        """
+        lone = facts.lone_surrogate if facts is not None else None
         if lone is None:
             lone = jsonbody.lone_surrogate(body)
         if lone:
@@ -257,7 +319,7 @@ class RequestPath:
             raise Refused(errors.response(
                 400, "the request body holds a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape), "
                 "which is not text", "invalid_request_error", "invalid_json"))
-        span = facts.span or jsonbody.model_span(body, key)
+        span = (facts.span if facts is not None else None) or jsonbody.model_span(body, key)
         if span is not None:
             return jsonbody.with_model(body, span, name)
         # Not UTF-8 (JSON may be UTF-16 or 32): re-encoded whole, as UTF-8.
@@ -279,8 +341,9 @@ class RequestPath:
         client (retry.py says which) is tried again on a replica not tried
         yet, while the budget (max_attempts) lasts; every other ends the
         request. When every endpoint was tried and each refused the
-        connection, the request waits once for an endpoint not tried yet, as
-        for a cold start.
+        connection, the request ran nowhere: it goes to a fallback of the
+        model that can take it, if the model names one (fallback.py), else
+        waits once for an endpoint not tried yet, as for a cold start.
         """
         balancer = self._balancer
         attempts = Attempts(self._config.max_attempts)
@@ -295,6 +358,15 @@ class RequestPath:
             attempts.failed(answer)
             tried += (state,)
             state = balancer.pick(call.model, tried, call.chooser)
+            if state is None and not held and not call.fallback_from and attempts.unreached_only():
+                # Every endpoint of the model refused the connection, so the
+                # request ran nowhere and a fallback may take it (fallback.py),
+                # rather than wait for the model's engines to come back.
+                fallen = self._fall_back_after_refusals(call, body)
+                if fallen is not None:
+                    body, state = fallen
+                    attempts.grant()        # the fallback's endpoint gets its try
+                    continue
             if state is None:
                 if not held and attempts.unreached_only() and self._cold.can_wait:
                     # Every endpoint of the model refused the connection: its engines

@@ -29,7 +29,7 @@ def test_corpus_covers_every_rule():
     assert {"duplicate-name-across-files", "duplicate-alias-across-files", "alias-is-another-models-name",
             "unknown-engine", "duplicate-profile-names", "min-greater-than-max", "bad-duration",
             "yaml-syntax", "empty-file", "not-a-mapping", "not-utf8", "broken-symlink",
-            "many-errors-at-once"} <= names
+            "many-errors-at-once", "fallback-cycle-across-files", "fallback-unknown-or-self"} <= names
 
 
 def test_all_errors_of_a_directory_are_reported_at_once():

@@ -218,7 +218,10 @@ function renderModels(models) {
     el("td", {}, el("ul", { class: "plain" }, profilesOf(m.name).map((p) => el("li", {},
       el("span", { class: "mono" }, p.name), ": " + p.engine + ", " + p.gpus + " GPU" + (p.gpus === 1 ? "" : "s")
       + (p.pool ? ", pool " + p.pool : "") + ", priority " + p.priority)))),
-    el("td", {}, m.unplaceable ? el("span", { class: "error" }, m.unplaceable) : el("span", { class: "muted" }, "placed")),
+    el("td", {}, m.unplaceable ? el("span", { class: "error" }, m.unplaceable) : el("span", { class: "muted" }, "placed"),
+      // The chain its requests fall back to when it has no replica that can answer (llmgw-catalog(5) FALLBACKS).
+      (m.fallbacks || []).length ? el("div", { class: "muted", "data-fallbacks": m.name },
+                                      "falls back to " + m.fallbacks.join(" → ")) : null),
   )));
 }
 

@@ -14,6 +14,9 @@
     llmgw_router_api_keys_reloads_total{result}               counter, applied | rejected
     llmgw_router_stream_continuations_total{model,outcome}    counter, cut streams of models with continuation
                                                               on: resumed | failed | ineligible
+    llmgw_router_fallbacks_total{model,fallback,reason}        counter, requests a fallback model answered for
+                                                              `model` (router/fallback.py): unplaceable | down |
+                                                              saturated
     llmgw_router_retries_total{model,reason}                  counter, requests sent to another replica after an
                                                               attempt failed before its first byte: unreached |
                                                               headers_cut | timed_out | refused (502/503)
@@ -97,6 +100,9 @@ class RouterMetrics:
                                      "with continuation on: resumed on another replica, failed (none could take "
                                      "it), or ineligible (the request or the stream may not be continued).",
                                      ("model", "outcome"), registry=r)
+        self.fallbacks = Counter("llmgw_router_fallbacks", "Requests answered by a fallback model because the "
+                                 "model asked for had no replica that could: unplaceable, down (none ready) or "
+                                 "saturated (every ready one full).", ("model", "fallback", "reason"), registry=r)
         self.retries = Counter("llmgw_router_retries", "Requests sent again to another replica after an attempt "
                                "failed before any byte of its answer (router/retry.py), by what failed: unreached, "
                                "headers_cut, timed_out, refused (an answer of 502 or 503).", ("model", "reason"),
