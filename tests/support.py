@@ -12,10 +12,12 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 import pytest
+
+T = TypeVar("T")
 
 # Generous: the machine may be two shared cores, where starting a Python
 # process alone can take seconds. Never reached when things work.
@@ -122,12 +124,12 @@ class LoopThread:
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
 
-    def call_async(self, coro, timeout: float = 30.0):
+    def call_async(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run `fn(*args)` on the loop, where the piece's objects must be touched."""
-        async def run():
+        async def run() -> Any:
             return fn(*args)
         return self.call_async(run())
 

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import IO, Any
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -37,7 +38,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-def wait_until(predicate: Callable[[], object], what: str, timeout: float = DEADLINE, every: float = 0.1):
+def wait_until(predicate: Callable[[], object], what: str, timeout: float = DEADLINE, every: float = 0.1) -> Any:
     """The suite's wait, taking a fleet's usual "not yet" (a server still starting, a field not there yet)."""
     return support.wait_until(predicate, what, timeout, every, errors=(requests.RequestException, KeyError, ValueError))
 
@@ -62,14 +63,14 @@ class Fleet:
         self.catalogs.mkdir(parents=True, exist_ok=True)
         self.router_port = free_port()
         self.control_port = free_port()
-        self.controller: subprocess.Popen | None = None
+        self.controller: subprocess.Popen[bytes] | None = None
         # The admin token status() sends, for a controller started with --token-file.
         self.admin_token: str | None = None
-        self.agents: dict[str, subprocess.Popen] = {}
-        self.routers: list[subprocess.Popen] = []
+        self.agents: dict[str, subprocess.Popen[bytes]] = {}
+        self.routers: list[subprocess.Popen[bytes]] = []
         self._agent_args: dict[str, list[str]] = {}
         self._port_base = random.randrange(22000, 29000, 100)
-        self._logs = []
+        self._logs: list[IO[bytes]] = []
 
     @property
     def router(self) -> str:
@@ -79,7 +80,7 @@ class Fleet:
     def control(self) -> str:
         return f"http://127.0.0.1:{self.control_port}"
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.root / f"{name}.log", "ab")
         self._logs.append(log)
         env = dict(self.environ, LLMGW_TEST_MARK=self.mark, PYTHONUNBUFFERED="1")
@@ -92,13 +93,15 @@ class Fleet:
         # the machine, where one test's drained n1 would stay drained for the next.
         state = () if "--state-dir" in extra else ("--state-dir", str(self.root / "state-controller"))
         for _attempt in range(3):
-            self.controller = self._spawn("controller", [
+            self.controller = controller = self._spawn("controller", [
                 "serve", "--no-local-agent", "--catalogs", str(self.catalogs),
                 "--listen", f"127.0.0.1:{self.router_port}", "--control", f"127.0.0.1:{self.control_port}",
                 "--settle", "2", "--drain-grace", "10", "--node-timeout", "2", "--replace-after", "2", *state, *extra])
-            wait_until(lambda: self.controller.poll() is not None or requests.get(self.control + "/healthz", timeout=1).ok,
-                            "the control API")
-            if self.controller.poll() is None:
+
+            def up(proc: subprocess.Popen[bytes] = controller) -> bool:
+                return proc.poll() is not None or requests.get(self.control + "/healthz", timeout=1).ok
+            wait_until(up, "the control API")
+            if controller.poll() is None:
                 return
             # Exited: most likely a port another test's process took between our
             # pick and its bind. New ports, unless agents already know these.
@@ -146,23 +149,24 @@ class Fleet:
         # The router prints its bound port on stdout once its first watch answer is applied.
         found = wait_until(lambda: re.search(r"router listening on (http://127\.0\.0\.1:\d+)", self.log(name)),
                            "the standalone router to listen")
-        return found.group(1)
+        return str(found.group(1))
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         headers = {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
         resp = requests.get(self.control + "/api/v1/status", headers=headers, timeout=10)
         if resp.status_code != 200:     # a RequestException: what wait_until takes as "not yet"
             raise requests.HTTPError(f"status answered {resp.status_code}: {resp.text}", response=resp)
-        return resp.json()
+        status: dict[str, Any] = resp.json()
+        return status
 
-    def replicas(self, model: str | None = None, state: str | None = None) -> list[dict]:
+    def replicas(self, model: str | None = None, state: str | None = None) -> list[dict[str, Any]]:
         return [r for r in self.status()["replicas"]
                 if (model is None or r["model"] == model) and (state is None or r["state"] == state)]
 
-    def ready(self, model: str) -> list[dict]:
+    def ready(self, model: str) -> list[dict[str, Any]]:
         return self.replicas(model, "ready")
 
-    def chat(self, model: str, content: str = "hello", timeout: float = 30, **extra) -> requests.Response:
+    def chat(self, model: str, content: str = "hello", timeout: float = 30, **extra: Any) -> requests.Response:
         return requests.post(self.router + "/v1/chat/completions", timeout=timeout,
                              json={"model": model, "messages": [{"role": "user", "content": content}], **extra})
 
@@ -255,7 +259,12 @@ class Fleet:
         for node in list(self.agents):
             self.kill_agent(node)
         self.close()
-        wait_until(lambda: self.marked_pids() == [] or self.close(), what, timeout)
+        def swept() -> bool:
+            if self.marked_pids() == []:
+                return True
+            self.close()
+            return False
+        wait_until(swept, what, timeout)
 
 
 def endpoint_metrics(router: str, replica: str) -> dict[str, float]:
