@@ -24,11 +24,13 @@ from aiohttp import web
 from ..observability.metrics import RouterMetrics
 from . import errors
 from .accounting import Accounting
+from .affinity import Affinity
 from .balancer import Balancer, EndpointState
 from .call import Call, Refused
 from .config import RouterConfig
 from .continuation import Continuation, Splice
 from .ejection import Ejector
+from .responses import FirstEvent, id_of_whole
 from .upstream import OutOfBounds, Response, UpstreamError
 from .usage import StreamUsage, usage_tokens
 
@@ -46,8 +48,10 @@ class AnswerPath:
     """An engine's answer, its headers in, passed back to the client: whole, streamed, or as a stream's last event."""
 
     def __init__(self, config: RouterConfig, *, balancer: Balancer, ejector: Ejector, metrics: RouterMetrics,
-                 accounting: Accounting):
+                 accounting: Accounting, affinity: Affinity):
         self._config = config
+        # Told the id of each response an engine stored (a route that `binds`), and by which replica.
+        self._affinity = affinity
         self._balancer = balancer
         self._ejector = ejector
         self._metrics = metrics
@@ -105,6 +109,8 @@ class AnswerPath:
         self._balancer.succeeded(state)
         usage = usage_tokens(data)
         status = upstream.status
+        if call.route.binds and 200 <= status < 300:
+            self._affinity.learned(call, state, id_of_whole(data))
         overhead = perf_counter() - call.t0 - call.waited
         headers["x-llmgw-overhead-ms"] = f"{overhead * 1e3:.3f}"
         # A whole reply is handed to aiohttp in one piece: its first byte and
@@ -138,6 +144,9 @@ class AnswerPath:
         splice = self.continuation.watch(call) if call.view.continuation else None
         feed = splice.feed if isinstance(splice, Splice) else None
         parts = upstream.chunks()
+        # A Responses stream names its response in its first event: remembered
+        # before that event is passed on, so a request naming it finds it.
+        first_event = FirstEvent() if call.route.binds and status == 200 else None
         try:
             while True:
                 try:
@@ -148,6 +157,9 @@ class AnswerPath:
                             chunk = feed(chunk)
                             if not chunk:
                                 continue
+                        if first_event is not None and not first_event.feed(chunk):
+                            self._affinity.learned(call, state, first_event.response_id)
+                            first_event = None
                         # A write can block only when it leaves the client's socket
                         # backlogged past the transport's high-water mark (64 KiB): a
                         # small chunk onto an empty backlog never does.

@@ -18,7 +18,7 @@ from ..catalog import Catalog
 from . import auth as keyauth
 from . import headers as reqheaders
 from . import routes as routing
-from .balancer import Chooser
+from .balancer import Chooser, EndpointState
 from .conventions import RID
 from .policies import DEFAULT_POLICY, LEAST_LOAD
 
@@ -54,7 +54,7 @@ class Call:
     """
 
     __slots__ = ("request", "route", "t0", "api_key", "model", "view", "stream", "waited", "rid", "fwd", "early",
-                 "chooser", "held", "body", "continued")
+                 "chooser", "held", "body", "continued", "pinned", "response_id")
 
     def __init__(self, request: web.Request, route: routing.Route, t0: float, view: View):
         self.request = request
@@ -84,6 +84,11 @@ class Call:
         self.body = b""
         # A cut stream's hand-overs (continuation.py): (from replica, to replica, tokens sent at the cut).
         self.continued: tuple[tuple[str, str, int], ...] = ()
+        # The one endpoint this request may go to: the replica that stored the
+        # response it names (affinity.py); None: any the balancer picks.
+        self.pinned: EndpointState | None = None
+        # The stored response it names (`previous_response_id`, or the path's id); None: none.
+        self.response_id: str | None = None
 
 
 class Refused(Exception):

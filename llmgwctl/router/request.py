@@ -8,8 +8,11 @@ costly, `jsonbody`); resolves the model against the catalog taken once for
 the request (`_resolve`); picks an endpoint, waiting once, bounded, for one
 when none is ready (`_wait_for_endpoint`); and tries endpoints in turn
 (`_forward`: `_attempt` each, `_send` the request in it) until one answers,
-whose answer the answer path (`answer.AnswerPath`) passes back. A step that
-answers the request itself raises `call.Refused`, counted and logged once here.
+whose answer the answer path (`answer.AnswerPath`) passes back. A request
+naming a stored response -- `previous_response_id` in a Responses body, or
+a route of `/v1/responses/{id}` (`stored`) -- is pinned to the replica that
+stored it and tried there alone (`affinity`). A step that answers the
+request itself raises `call.Refused`, counted and logged once here.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from . import auth as keyauth
 from . import errors, jsonbody
 from . import routes as routing
 from .accounting import Accounting
+from .affinity import Affinity
 from .answer import AnswerPath
 from .balancer import Balancer, EndpointState
 from .call import Call, Refused, known, usable_names
@@ -49,7 +53,8 @@ class RequestPath:
 
     def __init__(self, config: RouterConfig, *, balancer: Balancer, policies: Policies, cold: ColdStart,
                  limiter: keyauth.Limiter, bodies: BodyBudget, parser: jsonbody.OffLoop, metrics: RouterMetrics,
-                 surface: Surface, accounting: Accounting, answer: AnswerPath, info: InfoRoutes):
+                 surface: Surface, accounting: Accounting, answer: AnswerPath, info: InfoRoutes,
+                 affinity: Affinity):
         self._config = config
         self._balancer = balancer
         self.policies = policies
@@ -62,6 +67,7 @@ class RequestPath:
         self._accounting = accounting
         self._answer = answer
         self._info = info           # the 404 of a POST no route of the catalog's takes
+        self._affinity = affinity   # which replica stored a response a request names
         # Requests' connections to engines (see upstream.py): made by the Router as the app starts.
         self.pool: Pool | None = None
 
@@ -78,7 +84,36 @@ class RequestPath:
         return await self.proxy(request, route)
 
     async def proxy(self, request: web.Request, route: routing.Route) -> web.StreamResponse:
-        call = Call(request, route, perf_counter(), self._surface.view)
+        """A request on a route of the table (or the catalog's): to a replica of the model its body names."""
+        return await self._run(Call(request, route, perf_counter(), self._surface.view), self._by_model)
+
+    def stored(self, route: routing.Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """The handler of a route naming a stored response (`route.by_response`)."""
+        async def proxy(request: web.Request) -> web.StreamResponse:
+            return await self._run(Call(request, route, perf_counter(), self._surface.view), self._by_response)
+        return proxy
+
+    async def _by_model(self, call: Call) -> web.StreamResponse:
+        body = call.body = await self._resolve(call, await self._read_body(call))
+        return await self._forward(call, body)
+
+    async def _by_response(self, call: Call) -> web.StreamResponse:
+        """To the replica that stored the response the path names, for the key that made it (affinity.py)."""
+        request = call.request
+        response_id = call.response_id = request.match_info["id"]
+        call.pinned = self._affinity.endpoint(call, response_id)
+        # A GET or DELETE sends no body; a cancel's, if any, goes on as it came.
+        body = call.body = await self._read_body(call) if request.method == "POST" else b""
+        call.stream = call.route.streams and request.query.get("stream") in ("true", "True", "1")
+        answer = await self._forward(call, body)
+        if answer.status == 404 or (request.method == "DELETE" and 200 <= answer.status < 300):
+            # Deleted, or its engine no longer has it: nothing left to route to.
+            self._affinity.store.forget(response_id)
+        return answer
+
+    async def _run(self, call: Call, steps: Callable[[Call], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        """The checks every proxied request passes first, then `steps`; a refusal counted and logged once."""
+        request, route = call.request, call.route
         accounting = self._accounting
         try:
             try:
@@ -94,8 +129,7 @@ class RequestPath:
                 wait = self._limiter.take(api_key)
                 if wait:
                     raise Refused(keyauth.rate_limited(api_key, wait))
-            body = call.body = await self._resolve(call, await self._read_body(call))
-            return await self._forward(call, body)
+            return await steps(call)
         except Refused as refused:
             response = route.error_shape(refused.response)
             if call.early is not None:
@@ -213,7 +247,15 @@ class RequestPath:
         if not view.routes.allows(route, model.name):
             raise Refused(errors.no_such_route(call.request.method, route.path, model.name))
         call.stream = route.streams and facts.stream
-        policy = view.routing.get(model.name)
+        previous = facts.doc.get("previous_response_id") if route.binds else None
+        if previous is not None:
+            if type(previous) is not str:
+                raise Refused(errors.response(400, "'previous_response_id' must be a string, a response's id",
+                                              "invalid_request_error", "invalid_previous_response_id"))
+            # Only the replica that stored it can continue it: no policy picks.
+            call.response_id = previous
+            call.pinned = self._affinity.endpoint(call, previous, model.name)
+        policy = view.routing.get(model.name) if call.pinned is None else None
         if policy is not None:
             # Parsed on the loop, the prompt is read only now, when a policy wants it.
             reader = known(facts.prompt) if facts.off_loop else route.prompt
@@ -257,6 +299,14 @@ class RequestPath:
         for an endpoint not tried yet, as for a cold start.
         """
         balancer = self._balancer
+        pinned = call.pinned
+        if pinned is not None:
+            # The replica that stored the response it names, or no one (affinity.py).
+            answer = await self._attempt(call, pinned, body)
+            if isinstance(answer, str):
+                assert call.response_id is not None     # set with `pinned`
+                raise self._affinity.unreachable(call.response_id, answer, call)
+            return answer
         state: EndpointState | None = await self._first_endpoint(call)
         tried: tuple[EndpointState, ...] = ()
         failure = "no endpoint left to try"
@@ -329,7 +379,8 @@ class RequestPath:
         up0 = perf_counter()
         try:
             upstream = await pool.post(state.endpoint.url, call.request.raw_path, body, idle_timeout=idle_timeout,
-                                       headers=call.fwd)
+                                       headers=call.fwd,
+                                       method=call.request.method.encode() if call.route.by_response else b"POST")
         except UpstreamTimeout as exc:
             # The engine took the request and then said nothing for
             # upstream_idle_timeout: wedged, and the request may have
