@@ -187,7 +187,8 @@ class Routes:
 
     def _not_found(self, response_id: str) -> web.Response:
         # vLLM's words and shape for an id its store does not hold.
-        return error_response(404, f"Response with id '{response_id}' not found.", "invalid_request_error")
+        return error_response(404, f"Response with id '{response_id}' not found.", "invalid_request_error",
+                              "response_id")
 
     def _headers(self) -> dict[str, str]:
         return {"X-Fake-Replica": self.engine.replica}

@@ -86,6 +86,15 @@ BY_PATH: Mapping[str, Route] = {r.path: r for r in TABLE}
 RESPONSES = "/v1/responses/"
 
 
+def template_of(path: str) -> str:
+    """`path` as the table spells it: a stored response's id as `{id}` (the rest as it is)."""
+    if path.startswith(RESPONSES):
+        head, sep, tail = path[len(RESPONSES):].partition("/")
+        if head:
+            return RESPONSES + "{id}" + sep + tail
+    return path
+
+
 class View:
     """The routes one catalog adds, built once per catalog: path -> route, and which models may use it."""
 

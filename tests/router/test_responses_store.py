@@ -104,3 +104,19 @@ def test_a_first_event_without_end_is_given_up_past_its_bound():
     assert watch.feed(b"data: " + b"x" * 1000) is True
     assert watch.feed(b"x" * responses.MAX_PARSED) is False
     assert watch.response_id is None
+
+
+def test_a_responses_usage_is_read_as_a_chats_is():
+    from llmgwctl.router.usage import StreamUsage, usage_tokens
+
+    whole = json.dumps({"id": "resp_1", "output": [], "usage": {
+        "input_tokens": 12, "input_tokens_details": {"cached_tokens": 4}, "output_tokens": 7,
+        "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 19}, "user": None}).encode()
+    assert usage_tokens(whole) == (12, 7)
+    stream = StreamUsage()
+    stream.feed(_event("response.created", {"response": {"id": "resp_1", "usage": None}}))
+    assert stream.usage is None
+    completed = _event("response.completed", {"response": json.loads(whole), "type": "response.completed"})
+    stream.feed(completed[:40])
+    stream.feed(completed[40:])
+    assert stream.usage == (12, 7)
