@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from .fake_replies import BadRequest, error_response, parse_generation
 from .fake_load import prompt_tokens_of
+from .fake_replies import BadRequest, error_response, parse_generation
 
 if TYPE_CHECKING:
     from .fake_server import FakeEngine
@@ -151,7 +151,7 @@ class Events:
 
     def closing(self, text: str) -> bytes:
         """The text done, the part and the message done, and the whole response completed."""
-        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": None}
+        part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": [], "logprobs": None}
         item = {"id": self.item_id, "type": "message", "role": "assistant", "status": "completed",
                 "content": [part]}
         return b"".join((

@@ -41,8 +41,16 @@ from .. import aio
 from . import fake_faults, fake_metrics, fake_responses
 from .fake_config import FakeConfig
 from .fake_load import Load, prompt_tokens_of
-from .fake_replies import (BadRequest, Chunks, Generation, count_prompt_tokens, embedding_vector, error_body,
-                           error_response, parse_generation)
+from .fake_replies import (
+    BadRequest,
+    Chunks,
+    Generation,
+    count_prompt_tokens,
+    embedding_vector,
+    error_body,
+    error_response,
+    parse_generation,
+)
 
 __all__ = ["FakeConfig", "FakeEngine", "error_body", "error_response", "run", "serve", "start"]
 
