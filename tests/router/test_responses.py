@@ -22,6 +22,7 @@ from .harness import RouterThread, catalog, make_router, spawn_engine
 MODEL = "resp-model"
 ALIAS = "resp-alias"
 OTHER = "resp-other"
+LONE = "resp-lone"          # a model whose one engine a test kills
 KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-0123456789", "narrow": "sk-narrow-0123456789"}
 TURNS = 8
 
@@ -37,7 +38,7 @@ def key_file(narrow: str = OTHER) -> auth.ApiKeys:
 def served():
     engines = [spawn_engine(MODEL, f"resp-{i}") for i in range(2)]
     other = spawn_engine(OTHER, "resp-o")
-    rt = RouterThread(make_router(catalog((MODEL, (ALIAS,)), (OTHER, ()))))
+    rt = RouterThread(make_router(catalog((MODEL, (ALIAS,)), (OTHER, ()), (LONE, ()))))
     rt.all_endpoints = [e.endpoint() for e in engines] + [other.endpoint()]
     try:
         rt.set_endpoints(rt.all_endpoints)
@@ -182,6 +183,36 @@ def test_when_the_replica_that_stored_it_is_gone_the_404_says_so(served):
         assert c.responses.create(model=MODEL, input="anew", max_output_tokens=4).id
     finally:
         rt.set_endpoints(rt.all_endpoints)
+
+
+def test_when_that_replica_refuses_the_connection_no_other_is_tried(served, engines):
+    rt, _ = served
+    lone = engines(LONE, "resp-lone")
+    rt.set_endpoints(rt.all_endpoints + [lone.endpoint()])
+    try:
+        c = client(rt)
+        made = c.responses.create(model=LONE, input="hello", max_output_tokens=4)
+        lone.kill()
+        with pytest.raises(openai.InternalServerError) as refused:
+            c.responses.create(model=LONE, input="on", previous_response_id=made.id)
+        assert refused.value.status_code == 502 and refused.value.body["code"] == "response_replica_unreachable"
+        assert "resp-lone" in refused.value.message
+    finally:
+        rt.set_endpoints(rt.all_endpoints)
+
+
+def test_a_body_parsed_off_the_loop_still_reaches_the_replica_that_stored_its_previous_response(served):
+    rt, _ = served
+    c = client(rt)
+    made = c.responses.with_raw_response.create(model=MODEL, input="short", max_output_tokens=4)
+    replica, previous = made.headers["x-llmgw-replica"], made.parse().id
+    # Past 50,000 commas: parsed in the router's worker process, which hands back previous_response_id.
+    # Each turn's text its own from the first character, so no prefix match steers it.
+    for turn in range(5):
+        big = c.responses.with_raw_response.create(model=MODEL, input=f"{turn} " + "a, " * 60_000,
+                                                   max_output_tokens=4, previous_response_id=previous)
+        assert big.headers["x-llmgw-replica"] == replica
+        previous = big.parse().id
 
 
 @pytest.mark.parametrize("path", ["/v1/responses/resp_nope", "/v1/responses/" + "a" * 200,
