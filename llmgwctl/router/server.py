@@ -113,7 +113,9 @@ class Router:
         self.info = InfoRoutes(config, balancer=self.balancer, metrics=self.metrics, surface=self.surface,
                                accounting=self.accounting)
         # Which replica stored each response a Responses answer named (affinity.py, responses.py).
-        self.affinity = Affinity(ResponseStore(config.responses_kept, config.responses_ttl, clock), self.balancer)
+        self.affinity = Affinity(ResponseStore(config.responses_kept, config.responses_ttl, clock), self.balancer,
+                                 counted=lambda outcome: self.metrics.response_affinity.labels(outcome).inc())
+        self.metrics.responses_kept.set_function(lambda: len(self.affinity.store))
         self.answer = AnswerPath(config, balancer=self.balancer, ejector=self.ejector, metrics=self.metrics,
                                  accounting=self.accounting, affinity=self.affinity)
         self.requests = RequestPath(config, balancer=self.balancer, policies=self.policies, cold=self.cold,

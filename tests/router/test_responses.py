@@ -231,3 +231,21 @@ def test_without_a_key_the_responses_routes_are_401(served):
                          ("DELETE", "/v1/responses/resp_x"), ("POST", "/v1/responses/resp_x/cancel")):
         r = requests.request(method, rt.url + path, json={"model": MODEL, "input": "x"}, timeout=10)
         assert r.status_code == 401, (method, path, r.text)
+
+
+def test_affinity_and_the_responses_usage_show_in_the_routers_metrics(served):
+    rt, _ = served
+    c = client(rt)
+    made = c.responses.create(model=MODEL, input="count me", max_output_tokens=5)
+    c.responses.create(model=MODEL, input="and me", max_output_tokens=5, previous_response_id=made.id)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve("resp_never")
+    from prometheus_client.parser import text_string_to_metric_families
+    text = requests.get(rt.url + "/metrics", headers={"Authorization": f"Bearer {KEYS['alice']}"}, timeout=10).text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert samples[("llmgw_router_response_affinity_total", (("outcome", "routed"),))] >= 1
+    assert samples[("llmgw_router_response_affinity_total", (("outcome", "not_found"),))] >= 1
+    assert samples[("llmgw_router_responses_kept", ())] >= 2
+    # A Responses answer's usage (input_tokens, output_tokens) is metered as a chat's.
+    assert samples[("llmgw_router_key_tokens_total", (("direction", "out"), ("key", "alice")))] >= 10
