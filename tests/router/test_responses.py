@@ -24,7 +24,7 @@ ALIAS = "resp-alias"
 OTHER = "resp-other"
 LONE = "resp-lone"          # a model whose one engine a test kills
 KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-0123456789", "narrow": "sk-narrow-0123456789"}
-TURNS = 8
+TURNS = 9
 
 
 def key_file(narrow: str = OTHER) -> auth.ApiKeys:
@@ -67,9 +67,15 @@ def test_a_conversation_chained_by_previous_response_id_stays_on_the_replica_tha
     previous = None
     seen, prompts = [], set()
     for turn in range(TURNS):
-        if turn % 2:
+        if turn % 3 == 2:
+            # The SDK's stream helper, which rebuilds the response from the events as they come.
+            with c.responses.stream(model=MODEL, input=f"turn {turn}", previous_response_id=previous) as stream:
+                deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+                response = stream.get_final_response()
+            assert "".join(deltas) == response.output_text
+        elif turn % 3 == 1:
             # A streamed turn: the SDK's events, the id read off response.created by the router.
-            events = list(c.responses.create(model=MODEL if turn % 4 else ALIAS, input=f"turn {turn}",
+            events = list(c.responses.create(model=ALIAS if turn == 1 else MODEL, input=f"turn {turn}",
                                              previous_response_id=previous, stream=True))
             kinds = [e.type for e in events]
             assert kinds[0] == "response.created" and kinds[-1] == "response.completed", kinds
