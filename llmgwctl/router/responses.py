@@ -134,11 +134,11 @@ def id_of_whole(data: bytes) -> str | None:
 
 
 class FirstEvent:
-    """A Responses stream's first event, read off its bytes as they pass: the response id it carries.
+    """A Responses stream's first event with data (`response.created`), read off its bytes as they pass: its id.
 
     `feed` returns False once there is nothing more to read (the id found,
-    or the first event had none, or it ran past `MAX_PARSED`), so the
-    answer path stops feeding it.
+    or that event had none, or it ran past `MAX_PARSED`), so the answer
+    path stops feeding it; comments before it are skipped.
     """
 
     __slots__ = ("response_id", "_seen")
@@ -149,23 +149,22 @@ class FirstEvent:
 
     def feed(self, chunk: bytes) -> bool:
         seen = self._seen + chunk if self._seen else chunk
-        end = seen.find(b"\n\n")
-        if end < 0:
-            crlf = seen.find(b"\r\n\r\n")
-            end = crlf
-        if end < 0:
-            if len(seen) > MAX_PARSED:
+        while True:
+            lf, crlf = seen.find(b"\n\n"), seen.find(b"\r\n\r\n")
+            end, size = (lf, 2) if crlf < 0 or 0 <= lf < crlf else (crlf, 4)
+            if end < 0:
+                if len(seen) > MAX_PARSED:
+                    self._seen = b""
+                    return False
+                self._seen = seen
+                return True
+            event, seen = seen[:end], seen[end + size:]
+            data = [line for line in event.splitlines() if line.startswith(b"data:")]
+            if data:
                 self._seen = b""
+                self.response_id = _created_id(data[0][5:])
                 return False
-            self._seen = seen
-            return True
-        self._seen = b""
-        event = seen[:end]
-        for line in event.splitlines():
-            if line.startswith(b"data:"):
-                self.response_id = _created_id(line[5:])
-                break
-        return False
+            # A comment (": ping") or a bare `event:` line before the first data: read on.
 
 
 def _created_id(payload: bytes) -> str | None:

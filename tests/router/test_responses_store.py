@@ -93,6 +93,11 @@ def test_a_streams_id_is_read_off_its_first_event_however_its_bytes_arrive():
     # A first event without a response: nothing to remember, and nothing more is read.
     watch = FirstEvent()
     assert watch.feed(b'data: {"error": {"message": "x"}}\n\n') is False and watch.response_id is None
+    # A comment before the first event (an engine's keep-alive): read past.
+    watch = FirstEvent()
+    assert watch.feed(b": ping\n\n") is True
+    assert watch.feed(b'event: response.created\ndata: {"response":{"id":"resp_p"}}\n\n') is False
+    assert watch.response_id == "resp_p"
     # CRLF framing.
     watch = FirstEvent()
     assert watch.feed(b'event: response.created\r\ndata: {"response":{"id":"resp_c"}}\r\n\r\n') is False
