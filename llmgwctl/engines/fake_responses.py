@@ -128,7 +128,8 @@ class Events:
         self.item_id = f"msg_{response['id'][5:]}"
 
     def _event(self, kind: str, **payload: Any) -> bytes:
-        data = {"type": kind, "sequence_number": self.seq, **payload}
+        # vLLM's field order: the payload (the response first, its id first), then these two.
+        data = {**payload, "sequence_number": self.seq, "type": kind}
         self.seq += 1
         return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
