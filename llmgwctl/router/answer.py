@@ -8,7 +8,9 @@ else read whole up to `max_answer_bytes` and sent in one piece
 cold start (see conventions.held_for_cold_start) ends with the refusal or the
 engine's error as its last event (`refuse_in_stream`, `_pass_whole_in_stream`).
 Token counts are read off the bytes as they pass (`usage`); each answered
-request is counted once, in `Accounting.served`. A chat stream whose engine
+request is counted once, in `Accounting.served`. A Responses answer's id
+(a whole answer's, or its stream's first event's) is told to `affinity`
+before it reaches the client. A chat stream whose engine
 dies mid-way goes on from another replica where its model turned
 continuation on (`continuation`); any other ends with an error event.
 """
