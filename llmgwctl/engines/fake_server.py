@@ -2,7 +2,8 @@
 
 It is the GPU stand-in for every end-to-end test and benchmark, so what it owns
 is *being indistinguishable on the wire* where llmgw looks: the OpenAI routes
-(non-streaming and SSE streaming, in vLLM's exact chunk shapes), vLLM's error
+(non-streaming and SSE streaming, in vLLM's exact chunk shapes; rerank, score
+and tokenize as vLLM serves them, fake_scoring.py), vLLM's error
 shape, `/health` that stays 503 while "loading", and a `/metrics` page with
 vLLM's real family names and labels that reflects its real in-flight state
 (slots in use, requests queued beyond `--max-num-seqs`).
@@ -38,7 +39,7 @@ from typing import Any
 from aiohttp import web
 
 from .. import aio
-from . import fake_faults, fake_metrics, fake_responses
+from . import fake_faults, fake_metrics, fake_responses, fake_scoring
 from .fake_config import FakeConfig
 from .fake_load import Load, prompt_tokens_of
 from .fake_replies import (
@@ -71,6 +72,8 @@ class FakeEngine:
         self.counters = fake_metrics.Counters()
         self.requests_seen = 0
         self.created = int(time.time())
+        # 503 to every request while on: flipped by SIGUSR1 in `serve` (fake_faults.Unavailable).
+        self.unavailable = fake_faults.Unavailable()
         # The Responses API and the responses this process stored (fake_responses.py).
         self.responses = fake_responses.Routes(self)
 
@@ -134,6 +137,8 @@ class FakeEngine:
 
     async def _gate(self, request: web.Request) -> dict[str, Any] | web.Response:
         """Common checks: loading, body, model, injected failure. Returns the body, or the error to send."""
+        if self.unavailable.on:
+            return fake_faults.unavailable()
         if not self.ready():
             return error_response(503, "The engine is still loading the model.", "ServiceUnavailableError")
         try:
@@ -253,6 +258,19 @@ class FakeEngine:
                       "prompt_tokens_details": None},
         }, headers={"X-Fake-Replica": self.replica}, dumps=_dumps)
 
+    def scoring(self, answer: Callable[[dict[str, Any]], dict[str, Any]]) -> _Handler:
+        """A handler of rerank, score, tokenize or detokenize: the gate, then `answer` (fake_scoring.py)."""
+        async def handle(request: web.Request) -> web.Response:
+            body = await self._gate(request)
+            if isinstance(body, web.Response):
+                return body
+            try:
+                reply = answer(body)
+            except BadRequest as exc:
+                return error_response(400, str(exc), "BadRequestError", exc.param)
+            return web.json_response(reply, headers={"X-Fake-Replica": self.replica}, dumps=_dumps)
+        return handle
+
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
         """vLLM's route of the same name (dev mode there): forget every cached block, for benchmarks."""
         self.load.cache.reset()
@@ -288,6 +306,14 @@ class FakeEngine:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
+        # Reranking and scoring at every path vLLM serves them at, and its tokenizer's two routes.
+        model, length = self.config.model, self.config.max_model_len
+        for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+            app.router.add_post(path, self.scoring(lambda body: fake_scoring.rerank(body, model)))
+        for path in ("/score", "/v1/score"):
+            app.router.add_post(path, self.scoring(lambda body: fake_scoring.score(body, model)))
+        app.router.add_post("/tokenize", self.scoring(lambda body: fake_scoring.tokenize(body, length)))
+        app.router.add_post("/detokenize", self.scoring(fake_scoring.detokenize))
         self.responses.install(app)
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         fake_faults.install(app, self.config.fault, self.config.metrics_fault, self.config.redirect_to,
@@ -312,9 +338,9 @@ async def _request_line(request: web.Request, handler: _Handler) -> web.StreamRe
     return resp
 
 
-async def start(config: FakeConfig) -> tuple[web.AppRunner, int]:
-    """Start serving; returns the runner (to clean up) and the bound port."""
-    engine = FakeEngine(config)
+async def start(config: FakeConfig, engine: FakeEngine | None = None) -> tuple[web.AppRunner, int]:
+    """Start serving (`engine`, or one made of `config`); returns the runner (to clean up) and the bound port."""
+    engine = engine or FakeEngine(config)
     # handler_cancellation: a client that disconnects cancels its handler at
     # once, so a waiting or paced stream frees its slot without waiting for its
     # next write to fail.
@@ -329,13 +355,15 @@ async def start(config: FakeConfig) -> tuple[web.AppRunner, int]:
 
 
 async def serve(config: FakeConfig, announce: Callable[[int], None] = lambda port: None) -> None:
-    """Serve until SIGTERM or SIGINT."""
-    runner, port = await start(config)
+    """Serve until SIGTERM or SIGINT; SIGUSR1 turns answering 503 to every request on and off."""
+    engine = FakeEngine(config)
+    runner, port = await start(config, engine)
     announce(port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, engine.unavailable.flip)
     try:
         # sleep_unless is False when the time ran out before a signal: the crash.
         crashed = not await aio.sleep_unless(config.crash_after, stop)

@@ -23,6 +23,7 @@ from time import perf_counter
 
 from aiohttp import web
 
+from ..allocator import Trimmer
 from ..observability.metrics import RouterMetrics
 from . import errors
 from .accounting import Accounting
@@ -33,6 +34,7 @@ from .config import RouterConfig
 from .continuation import Continuation, Splice
 from .ejection import Ejector
 from .responses import FirstEvent, id_of_whole
+from .retry import ATTEMPTS_HEADER
 from .upstream import OutOfBounds, Response, UpstreamError
 from .usage import StreamUsage, usage_tokens
 
@@ -50,8 +52,9 @@ class AnswerPath:
     """An engine's answer, its headers in, passed back to the client: whole, streamed, or as a stream's last event."""
 
     def __init__(self, config: RouterConfig, *, balancer: Balancer, ejector: Ejector, metrics: RouterMetrics,
-                 accounting: Accounting, affinity: Affinity):
+                 accounting: Accounting, trimmer: Trimmer, affinity: Affinity):
         self._config = config
+        self._trimmer = trimmer
         # Told the id of each response an engine stored (a route that `binds`), and by which replica.
         self._affinity = affinity
         self._balancer = balancer
@@ -77,7 +80,7 @@ class AnswerPath:
             raise OutOfBounds("redirect", f"answered {status}, a redirect, which the router never follows")
         ctype = upstream.headers.get("content-type", "application/json")
         headers = {"Content-Type": ctype, "x-llmgw-replica": state.replica_id,
-                   "x-llmgw-catalog-version": call.view.version}
+                   "x-llmgw-catalog-version": call.view.version, ATTEMPTS_HEADER: str(call.attempts)}
         encoding = upstream.headers.get("content-encoding")
         if encoding is not None:
             headers["Content-Encoding"] = encoding
@@ -99,9 +102,11 @@ class AnswerPath:
     async def _pass_whole(self, call: Call, upstream: Response, state: EndpointState,
                           headers: dict[str, str]) -> web.Response:
         r0 = perf_counter()
+        limit = self._config.max_answer_bytes
         try:
-            data = await upstream.read(self._config.max_answer_bytes)
+            data = await upstream.read(limit)
         except OutOfBounds:
+            self._let_go(upstream, limit)
             raise       # the caller's: answered 502, the replica ejected (out_of_bounds)
         except UpstreamError as exc:
             self._balancer.eject(state)
@@ -118,7 +123,16 @@ class AnswerPath:
         # A whole reply is handed to aiohttp in one piece: its first byte and
         # its last leave together (first=0: at the end).
         self._accounting.served(call, state, status, 0.0, overhead, usage)
+        if len(data) >= self._config.large_body_bytes:
+            # Let go once sent, a moment from now (the trimmer waits for it).
+            self._trimmer.released(len(data))
         return web.Response(status=status, body=data, headers=headers)
+
+    def _let_go(self, upstream: Response, limit: int) -> None:
+        """An answer refused as too large was let go: what was read of it (up to `limit`) counts towards a trim."""
+        declared = upstream.headers.get("content-length")
+        if declared is None or not declared.isdigit() or int(declared) <= limit:
+            self._trimmer.released(limit)     # read until past the limit, then dropped
 
     async def _pass_stream(self, call: Call, upstream: Response, state: EndpointState,
                            headers: dict[str, str]) -> web.StreamResponse:
@@ -252,9 +266,11 @@ class AnswerPath:
     async def _pass_whole_in_stream(self, call: Call, upstream: Response, state: EndpointState) -> web.StreamResponse:
         """An engine's whole (non-stream) answer to a stream already opened: an error, as the last event."""
         status = upstream.status
+        limit = self._config.max_answer_bytes
         try:
-            data = await upstream.read(self._config.max_answer_bytes)
+            data = await upstream.read(limit)
         except OutOfBounds as exc:
+            self._let_go(upstream, limit)
             refusal = self.out_of_bounds(call, state, exc)
             assert isinstance(refusal.body, bytes)      # our refusals are JSON bytes
             data, status, detail = refusal.body, refusal.status, ""
