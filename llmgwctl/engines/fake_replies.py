@@ -1,6 +1,6 @@
-"""What the fake engine says, without the HTTP: pure functions of the request.
+"""What the fake engine says, without the serving: pure functions of the request.
 
-Validating a completion body, the deterministic reply (who answered, a digest
+vLLM's error answer, validating a completion body, the deterministic reply (who answered, a digest
 of the prompt, filler), the SSE chunk bytes in vLLM's shapes, and embedding
 vectors. Kept apart from the server so they are tested without a socket and
 the server module is only about serving.
@@ -15,6 +15,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from aiohttp import web
+
 from .errors import EngineError
 
 
@@ -24,6 +26,19 @@ class BadRequest(EngineError):
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         self.param = param
+
+
+def error_body(message: str, type_: str, code: int, param: str | None = None) -> dict[str, Any]:
+    # vLLM's ErrorResponse: the OpenAI envelope with `code` set to the HTTP status.
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_response(status: int, message: str, type_: str, param: str | None = None) -> web.Response:
+    return web.json_response(error_body(message, type_, status, param), status=status, dumps=_compact)
+
+
+def _compact(doc: Any) -> str:
+    return json.dumps(doc, separators=(",", ":"))
 
 
 # Filler vocabulary after the identity tokens. Fixed so replies are deterministic.

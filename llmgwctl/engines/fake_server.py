@@ -9,7 +9,7 @@ vLLM's real family names and labels that reflects its real in-flight state
 (slots in use, requests queued beyond `--max-num-seqs`).
 
 This module is the routes and the process; the rest is one module a concern:
-its knobs (fake_config.py), the load it behaves under -- slots, prefix cache,
+its knobs (fake_config.py), the Responses API and its store (fake_responses.py), the load it behaves under -- slots, prefix cache,
 pacing (fake_load.py) --, the /metrics page (fake_metrics.py), the reply
 bodies and chunks (fake_replies.py), and hostile answers (fake_faults.py).
 
@@ -39,10 +39,19 @@ from typing import Any
 from aiohttp import web
 
 from .. import aio
-from . import fake_faults, fake_metrics, fake_scoring
+from . import fake_faults, fake_metrics, fake_responses, fake_scoring
 from .fake_config import FakeConfig
 from .fake_load import Load, prompt_tokens_of
-from .fake_replies import BadRequest, Chunks, Generation, count_prompt_tokens, embedding_vector, parse_generation
+from .fake_replies import (
+    BadRequest,
+    Chunks,
+    Generation,
+    count_prompt_tokens,
+    embedding_vector,
+    error_body,
+    error_response,
+    parse_generation,
+)
 
 __all__ = ["FakeConfig", "FakeEngine", "error_body", "error_response", "run", "serve", "start"]
 
@@ -51,15 +60,6 @@ _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # Compact like vLLM's pydantic output: fewer bytes per reply on the hot path.
 _dumps = partial(json.dumps, separators=(",", ":"))
-
-
-def error_body(message: str, type_: str, code: int, param: str | None = None) -> dict[str, Any]:
-    # vLLM's ErrorResponse: the OpenAI envelope with `code` set to the HTTP status.
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
-
-
-def error_response(status: int, message: str, type_: str, param: str | None = None) -> web.Response:
-    return web.json_response(error_body(message, type_, status, param), status=status, dumps=_dumps)
 
 
 class FakeEngine:
@@ -74,6 +74,8 @@ class FakeEngine:
         self.created = int(time.time())
         # 503 to every request while on: flipped by SIGUSR1 in `serve` (fake_faults.Unavailable).
         self.unavailable = fake_faults.Unavailable()
+        # The Responses API and the responses this process stored (fake_responses.py).
+        self.responses = fake_responses.Routes(self)
 
     # -- state -------------------------------------------------------------
 
@@ -312,6 +314,7 @@ class FakeEngine:
             app.router.add_post(path, self.scoring(lambda body: fake_scoring.score(body, model)))
         app.router.add_post("/tokenize", self.scoring(lambda body: fake_scoring.tokenize(body, length)))
         app.router.add_post("/detokenize", self.scoring(fake_scoring.detokenize))
+        self.responses.install(app)
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         fake_faults.install(app, self.config.fault, self.config.metrics_fault, self.config.redirect_to,
                             self.metrics_text)

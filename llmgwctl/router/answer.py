@@ -8,7 +8,9 @@ else read whole up to `max_answer_bytes` and sent in one piece
 cold start (see conventions.held_for_cold_start) ends with the refusal or the
 engine's error as its last event (`refuse_in_stream`, `_pass_whole_in_stream`).
 Token counts are read off the bytes as they pass (`usage`); each answered
-request is counted once, in `Accounting.served`. A chat stream whose engine
+request is counted once, in `Accounting.served`. A Responses answer's id
+(a whole answer's, or its stream's first event's) is told to `affinity`
+before it reaches the client. A chat stream whose engine
 dies mid-way goes on from another replica where its model turned
 continuation on (`continuation`); any other ends with an error event.
 """
@@ -25,11 +27,13 @@ from ..allocator import Trimmer
 from ..observability.metrics import RouterMetrics
 from . import errors
 from .accounting import Accounting
+from .affinity import Affinity
 from .balancer import Balancer, EndpointState
 from .call import Call, Refused
 from .config import RouterConfig
 from .continuation import Continuation, Splice
 from .ejection import Ejector
+from .responses import FirstEvent, id_of_whole
 from .retry import ATTEMPTS_HEADER
 from .upstream import OutOfBounds, Response, UpstreamError
 from .usage import StreamUsage, usage_tokens
@@ -48,9 +52,11 @@ class AnswerPath:
     """An engine's answer, its headers in, passed back to the client: whole, streamed, or as a stream's last event."""
 
     def __init__(self, config: RouterConfig, *, balancer: Balancer, ejector: Ejector, metrics: RouterMetrics,
-                 accounting: Accounting, trimmer: Trimmer):
+                 accounting: Accounting, trimmer: Trimmer, affinity: Affinity):
         self._config = config
         self._trimmer = trimmer
+        # Told the id of each response an engine stored (a route that `binds`), and by which replica.
+        self._affinity = affinity
         self._balancer = balancer
         self._ejector = ejector
         self._metrics = metrics
@@ -114,6 +120,8 @@ class AnswerPath:
         self._balancer.succeeded(state)
         usage = usage_tokens(data)
         status = upstream.status
+        if call.route.binds and 200 <= status < 300:
+            self._affinity.learned(call, state, id_of_whole(data))
         overhead = perf_counter() - call.t0 - call.waited
         headers["x-llmgw-overhead-ms"] = f"{overhead * 1e3:.3f}"
         # A whole reply is handed to aiohttp in one piece: its first byte and
@@ -156,6 +164,9 @@ class AnswerPath:
         splice = self.continuation.watch(call) if call.view.continuation else None
         feed = splice.feed if isinstance(splice, Splice) else None
         parts = upstream.chunks()
+        # A Responses stream names its response in its first event: remembered
+        # before that event is passed on, so a request naming it finds it.
+        first_event = FirstEvent() if call.route.binds and status == 200 else None
         try:
             while True:
                 try:
@@ -166,6 +177,9 @@ class AnswerPath:
                             chunk = feed(chunk)
                             if not chunk:
                                 continue
+                        if first_event is not None and not first_event.feed(chunk):
+                            self._affinity.learned(call, state, first_event.response_id)
+                            first_event = None
                         # A write can block only when it leaves the client's socket
                         # backlogged past the transport's high-water mark (64 KiB): a
                         # small chunk onto an empty backlog never does.

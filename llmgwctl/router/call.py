@@ -19,7 +19,7 @@ from ..catalog.fallbacks import chains
 from . import auth as keyauth
 from . import headers as reqheaders
 from . import routes as routing
-from .balancer import Chooser
+from .balancer import Chooser, EndpointState
 from .conventions import RID
 from .policies import DEFAULT_POLICY, LEAST_LOAD
 
@@ -57,7 +57,7 @@ class Call:
     """
 
     __slots__ = ("request", "route", "t0", "api_key", "model", "view", "stream", "waited", "rid", "fwd", "early",
-                 "chooser", "held", "body", "continued", "attempts", "fallback_from")
+                 "chooser", "held", "body", "continued", "attempts", "fallback_from", "pinned", "response_id")
 
     def __init__(self, request: web.Request, route: routing.Route, t0: float, view: View):
         self.request = request
@@ -91,6 +91,11 @@ class Call:
         self.attempts = 0
         # The model the client asked for when a fallback answers instead (fallback.py); "" when it answers itself.
         self.fallback_from = ""
+        # The one endpoint this request may go to: the replica that stored the
+        # response it names (affinity.py); None: any the balancer picks.
+        self.pinned: EndpointState | None = None
+        # The stored response it names (`previous_response_id`, or the path's id); None: none.
+        self.response_id: str | None = None
 
 
 class Refused(Exception):

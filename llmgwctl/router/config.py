@@ -122,6 +122,16 @@ class RouterConfig:
     client_write_timeout: float = 60.0
     # One line per request on the `llmgw.access` logger (at INFO).
     access_log: bool = True
+    # Responses the router remembers the replica of (router/responses.py), so
+    # a request naming one (previous_response_id, GET /v1/responses/ID)
+    # reaches the replica that stored it. An entry is about 300 bytes, so
+    # 100,000 are ~30 MB at most; that is every response of a busy day on a
+    # small fleet, and the least recently used goes first past it.
+    responses_kept: int = 100_000
+    # How long one is remembered after it was made: a day covers a
+    # conversation left overnight; the engine's store (vLLM's is in memory)
+    # seldom holds it longer, since it is lost at any restart or redeploy.
+    responses_ttl: float = 24 * 3600.0
     # A stream held for a cold start gets an SSE comment (": waiting for model X
     # to start") this often, so clients, proxies and load balancers see bytes
     # and keep the connection: 5 s is under every idle timeout in common use

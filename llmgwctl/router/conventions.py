@@ -63,8 +63,9 @@ def method_not_allowed(request: web.Request, *, cors: bool) -> web.Response | No
     path = request.path
     if path in _GET_PATHS or path.startswith("/v1/models/"):
         allow = "GET, HEAD"
-    elif path in routes.BY_PATH:
-        allow = ", ".join(routes.BY_PATH[path].methods)     # the routes the router proxies (routes.TABLE)
+    elif routes.template_of(path) in routes.BY_PATH:
+        # The routes the router proxies (routes.TABLE), a stored response's by its id.
+        allow = ", ".join(routes.BY_PATH[routes.template_of(path)].methods)
     else:
         return None
     if cors:

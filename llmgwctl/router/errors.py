@@ -184,7 +184,7 @@ def engine_out_of_bounds(model: str, replica: str, detail: str) -> web.Response:
 def not_found(path: str) -> web.Response:
     """404 for a route the router does not serve; `path` is the client's ("METHOD /path"), quoted shortened."""
     return response(404, f"no route for {path[:QUOTE_CHARS]}{'...' if len(path) > QUOTE_CHARS else ''}; "
-                    "the router serves /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/models",
+                    "the router serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses and /v1/models",
                     "invalid_request_error", "not_found")
 
 

@@ -89,7 +89,8 @@ PromptReader = Callable[[Mapping[str, Any]], "str | None"]
 
 @dataclass(frozen=True, slots=True)
 class Facts:
-    """What the router reads out of a body. `doc` is the parsed body, or (parsed off the loop) only `user`.
+    """What the router reads out of a body. `doc` is the parsed body, or (parsed off the loop) only `user` and
+    `previous_response_id`.
 
     `model` is the model member's value as parsed (any JSON value; the
     router checks it is a name); `span`, where that value's bytes are in the
@@ -138,6 +139,12 @@ def parse(body: bytes, key: str, max_depth: int) -> Facts:
     return Facts(doc, doc.get(key), doc.get("stream") is True)
 
 
+# What of a body parsed off the loop comes back beside the facts: `user` (the
+# session policy's) and `previous_response_id` (which replica a Responses
+# request must go to, affinity.py); strings only.
+_KEPT_OFF_LOOP = ("user", "previous_response_id")
+
+
 def _parse_off_loop(body: bytes, key: str, prompt: PromptReader | None, max_depth: int) -> Facts | BodyRefused:
     """The worker's side: `parse`, with only what the router needs sent back (not the whole document)."""
     try:
@@ -149,8 +156,8 @@ def _parse_off_loop(body: bytes, key: str, prompt: PromptReader | None, max_dept
         # Refused as too long, quoting only its start: a 30 MB name is not
         # sent back whole for the router to unpickle (tens of ms, holding the GIL).
         return Facts({}, model[:MAX_NAME_CHARS + 1], facts.stream, off_loop=True, model_chars=len(model))
-    user = doc.get("user")
-    return Facts({"user": user} if type(user) is str else {}, model if type(model) is str else None,
+    kept = {k: doc[k] for k in _KEPT_OFF_LOOP if type(doc.get(k)) is str}
+    return Facts(kept, model if type(model) is str else None,
                  facts.stream, prompt(doc) if prompt is not None else None,
                  model_span(body, key) if type(model) is str else None, off_loop=True,
                  lone_surrogate=lone_surrogate(body) if type(model) is str else None)

@@ -10,8 +10,11 @@ no replica that can (`_fall_back`, `fallback`); picks an endpoint, waiting
 once, bounded, for one when none is ready (`_wait_for_endpoint`); and tries
 endpoints in turn (`_forward`: `_attempt` each, `_send` the request in it)
 until one answers, whose answer the answer path (`answer.AnswerPath`) passes
-back. A step that answers the request itself raises `call.Refused`, counted
-and logged once here.
+back. A request naming a stored response -- `previous_response_id` in a
+Responses body, or a route of `/v1/responses/{id}` (`stored`) -- is pinned
+to the replica that stored it and tried there alone (`affinity`). A step
+that answers the request itself raises `call.Refused`, counted and logged
+once here.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from . import auth as keyauth
 from . import errors, jsonbody
 from . import routes as routing
 from .accounting import Accounting
+from .affinity import Affinity
 from .answer import AnswerPath
 from .balancer import Balancer, EndpointState
 from .call import Call, Refused, known, usable_names
@@ -60,7 +64,7 @@ class RequestPath:
     def __init__(self, config: RouterConfig, *, balancer: Balancer, policies: Policies, cold: ColdStart,
                  limiter: keyauth.Limiter, bodies: BodyBudget, parser: jsonbody.OffLoop, trimmer: Trimmer,
                  metrics: RouterMetrics, surface: Surface, accounting: Accounting, answer: AnswerPath,
-                 info: InfoRoutes):
+                 info: InfoRoutes, affinity: Affinity):
         self._config = config
         self._balancer = balancer
         self.policies = policies
@@ -81,6 +85,7 @@ class RequestPath:
         self._info = info           # the 404 of a POST no route of the catalog's takes
         # Which model answers a request whose own has no replica that can (fallback.py).
         self._fallbacks = Fallbacks(balancer)
+        self._affinity = affinity   # which replica stored a response a request names
         # Requests' connections to engines (see upstream.py): made by the Router as the app starts.
         self.pool: Pool | None = None
 
@@ -103,7 +108,36 @@ class RequestPath:
         return await self.proxy(request, route)
 
     async def proxy(self, request: web.Request, route: routing.Route) -> web.StreamResponse:
-        call = Call(request, route, perf_counter(), self._surface.view)
+        """A request on a route of the table (or the catalog's): to a replica of the model its body names."""
+        return await self._run(Call(request, route, perf_counter(), self._surface.view), self._by_model)
+
+    def stored(self, route: routing.Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """The handler of a route naming a stored response (`route.by_response`)."""
+        async def proxy(request: web.Request) -> web.StreamResponse:
+            return await self._run(Call(request, route, perf_counter(), self._surface.view), self._by_response)
+        return proxy
+
+    async def _by_model(self, call: Call) -> web.StreamResponse:
+        body = call.body = await self._resolve(call, await self._read_body(call))
+        return await self._forward(call, body)
+
+    async def _by_response(self, call: Call) -> web.StreamResponse:
+        """To the replica that stored the response the path names, for the key that made it (affinity.py)."""
+        request = call.request
+        response_id = call.response_id = request.match_info["id"]
+        call.pinned = self._affinity.endpoint(call, response_id)
+        # A GET or DELETE sends no body; a cancel's, if any, goes on as it came.
+        body = call.body = await self._read_body(call) if request.method == "POST" else b""
+        call.stream = call.route.streams and request.query.get("stream") in ("true", "True", "1")
+        answer = await self._forward(call, body)
+        if answer.status == 404 or (request.method == "DELETE" and 200 <= answer.status < 300):
+            # Deleted, or its engine no longer has it: nothing left to route to.
+            self._affinity.store.forget(response_id)
+        return answer
+
+    async def _run(self, call: Call, steps: Callable[[Call], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        """The checks every proxied request passes first, then `steps`; a refusal counted and logged once."""
+        request, route = call.request, call.route
         accounting = self._accounting
         try:
             try:
@@ -119,8 +153,7 @@ class RequestPath:
                 wait = self._limiter.take(api_key)
                 if wait:
                     raise Refused(keyauth.rate_limited(api_key, wait))
-            body = call.body = await self._resolve(call, await self._read_body(call))
-            return await self._forward(call, body)
+            return await steps(call)
         except Refused as refused:
             response = route.error_shape(refused.response)
             if call.early is not None:
@@ -241,11 +274,21 @@ class RequestPath:
         route = call.route
         if not view.routes.allows(route, model.name):
             raise Refused(errors.no_such_route(call.request.method, route.path, model.name))
-        chain = view.fallbacks.get(model.name)
-        if chain:
-            model = self._fall_back(call, model, chain)
         call.stream = route.streams and facts.stream
-        policy = view.routing.get(model.name)
+        previous = facts.doc.get("previous_response_id") if route.binds else None
+        if previous is not None:
+            if type(previous) is not str:
+                raise Refused(errors.response(400, "'previous_response_id' must be a string, a response's id",
+                                              "invalid_request_error", "invalid_previous_response_id"))
+            # Only the replica that stored it can continue it: no policy picks, and
+            # no fallback model, which never saw the response it names.
+            call.response_id = previous
+            call.pinned = self._affinity.endpoint(call, previous, model.name)
+        else:
+            chain = view.fallbacks.get(model.name)
+            if chain:
+                model = self._fall_back(call, model, chain)
+        policy = view.routing.get(model.name) if call.pinned is None else None
         if policy is not None:
             # Parsed on the loop, the prompt is read only now, when a policy wants it.
             reader = known(facts.prompt) if facts.off_loop else route.prompt
@@ -346,6 +389,16 @@ class RequestPath:
         waits once for an endpoint not tried yet, as for a cold start.
         """
         balancer = self._balancer
+        pinned = call.pinned
+        if pinned is not None:
+            # The replica that stored the response it names, or no one (affinity.py): one attempt.
+            once = Attempts(1)
+            call.attempts = once.start()
+            answer = await self._attempt(call, pinned, body, once, ())
+            if isinstance(answer, Failure):
+                assert call.response_id is not None     # set with `pinned`
+                raise self._affinity.unreachable(call.response_id, answer.reason, call)
+            return answer
         attempts = Attempts(self._config.max_attempts)
         state: EndpointState | None = await self._first_endpoint(call)
         tried: tuple[EndpointState, ...] = ()
@@ -469,7 +522,8 @@ class RequestPath:
         up0 = perf_counter()
         try:
             upstream = await pool.post(state.endpoint.url, call.request.raw_path, body, idle_timeout=idle_timeout,
-                                       headers=call.fwd)
+                                       headers=call.fwd,
+                                       method=call.request.method.encode() if call.route.by_response else b"POST")
         except UpstreamError as exc:
             if not retryable(exc):
                 raise

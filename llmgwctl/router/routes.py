@@ -19,7 +19,12 @@ Each entry says, for its API:
 - `prompt`: how the prompt is read for prefix routing (`policies/prefix.py`); None:
   the pick is by load alone;
 - `error_shape`: the shape the router's own errors take on this route (today
-  every route answers in OpenAI's; another API's SDK parses its own).
+  every route answers in OpenAI's; another API's SDK parses its own);
+- `binds`: whether the answer names a response the engine stored (its id),
+  which later requests name (`previous_response_id` in the body): the
+  router remembers the replica and sends those there (affinity.py);
+- `by_response`: the path names a stored response (`{id}`) instead of the
+  body a model: routed to the replica that stored it, for the key that made it.
 
 Adding an API is adding an entry. A catalog-added route is an entry like
 embeddings' -- the model in the body, no stream timer, no prompt -- served
@@ -37,7 +42,7 @@ from typing import Any
 from aiohttp import web
 
 from ..catalog import Catalog
-from .policies.prefix import chat_prompt, completion_prompt
+from .policies.prefix import chat_prompt, completion_prompt, responses_prompt
 
 PromptReader = Callable[[Mapping[str, Any]], "str | None"]
 # The router's refusal (an OpenAI-shaped error) in the route's own shape.
@@ -59,6 +64,8 @@ class Route:
     streams: bool = False
     prompt: PromptReader | None = None
     error_shape: ErrorShape = openai_shape
+    binds: bool = False
+    by_response: bool = False
     # Added by the catalog for some engines, not documented by llmgw: served
     # only for the models whose engines all list it (`View.allows`).
     from_catalog: bool = False
@@ -89,8 +96,24 @@ TABLE: tuple[Route, ...] = (
     # tokens, which is why a client wants the model's own replica.
     Route("/tokenize"),
     Route("/detokenize"),
+    # OpenAI's Responses API: made by model, then named by id (responses.py).
+    Route("/v1/responses", streams=True, prompt=responses_prompt, binds=True),
+    Route("/v1/responses/{id}", methods=("GET", "DELETE"), streams=True, by_response=True),
+    Route("/v1/responses/{id}/cancel", by_response=True),
+    Route("/v1/responses/{id}/input_items", methods=("GET",), by_response=True),
 )
 BY_PATH: Mapping[str, Route] = {r.path: r for r in TABLE}
+# The prefix every by-response route's path starts with; `{id}` is the segment after it.
+RESPONSES = "/v1/responses/"
+
+
+def template_of(path: str) -> str:
+    """`path` as the table spells it: a stored response's id as `{id}` (the rest as it is)."""
+    if path.startswith(RESPONSES):
+        head, sep, tail = path[len(RESPONSES):].partition("/")
+        if head:
+            return RESPONSES + "{id}" + sep + tail
+    return path
 
 
 class View:

@@ -8,6 +8,7 @@ job, hands each its collaborators, and wires them into one aiohttp app
     request     the request path: target, key and rate, body, model, endpoint, attempts
     answer      the answer path: whole or streamed, slow readers, a stream opened early for a cold start
                 (a cut chat stream continued on another replica: continuation)
+    affinity    which replica stored each response a Responses answer named, for the requests naming it
     accounting  the caller's key; each request counted and logged once
     info        /health, /healthz, /readyz, /metrics, /v1/models, the 404
     modelinfo   what each endpoint's engine says of its model (its context length), asked as it joins
@@ -49,6 +50,7 @@ from . import auth as keyauth
 from . import jsonbody
 from . import routes as routing
 from .accounting import Accounting
+from .affinity import Affinity
 from .answer import AnswerPath
 from .balancer import Balancer
 from .coldstart import ColdStart, Waker
@@ -62,6 +64,7 @@ from .outlier import Outliers
 from .policies import Policies
 from .poller import BoundedResponse, LoadPoller, ParseLoad, parse_with_drivers
 from .request import RequestPath
+from .responses import ResponseStore
 from .surface import Surface
 from .upstream import Pool
 
@@ -118,13 +121,17 @@ class Router:
         self.modelinfo = ModelInfo()
         self.info = InfoRoutes(config, balancer=self.balancer, metrics=self.metrics, surface=self.surface,
                                accounting=self.accounting, modelinfo=self.modelinfo)
+        # Which replica stored each response a Responses answer named (affinity.py, responses.py).
+        self.affinity = Affinity(ResponseStore(config.responses_kept, config.responses_ttl, clock), self.balancer,
+                                 counted=lambda outcome: self.metrics.response_affinity.labels(outcome).inc())
+        self.metrics.responses_kept.set_function(lambda: len(self.affinity.store))
         self.answer = AnswerPath(config, balancer=self.balancer, ejector=self.ejector, metrics=self.metrics,
-                                 accounting=self.accounting, trimmer=self.trimmer)
+                                 accounting=self.accounting, trimmer=self.trimmer, affinity=self.affinity)
         self.requests = RequestPath(config, balancer=self.balancer, policies=self.policies, cold=self.cold,
                                     limiter=self.limiter, bodies=self.bodies, parser=self.parser,
                                     trimmer=self.trimmer,
                                     metrics=self.metrics, surface=self.surface, accounting=self.accounting,
-                                    answer=self.answer, info=self.info)
+                                    answer=self.answer, info=self.info, affinity=self.affinity)
 
     # -- the control plane's side (see surface.py) ---------------------------------------
 
@@ -206,8 +213,9 @@ class Router:
         # (looked up per request: the catalog changes while the app runs).
         # Anything else under /v1/ is the 404 of every unknown path.
         for route in routing.TABLE:
+            handler = self.requests.stored(route) if route.by_response else self.requests.handler(route)
             for method in route.methods:
-                app.router.add_route(method, route.path, self.requests.handler(route))
+                app.router.add_route(method, route.path, handler)
         app.router.add_post("/v1/{tail:.+}", self.requests.catalog_route)
         # Allowed origins' preflights and answers (only when origins are configured:
         # with none, answers carry no CORS header).

@@ -14,8 +14,10 @@ __all__ = ["StreamUsage", "usage_tokens"]
 
 # The usage block is at the end of a reply (and in the last chunk of a stream
 # that asked for it); these read the two counts without parsing the reply.
-_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+# A chat's or a completion's are prompt_tokens and completion_tokens, a
+# Responses answer's (and its stream's response.completed) input_tokens and output_tokens.
+_PROMPT = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
+_COMPLETION = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
 # usage with its *_details sub-objects is well under this many bytes.
 _USAGE_SPAN = 600
 

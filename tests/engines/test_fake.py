@@ -220,3 +220,50 @@ def test_unknown_route_is_openai_404(fake_engine):
     engine = fake_engine(MODEL)
     r = requests.get(f"{engine.url}/v1/nope", timeout=5)
     assert r.status_code == 404 and r.json()["error"]["code"] == 404
+
+
+def test_responses_are_stored_per_process_and_an_unknown_one_is_vllms_404(fake_engine):
+    engine = fake_engine(MODEL, "--replica-id", "r9")
+    c = client(engine.url)
+    first = c.responses.create(model=MODEL, input="hello", max_output_tokens=6)
+    assert first.output_text.startswith("replica=r9") and len(first.output_text.split()) == 6
+    assert first.usage.output_tokens == 6 and first.status == "completed"
+    second = c.responses.create(model=MODEL, input="hello", previous_response_id=first.id)
+    # The whole conversation is the prompt: the same input after a turn is another prompt.
+    assert second.output_text.split()[2] != first.output_text.split()[2]
+    assert c.responses.retrieve(first.id).output_text == first.output_text
+    # An id this process never made, as vLLM answers it: 404 with its words and param.
+    r = requests.post(f"{engine.url}/v1/responses", timeout=5,
+                      json={"model": MODEL, "input": "x", "previous_response_id": "resp_elsewhere"})
+    assert r.status_code == 404
+    assert r.json()["error"] == {"message": "Response with id 'resp_elsewhere' not found.",
+                                 "type": "invalid_request_error", "param": "response_id", "code": 404}
+    # store: false keeps nothing.
+    fleeting = c.responses.create(model=MODEL, input="x", store=False)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(fleeting.id)
+    assert c.responses.delete(first.id) is None
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(first.id)
+
+
+def test_a_responses_stream_has_the_events_the_sdk_parses_in_vllms_order(fake_engine):
+    engine = fake_engine(MODEL)
+    r = requests.post(f"{engine.url}/v1/responses", timeout=5, stream=True,
+                      json={"model": MODEL, "input": "hi", "stream": True, "max_output_tokens": 3})
+    assert r.headers["Content-Type"].startswith("text/event-stream")
+    events = [block for block in r.text.split("\n\n") if block]
+    kinds = [block.split("\n")[0].removeprefix("event: ") for block in events]
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added"] + ["response.output_text.delta"] * 3 + [
+                     "response.output_text.done", "response.content_part.done", "response.output_item.done",
+                     "response.completed"]
+    data = [json.loads(block.split("\n")[1].removeprefix("data: ")) for block in events]
+    assert [d["sequence_number"] for d in data] == list(range(len(data)))
+    assert [d["type"] for d in data] == kinds
+    # As vLLM lays them out: the response first in the created event, its id first in the response
+    # (what the router reads without parsing the event), then sequence_number and type.
+    assert events[0].split("\n")[1].startswith('data: {"response":{"id":"resp_')
+    assert list(data[0]) == ["response", "sequence_number", "type"]
+    assert data[0]["response"]["id"] == data[-1]["response"]["id"]
+    assert data[-1]["response"]["usage"]["output_tokens"] == 3

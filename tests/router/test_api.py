@@ -80,7 +80,7 @@ def test_embeddings_and_other_post_routes(setup):
     emb = client.embeddings.create(model="qwen", input=["a", "b"])
     assert len(emb.data) == 2 and len(emb.data[0].embedding) == 16
     # A route outside the route table: the router's own 404, and no engine is asked.
-    r = requests.post(rt.url + "/v1/responses", json={"model": MODEL, "input": "x"}, timeout=10)
+    r = requests.post(rt.url + "/v1/audio/speech", json={"model": MODEL, "input": "x"}, timeout=10)
     assert r.status_code == 404 and "x-llmgw-replica" not in r.headers and r.json()["error"]["code"] == "not_found"
 
 

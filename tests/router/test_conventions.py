@@ -109,7 +109,10 @@ def test_a_method_a_route_does_not_take_is_405_with_allow(routers):
     rt = routers(make_router(catalog((MODEL, ()))))
     for method, path, allow in (("GET", "/v1/chat/completions", "POST"), ("PUT", "/v1/embeddings", "POST"),
                                 ("DELETE", "/v1/models", "GET, HEAD"), ("POST", "/health", "GET, HEAD"),
-                                ("OPTIONS", "/v1/completions", "POST")):
+                                ("OPTIONS", "/v1/completions", "POST"), ("GET", "/v1/responses", "POST"),
+                                ("PUT", "/v1/responses/resp_x", "GET, DELETE"),
+                                ("GET", "/v1/responses/resp_x/cancel", "POST"),
+                                ("DELETE", "/v1/responses/resp_x/input_items", "GET")):
         r = requests.request(method, rt.url + path, timeout=10)
         assert r.status_code == 405 and r.headers["Allow"] == allow, (method, path)
         assert r.json()["error"]["code"] == "method_not_allowed" and r.json()["error"]["type"]
@@ -120,6 +123,7 @@ def test_a_method_a_route_does_not_take_is_405_with_allow(routers):
     # Not a route under any method (routes.TABLE): 404, not 405.
     assert requests.get(rt.url + "/v1/no-such-thing", timeout=10).status_code == 404
     assert requests.get(rt.url + "/v2/models", timeout=10).status_code == 404
+    assert requests.get(rt.url + "/v1/responses/resp_x/other", timeout=10).status_code == 404
 
 
 def test_cors_preflight_and_answers_for_the_named_origins_only(engines, routers):

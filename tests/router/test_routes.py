@@ -47,6 +47,12 @@ CASES = [
     ("POST", "/score", MODEL + "-alias", {"text_1": "a", "text_2": "b"}, 200, True),
     ("POST", "/tokenize", MODEL, {"prompt": "a b"}, 200, True),
     ("POST", "/detokenize", MODEL, {"tokens": [97]}, 200, True),
+    ("POST", "/v1/responses", MODEL, {"input": "hi", "max_output_tokens": 2}, 200, True),
+    # A stored response's routes: an id this router never saw is its own 404, never an engine's.
+    ("GET", "/v1/responses/resp_x", MODEL, None, 404, False),
+    ("DELETE", "/v1/responses/resp_x", MODEL, None, 404, False),
+    ("POST", "/v1/responses/resp_x/cancel", MODEL, {}, 404, False),
+    ("PUT", "/v1/responses/resp_x", MODEL, None, 405, False),
     # Engine-admin routes: never reachable, whatever model the body names.
     ("POST", "/v1/load_lora_adapter", MODEL, {"lora_name": "x", "lora_path": "/etc"}, 404, False),
     ("POST", "/v1/unload_lora_adapter", MODEL, {"lora_name": "x"}, 404, False),
@@ -121,16 +127,29 @@ def test_an_unknown_route_is_an_openai_shaped_404_naming_it_shortened(served):
 
 
 def test_the_table_holds_the_documented_apis_and_no_admin_route():
-    assert [r.path for r in routes.TABLE] == ["/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-                                              "/v1/rerank", "/rerank", "/v2/rerank", "/v1/score", "/score",
-                                              "/tokenize", "/detokenize"]
-    assert all(r.methods == ("POST",) and r.model_key == "model" for r in routes.TABLE)
-    streams = {r.path for r in routes.TABLE if r.streams}
-    assert streams == {"/v1/chat/completions", "/v1/completions"}
-    chat, completions, *rest = routes.TABLE
+    assert [r.path for r in routes.TABLE] == [
+        "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/rerank", "/v2/rerank",
+        "/v1/score", "/score", "/tokenize", "/detokenize", "/v1/responses", "/v1/responses/{id}",
+        "/v1/responses/{id}/cancel", "/v1/responses/{id}/input_items"]
+    by_model = [r for r in routes.TABLE if not r.by_response]
+    assert all(r.methods == ("POST",) and r.model_key == "model" for r in by_model)
+    streams = {r.path for r in by_model if r.streams}
+    assert streams == {"/v1/chat/completions", "/v1/completions", "/v1/responses"}
+    chat, completions, *rest, responses = by_model
     assert chat.prompt is not None and chat.prompt({"messages": [{"role": "user", "content": "x"}]}) == "<|user|>\nx\n"
     assert completions.prompt is not None and completions.prompt({"prompt": "once"}) == "once"
-    assert all(r.prompt is None and r.error_shape is routes.openai_shape for r in rest)
+    assert all(r.prompt is None and r.error_shape is routes.openai_shape and not r.binds for r in rest)
+    # Responses: the instructions as a system message, then the input, as a chat's prompt reads.
+    assert responses.prompt is not None and responses.binds
+    assert responses.prompt({"instructions": "sys", "input": "x"}) == "<|system|>\nsys\n<|user|>\nx\n"
+    assert responses.prompt({"input": [{"role": "user", "content": [{"type": "input_text", "text": "a"}]},
+                                       {"type": "function_call_output", "output": "42"}]}) == \
+        "<|user|>\na\n<|function_call_output|>\n\n"
+    assert responses.prompt({"input": 5}) is None
+    # A stored response's routes: by the id in the path, never by a model.
+    stored = {r.path: r.methods for r in routes.TABLE if r.by_response}
+    assert stored == {"/v1/responses/{id}": ("GET", "DELETE"), "/v1/responses/{id}/cancel": ("POST",),
+                      "/v1/responses/{id}/input_items": ("GET",)}
 
 
 def test_a_catalog_route_is_for_the_models_whose_every_engine_lists_it():

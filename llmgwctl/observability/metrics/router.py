@@ -26,6 +26,13 @@
                                                               metrics_redirect, metrics_interim)
     llmgw_router_endpoint_ejections_total{reason}             counter, ejections since start, by the reason
                                                               llmgw_router_endpoint_ejected gives
+    llmgw_router_response_affinity_total{outcome}             counter, requests naming a stored response
+                                                              (previous_response_id, /v1/responses/ID):
+                                                              routed | not_found | replica_gone |
+                                                              model_mismatch | unreachable; and unread,
+                                                              a Responses answer whose id was not read
+    llmgw_router_responses_kept                               gauge, response ids whose replica the router
+                                                              remembers (router/responses.py)
     llmgw_watcher_degraded{watcher="catalog|api-keys|endpoints"}  gauge, 1 while that file or directory is not
                                                               followed or its last state was not usable
     llmgw_watcher_failures_total{watcher}                     counter, problems since start, each once
@@ -49,7 +56,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 from .endpoints import EndpointMetrics, EndpointSlots, ModelMetrics, ProbeCollector, RouterProbe
 from .kit import BuildInfo, Family, Hist, LocalCollector, Watchers
@@ -107,6 +114,13 @@ class RouterMetrics:
                                "failed before any byte of its answer (router/retry.py), by what failed: unreached, "
                                "headers_cut, timed_out, refused (an answer of 502 or 503).", ("model", "reason"),
                                registry=r)
+        self.response_affinity = Counter("llmgw_router_response_affinity", "Requests naming a stored response "
+                                         "(previous_response_id, /v1/responses/ID), by outcome (router/affinity.py); "
+                                         "unread: a Responses answer whose id could not be read.", ("outcome",),
+                                         registry=r)
+        # Its value is read at scrape from the store (the router sets the function).
+        self.responses_kept = Gauge("llmgw_router_responses_kept", "Response ids whose replica the router "
+                                    "remembers.", registry=r)
         self._watchers = Watchers()
         r.register(self._watchers)
         self.engine_refusals = Counter("llmgw_router_engine_refusals", "Engine answers and /metrics pages refused "

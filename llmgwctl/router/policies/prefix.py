@@ -130,6 +130,36 @@ def chat_prompt(doc: Mapping[str, Any]) -> str | None:
     return "".join(parts)[:limit]
 
 
+def responses_prompt(doc: Mapping[str, Any]) -> str | None:
+    """A Responses request's prompt as a chat's: `instructions` as the system message, then `input`.
+
+    `input` is a string (one user message) or a list of items; a message
+    item's content is a string or parts whose `text` the template lays out
+    (input_text, output_text). Other items (tool calls, their outputs) add
+    their type only: they are rare before the last turn, and a request
+    continuing a stored response (`previous_response_id`) goes to its
+    replica, whatever its prompt. None when there is neither.
+    """
+    messages: list[Any] = []
+    instructions = doc.get("instructions")
+    if type(instructions) is str:
+        messages.append({"role": "system", "content": instructions})
+    given = doc.get("input")
+    if type(given) is str:
+        messages.append({"role": "user", "content": given})
+    elif type(given) is list:
+        for item in given:
+            if type(item) is not dict:
+                return None
+            if "role" in item:
+                messages.append(item)
+            else:
+                messages.append({"role": str(item.get("type", "")), "content": ""})
+    if not messages:
+        return None
+    return chat_prompt({"messages": messages})
+
+
 def completion_prompt(doc: Mapping[str, Any]) -> str | None:
     """A completion's prompt text (one string, or a list of one); None for token ids or a batch."""
     prompt = doc.get("prompt")

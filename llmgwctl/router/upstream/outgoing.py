@@ -1,6 +1,7 @@
 """What goes to an engine: where (`Target`, parsed once from an endpoint's URL) and the request's bytes.
 
-Every request is one POST of a JSON body. The client's Authorization is the
+Every request is one POST of a JSON body (or, for a stored response's
+routes, a GET or DELETE of the same shape, usually with an empty body). The client's Authorization is the
 gateway's credential and is not passed on; no Accept-Encoding is sent, so
 engines answer uncompressed and the router never decompresses.
 """
@@ -68,10 +69,10 @@ class Targets:
         return target
 
 
-def request_head(target: Target, path: str, length: int, headers: bytes = b"") -> bytes:
-    """The head of a POST of `length` bytes of JSON to `path` on `target`; `headers` are whole lines to add."""
-    return b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n" % (
-        target.path_prefix, path.encode("utf-8", "surrogateescape"), target.host_header, length, headers)
+def request_head(target: Target, path: str, length: int, headers: bytes = b"", method: bytes = b"POST") -> bytes:
+    """The head of a POST (or `method`) of `length` bytes of JSON to `path` on `target`; `headers` are whole lines to add."""
+    return b"%s %s%s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n" % (
+        method, target.path_prefix, path.encode("utf-8", "surrogateescape"), target.host_header, length, headers)
 
 
 def write_request(transport: asyncio.WriteTransport, head: bytes, body: bytes) -> None:

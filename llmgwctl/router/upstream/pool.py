@@ -55,9 +55,10 @@ class Pool:
         self._closed = False
 
     async def post(self, base_url: str, path: str, body: bytes, *,
-                   idle_timeout: float | None = None, headers: bytes = b"") -> Response:
+                   idle_timeout: float | None = None, headers: bytes = b"", method: bytes = b"POST") -> Response:
         """POST `body` (JSON) to base_url + path; return once the answer's headers are in.
 
+        `method`: another, for the routes of a stored response (GET, DELETE).
         With `idle_timeout`, the engine may not go silent for longer than that
         (before the headers or between chunks). Whatever the request, its
         headers must be complete within the pool's `headers_timeout` (0: no
@@ -66,7 +67,7 @@ class Pool:
         engine's (check it with `parse_target` when the endpoint is set).
         """
         target = self._targets.get(base_url)
-        head = request_head(target, path, len(body), headers)
+        head = request_head(target, path, len(body), headers, method)
         while True:
             conn = await self._acquire(base_url, target)
             try:
