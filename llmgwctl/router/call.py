@@ -22,7 +22,7 @@ from .balancer import Chooser
 from .conventions import RID
 from .policies import DEFAULT_POLICY, LEAST_LOAD
 
-__all__ = ["Call", "Refused", "View", "known", "usable_names"]
+__all__ = ["Call", "Refused", "View", "known", "named", "usable_names"]
 
 
 class View:
@@ -54,7 +54,7 @@ class Call:
     """
 
     __slots__ = ("request", "route", "t0", "api_key", "model", "view", "stream", "waited", "rid", "fwd", "early",
-                 "chooser", "held", "body", "continued")
+                 "chooser", "held", "body", "continued", "base")
 
     def __init__(self, request: web.Request, route: routing.Route, t0: float, view: View):
         self.request = request
@@ -84,6 +84,9 @@ class Call:
         self.body = b""
         # A cut stream's hand-overs (continuation.py): (from replica, to replica, tokens sent at the cut).
         self.continued: tuple[tuple[str, str, int], ...] = ()
+        # For a LoRA adapter's request: its base model's name (`model` is then
+        # the adapter's, which its endpoints are picked under); "" otherwise.
+        self.base = ""
 
 
 class Refused(Exception):
@@ -111,4 +114,13 @@ def usable_names(catalog: Catalog, api_key: keyauth.ApiKey | None) -> list[str]:
     names = catalog.names()
     if api_key is None:
         return list(names)
-    return [n for n in names if keyauth.allows(api_key, n, catalog.resolve(n))]
+    return [n for n in names if keyauth.allows(api_key, n, named(catalog, n))]
+
+
+def named(catalog: Catalog, name: str) -> Any | None:
+    """What `name` names for a key's patterns: a model, or an adapter (a model of its own to keys), or None."""
+    model = catalog.resolve(name)
+    if model is not None:
+        return model
+    ref = catalog.adapter(name)
+    return ref.adapter if ref is not None else None

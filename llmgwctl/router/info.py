@@ -11,7 +11,7 @@ import json
 
 from aiohttp import web
 
-from ..catalog import Model
+from ..catalog import Adapter, Model
 from ..observability.metrics import CONTENT_TYPE_LATEST, RouterMetrics
 from . import auth as keyauth
 from . import errors
@@ -119,14 +119,18 @@ class InfoRoutes:
         except Refused as refused:
             return refused.response
         model = view.catalog.resolve(name)
+        ref = view.catalog.adapter(name) if model is None else None
         # As for requests: a name outside the key's patterns is 403 whether or
         # not it exists, so nothing tells the two apart.
-        if api_key is not None and not keyauth.allows(api_key, name, model):
+        if api_key is not None and not keyauth.allows(api_key, name, model or (ref.adapter if ref else None)):
             forbidden: web.Response = keyauth.forbidden(name)
             return forbidden
-        if model is None:
+        if ref is not None:
+            entry = self._adapter_entry(ref.adapter, ref.base, name)
+        elif model is None:
             return errors.unknown_model(name, usable_names(view.catalog, api_key))
-        entry = self._model_entry(model, name)
+        else:
+            entry = self._model_entry(model, name)
         return web.Response(body=json.dumps(entry).encode(), content_type="application/json",
                             headers={"x-llmgw-catalog-version": view.version})
 
@@ -137,7 +141,24 @@ class InfoRoutes:
                 continue
             data.append(self._model_entry(m, m.name))
             data.extend(self._model_entry(m, alias) for alias in m.aliases)
+        for m in view.catalog.models:
+            for a in m.adapters:
+                # An adapter is a model of its own to keys: a key for the base does not list it.
+                if api_key is not None and not keyauth.allows(api_key, a.name, a):
+                    continue
+                data.append(self._adapter_entry(a, m, a.name))
+                data.extend(self._adapter_entry(a, m, alias) for alias in a.aliases)
         return json.dumps({"object": "list", "data": data}).encode()
+
+    def _adapter_entry(self, adapter: Adapter, base: Model, listed_as: str) -> dict[str, object]:
+        """A LoRA adapter in the model shape vLLM gives one: `parent` is its base model."""
+        extra: dict[str, object] = {"ready_replicas": self._balancer.ready_count(adapter.name), "adapter_of": base.name}
+        if listed_as == adapter.name:
+            extra["aliases"] = list(adapter.aliases)
+        else:
+            extra["alias_of"] = adapter.name
+        return {"id": listed_as, "object": "model", "created": 0, "owned_by": "llmgw", "parent": base.name,
+                "root": base.name, "llmgw": extra}
 
     def _model_entry(self, model: Model, listed_as: str) -> dict[str, object]:
         """A model (or one of its aliases) in OpenAI's model shape, with llmgw's extension field."""
