@@ -74,7 +74,7 @@ async def counters(session: aiohttp.ClientSession, engines: list[FakeProcess]) -
     return hits, misses
 
 
-async def run(name: str, placed: list[list[str]], cat: Catalog, engines: list[FakeProcess],
+async def run(placed: list[list[str]], cat: Catalog, engines: list[FakeProcess],
               arrivals: list[tuple[float, str]]) -> dict[str, float]:
     async with aiohttp.ClientSession() as session:
         for e, names in zip(engines, placed):
@@ -116,15 +116,15 @@ async def run(name: str, placed: list[list[str]], cat: Catalog, engines: list[Fa
     hits, misses = after[0] - before[0], after[1] - before[1]
     latencies.sort()
     return {"hit": hits / max(1.0, hits + misses), "p50": statistics.median(latencies),
-            "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], "failed": failed,
-            "served": len(latencies)}
+            "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], "failed": float(failed),
+            "served": float(len(latencies))}
 
 
 async def main(args: argparse.Namespace) -> None:
     rng = random.Random(7)
     names = [f"tenant-{i:02d}" for i in range(args.adapters)]
     weights = [1.0 / (rank + 1) for rank in range(args.adapters)]
-    at, arrivals = 0.0, []
+    at, arrivals = 0.0, list[tuple[float, str]]()
     for _ in range(args.requests):
         at += rng.expovariate(args.rate)
         arrivals.append((at, rng.choices(names, weights)[0]))
@@ -134,10 +134,10 @@ async def main(args: argparse.Namespace) -> None:
         await asyncio.sleep(1.0)    # listening is not yet healthy; the fake is ready at once after
         placed = placement(catalog(args.adapters, 1), args.replicas)
         spread = [names] * args.replicas
-        results = {}
+        results: dict[str, dict[str, float]] = {}
         for name, plan, cat in (("random", spread, catalog(args.adapters, None)),
                                 ("llmgw", placed, catalog(args.adapters, 1))):
-            results[name] = await run(name, plan, cat, engines, arrivals)
+            results[name] = await run(plan, cat, engines, arrivals)
     finally:
         for e in engines:
             e.stop()

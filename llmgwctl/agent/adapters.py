@@ -172,7 +172,7 @@ class AdapterKeeper:
                 del e.failed[name]
         except asyncio.CancelledError:
             raise
-        except Exception:   # noqa: BLE001 - a bug here must not end the agent's pass; the next pass retries
+        except Exception:
             log.exception("replica %s: adapter sync failed", rid)
         finally:
             if changed:

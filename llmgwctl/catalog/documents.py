@@ -19,8 +19,18 @@ from typing import Any
 from .durations import parse_duration
 from .errors import Problem, excerpt
 from .limits import NO_DEADLINE, Deadline
-from .model import (CONTINUATION_ATTEMPTS, LORA_DEFAULTS, Adapter, Autoscale, EngineSpec, Lora, Model, Origin,
-                    Profile, Replicas)
+from .model import (
+    CONTINUATION_ATTEMPTS,
+    LORA_DEFAULTS,
+    Adapter,
+    Autoscale,
+    EngineSpec,
+    Lora,
+    Model,
+    Origin,
+    Profile,
+    Replicas,
+)
 from .schema import kind, locate, models_per_file, schema_errors
 from .sizes import parse_size_mib
 from .yamldoc import DocPath, Finding, Positions, not_finite
@@ -234,13 +244,18 @@ def _lenient_model(raw: Mapping[str, Any], origin: Origin, bad: list[DocPath]) -
         if isinstance(p, dict) else {"name": f"{stand_in}:{j}", "engine": "fake"}
         for j, p in enumerate(profiles)] or [{"name": stand_in, "engine": "fake"}]
     raw_adapters = raw.get("adapters")
-    clean["adapters"] = [
-        {"name": a["name"] if fine("adapters", j, "name") and isinstance(a.get("name"), str) else f"{stand_in}:a{j}",
-         "source": a["source"] if fine("adapters", j, "source") and isinstance(a.get("source"), str) else "x",
-         "aliases": [x if fine("adapters", j, "aliases", k) and isinstance(x, str) else f"{stand_in}:a{j}:{k}"
-                     for k, x in enumerate(a.get("aliases") if isinstance(a.get("aliases"), list) else [])],
-         "replicas": a.get("replicas", "all") if fine("adapters", j, "replicas") else "all"}
-        for j, a in enumerate(raw_adapters if isinstance(raw_adapters, list) else []) if isinstance(a, dict)]
+    adapters: list[dict[str, Any]] = []
+    for j, a in enumerate(raw_adapters if isinstance(raw_adapters, list) else []):
+        if not isinstance(a, dict):
+            continue
+        listed = a.get("aliases")
+        adapters.append({
+            "name": a["name"] if fine("adapters", j, "name") and isinstance(a.get("name"), str) else f"{stand_in}:a{j}",
+            "source": a["source"] if fine("adapters", j, "source") and isinstance(a.get("source"), str) else "x",
+            "aliases": [x if fine("adapters", j, "aliases", k) and isinstance(x, str) else f"{stand_in}:a{j}:{k}"
+                        for k, x in enumerate(listed if isinstance(listed, list) else [])],
+            "replicas": a.get("replicas", "all") if fine("adapters", j, "replicas") else "all"})
+    clean["adapters"] = adapters
     if not fine("lora"):
         clean.pop("lora", None)
     return _model(clean, origin)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 
-from .fake_lora import FakeAdapters
 from .fake_load import Load
+from .fake_lora import FakeAdapters
 from .fake_replies import Generation
 
 

@@ -40,8 +40,8 @@ from aiohttp import web
 from .. import aio
 from . import fake_faults, fake_metrics
 from .fake_config import FakeConfig
-from .fake_lora import AdapterError, FakeAdapters
 from .fake_load import Load, prompt_tokens_of
+from .fake_lora import AdapterError, FakeAdapters
 from .fake_replies import BadRequest, Chunks, Generation, count_prompt_tokens, embedding_vector, parse_generation
 
 __all__ = ["FakeConfig", "FakeEngine", "error_body", "error_response", "run", "serve", "start"]

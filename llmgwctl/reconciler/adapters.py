@@ -43,7 +43,9 @@ class AdapterPlacer:
         records = self.records
         if catalog is self._catalog and not records.changed_ids:
             return
-        had = self._catalog is not None and self._catalog.has_adapters
+        # The first call walks whatever the catalog says: adopted replicas may
+        # hold adapters a catalog edited while the controller was down dropped.
+        had = self._catalog is None or self._catalog.has_adapters
         self._catalog = catalog
         if not catalog.has_adapters and not had:
             return

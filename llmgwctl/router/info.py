@@ -167,6 +167,8 @@ class InfoRoutes:
         if listed_as == model.name:
             extra = {"ready_replicas": ready, "aliases": list(model.aliases),
                      "profiles": [p.name for p in model.ranked()]}
+            if model.adapters:
+                extra["adapters"] = [a.name for a in model.adapters]
         else:
             extra = {"ready_replicas": ready, "alias_of": model.name}
         return {"id": listed_as, "object": "model", "created": 0, "owned_by": "llmgw", "llmgw": extra}

@@ -13,7 +13,7 @@ import signal
 
 import aiohttp
 
-from llmgwctl.agent import READY, Agent, PortRange, parse_spec
+from llmgwctl.agent import READY, Agent, PortRange
 from llmgwctl.contracts import AdapterSpec, ReplicaSpec
 from llmgwctl.engines import driver_for
 
@@ -43,7 +43,7 @@ async def test_adapters_follow_the_spec_on_the_running_engine(tmp_path, port_ran
     a_dir = tmp_path / "a"
     a_dir.mkdir()
     async with aiohttp.ClientSession() as session:
-        agent = Agent(node="n", gpus=parse_spec("none"), state_dir=tmp_path / "state", ports=PortRange.parse(port_range),
+        agent = Agent(node="n", gpus=(), state_dir=tmp_path / "state", ports=PortRange.parse(port_range),
                       driver_for=driver_for, session=session, clock=clock)
         try:
             spec = dataclasses.replace(SPEC, adapters=(AdapterSpec("a", str(a_dir)), AdapterSpec("b", str(tmp_path / "b"))))

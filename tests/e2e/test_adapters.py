@@ -38,7 +38,7 @@ def pids(fleet: Fleet) -> dict[str, int]:
 
 def answered_by(reply: requests.Response) -> str:
     assert reply.status_code == 200, reply.text
-    return reply.headers["X-Fake-Replica"]
+    return reply.headers["x-llmgw-replica"]
 
 
 def test_adapters_are_loaded_by_edits_routed_to_holders_and_unloaded_without_restarting_the_base(tmp_path):
@@ -93,7 +93,7 @@ def test_adapters_are_loaded_by_edits_routed_to_holders_and_unloaded_without_res
 
         # An engine that restarts gets its adapters back.
         os.kill(before[holder], signal.SIGKILL)
-        wait_until(lambda: (p := pids(fleet).get(holder)) not in (None, before[holder]) and
+        wait_until(lambda: pids(fleet).get(holder) not in (None, before[holder]) and
                    holders(fleet, "chat").get(holder) == "loaded", "the restarted engine with chat loaded again")
         engine = next(r["url"] for r in fleet.replicas("base") if r["id"] == holder)
         assert "chat" in [m["id"] for m in requests.get(engine + "/v1/models", timeout=10).json()["data"]]

@@ -51,9 +51,9 @@ def test_adapter_requests_go_to_holders_as_the_adapter_and_503_while_none_holds_
     rt.set_endpoints([dataclasses.replace(one.endpoint(), adapters=frozenset({"sql"})), two.endpoint()])
     answers = [ask(rt.url, "sql-lora", f"q{i}") for i in range(20)]
     assert all(a.status_code == 200 for a in answers), answers[0].text
-    assert {a.headers["X-Fake-Replica"] for a in answers} == {"r1"}
+    assert {a.headers["x-llmgw-replica"] for a in answers} == {"r1"}
     assert {a.json()["model"] for a in answers} == {"sql"}
-    assert len({ask(rt.url, "base", f"q{i}").headers["X-Fake-Replica"] for i in range(20)}) == 2
+    assert len({ask(rt.url, "base", f"q{i}").headers["x-llmgw-replica"] for i in range(20)}) == 2
     refused = ask(rt.url, "chat")
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "adapter_not_loaded"
     assert "none of the 2 ready replica(s) of 'base'" in refused.json()["error"]["message"]
