@@ -1,6 +1,6 @@
 """LoRA adapters placed by llmgw against a random spread: slot hit rate and latency on fake engines.
 
-    python3 -m bench.adapters [--requests 2000] [--rate 150] [--adapters 50] [--replicas 4] [--slots 4]
+    python3 -m bench.adapters [--requests 2000] [--rate 150] [--adapters 50] [--replicas 4] [--slots 4] [--hot 2]
 
 Four fake engines (processes) serve one base model with LoRA on: 4 adapter
 slots each (vLLM's --max-loras), a request for an adapter not in a slot
@@ -9,18 +9,25 @@ as the copy onto the GPU is), 16-token replies at 2 ms a token. 50 adapters,
 requested with Zipf-like popularity (weight 1/rank), open loop (Poisson
 arrivals at --rate), through llmgw's router in this process.
 
-Two placements, the same requests at the same times, one after the other:
+Three placements, the same requests at the same times, one after the other:
 
+  random       every adapter loaded on every replica, the router choosing
+               among all four by load alone: vLLM behind a plain balancer
+               (the baseline).
   llmgw        each adapter on 1 replica (`replicas: 1`), placed by the
                reconciler's own AdapterPlacer (spread by fewest adapters),
                loaded on that replica only; the router sends an adapter's
                requests only to its holder.
-  random       every adapter loaded on every replica, the router choosing
-               among all four by load alone: vLLM behind a plain balancer.
+  llmgw+hot    the same, but the --hot most requested adapters on every
+               replica (`replicas: all`), as an operator who knows the
+               traffic writes it.
 
-Printed: the engines' slot hit rate (fake_lora_slot_hits over hits +
-misses, summed), latency p50 and p99 of the whole request, and each as a
-ratio to the random spread.
+Two workloads: `uniform` (every adapter as likely) and `zipf` (weight
+1/rank: a few tenants carry most of the traffic).
+
+Printed per workload and placement: the engines' slot hit rate
+(fake_lora_slot_hits over hits + misses, summed), latency p50 and p99 of
+the whole request, and each as a ratio to the random spread.
 """
 from __future__ import annotations
 
@@ -45,9 +52,11 @@ DECODE = 0.002
 TOKENS = 16
 
 
-def catalog(adapters: int, replicas: int | None) -> Catalog:
+def catalog(adapters: int, replicas: int | None, hot: int = 0) -> Catalog:
+    """The base with `adapters` adapters on `replicas` replicas each (None: all), the first `hot` on all."""
     return Catalog([Model(name=BASE, source=BASE, profiles=(Profile(name="cpu", engine="fake", gpus=0),),
-                          adapters=tuple(Adapter(f"tenant-{i:02d}", f"hub/tenant-{i:02d}", replicas=replicas)
+                          adapters=tuple(Adapter(f"tenant-{i:02d}", f"hub/tenant-{i:02d}",
+                                                 replicas=None if i < hot else replicas)
                                          for i in range(adapters)))])
 
 
@@ -121,35 +130,40 @@ async def run(placed: list[list[str]], cat: Catalog, engines: list[FakeProcess],
 
 
 async def main(args: argparse.Namespace) -> None:
-    rng = random.Random(7)
     names = [f"tenant-{i:02d}" for i in range(args.adapters)]
-    weights = [1.0 / (rank + 1) for rank in range(args.adapters)]
-    at, arrivals = 0.0, list[tuple[float, str]]()
-    for _ in range(args.requests):
-        at += rng.expovariate(args.rate)
-        arrivals.append((at, rng.choices(names, weights)[0]))
     engines = [spawn(BASE, "--max-loras", str(args.slots), "--lora-swap-time", str(SWAP),
                      "--decode-time-per-token", str(DECODE)) for _ in range(args.replicas)]
+    plans = {"random": ([names] * args.replicas, catalog(args.adapters, None)),
+             "llmgw": (placement(catalog(args.adapters, 1), args.replicas), catalog(args.adapters, 1)),
+             "llmgw+hot": (placement(catalog(args.adapters, 1, args.hot), args.replicas),
+                           catalog(args.adapters, 1, args.hot))}
+    results: dict[str, dict[str, dict[str, float]]] = {}
     try:
         await asyncio.sleep(1.0)    # listening is not yet healthy; the fake is ready at once after
-        placed = placement(catalog(args.adapters, 1), args.replicas)
-        spread = [names] * args.replicas
-        results: dict[str, dict[str, float]] = {}
-        for name, plan, cat in (("random", spread, catalog(args.adapters, None)),
-                                ("llmgw", placed, catalog(args.adapters, 1))):
-            results[name] = await run(plan, cat, engines, arrivals)
+        for workload in ("uniform", "zipf"):
+            rng = random.Random(7)
+            weights = [1.0 if workload == "uniform" else 1.0 / (rank + 1) for rank in range(args.adapters)]
+            at, arrivals = 0.0, list[tuple[float, str]]()
+            for _ in range(args.requests):
+                at += rng.expovariate(args.rate)
+                arrivals.append((at, rng.choices(names, weights)[0]))
+            results[workload] = {name: await run(plan, cat, engines, arrivals) for name, (plan, cat) in plans.items()}
     finally:
         for e in engines:
             e.stop()
-    base = results["random"]
     print(f"{args.adapters} adapters over {args.replicas} replicas, {args.slots} slots each, "
-          f"{args.requests} requests at {args.rate:g}/s (Zipf 1/rank), swap {SWAP * 1000:g} ms, "
-          f"{TOKENS} tokens x {DECODE * 1000:g} ms")
-    print(f"adapters per replica (llmgw): {[len(p) for p in placed]}")
-    print(f"{'placement':<10} {'hit rate':>9} {'p50 ms':>8} {'p99 ms':>8} {'failed':>7}  vs random (hit, p50, p99)")
-    for name, r in results.items():
-        print(f"{name:<10} {r['hit']:>9.1%} {r['p50'] * 1000:>8.1f} {r['p99'] * 1000:>8.1f} {r['failed']:>7}  "
-              f"{r['hit'] / max(base['hit'], 1e-9):.2f}x, {r['p50'] / base['p50']:.2f}x, {r['p99'] / base['p99']:.2f}x")
+          f"{args.requests} requests at {args.rate:g}/s, swap {SWAP * 1000:g} ms, "
+          f"{TOKENS} tokens x {DECODE * 1000:g} ms; llmgw+hot: the {args.hot} most requested on all")
+    print(f"adapters per replica: llmgw {[len(p) for p in plans['llmgw'][0]]}, "
+          f"llmgw+hot {[len(p) for p in plans['llmgw+hot'][0]]}")
+    print(f"{'workload':<8} {'placement':<10} {'hit rate':>9} {'p50 ms':>8} {'p99 ms':>8} {'failed':>7}  "
+          "vs random (hit, p50, p99)")
+    for workload, rows in results.items():
+        base = rows["random"]
+        for name, r in rows.items():
+            print(f"{workload:<8} {name:<10} {r['hit']:>9.1%} {r['p50'] * 1000:>8.1f} {r['p99'] * 1000:>8.1f} "
+                  f"{r['failed']:>7.0f}  {r['hit'] / max(base['hit'], 1e-9):.2f}x, {r['p50'] / base['p50']:.2f}x, "
+                  f"{r['p99'] / base['p99']:.2f}x")
 
 
 if __name__ == "__main__":
@@ -159,4 +173,5 @@ if __name__ == "__main__":
     parser.add_argument("--adapters", type=int, default=50)
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--slots", type=int, default=4)
+    parser.add_argument("--hot", type=int, default=2)
     asyncio.run(main(parser.parse_args()))
