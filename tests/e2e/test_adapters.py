@@ -122,3 +122,21 @@ def test_an_adapter_that_cannot_load_is_retried_and_says_why_and_its_requests_ge
         wait_until(lambda: fleet.chat("broken").status_code == 200, "the router routing it")
     finally:
         fleet.close()
+
+
+def test_a_restarted_serve_adopts_the_engine_with_its_adapters_loaded(tmp_path):
+    fleet = Fleet(tmp_path)
+    (fleet.catalogs / "models.yaml").write_text(catalog([{"name": "sql", "source": "org/sql-lora"}], replicas=1))
+    try:
+        fleet.start_serve("--settle", "1")
+        wait_until(lambda: len(loaded_on(fleet, "sql")) == 1, "sql loaded")
+        before = pids(fleet)
+        fleet.kill_controller()
+        fleet.start_serve("--settle", "1")
+        wait_until(lambda: loaded_on(fleet, "sql") == list(before), "the adopted engine's adapter known again")
+        wait_until(lambda: fleet.chat("sql").status_code == 200, "sql routed again")
+        assert pids(fleet) == before
+        # Learnt from the engine's /v1/models, not loaded a second time.
+        assert "adapter sql loaded" not in fleet.log("serve").split("adopted pid")[-1]
+    finally:
+        fleet.close()
