@@ -140,3 +140,21 @@ def test_a_restarted_serve_adopts_the_engine_with_its_adapters_loaded(tmp_path):
         assert "adapter sql loaded" not in fleet.log("serve").split("adopted pid")[-1]
     finally:
         fleet.close()
+
+
+def test_a_standalone_router_routes_adapters_from_the_watch_stream(tmp_path):
+    fleet = Fleet(tmp_path)
+    (fleet.catalogs / "models.yaml").write_text(catalog([{"name": "sql", "source": "org/sql-lora", "replicas": 1}]))
+    try:
+        fleet.start_serve("--settle", "1")
+        wait_until(lambda: len(loaded_on(fleet, "sql")) == 1, "sql loaded")
+        (holder,) = loaded_on(fleet, "sql")
+        router = fleet.start_router()
+
+        def ask() -> requests.Response:
+            return requests.post(router + "/v1/chat/completions", timeout=30,
+                                 json={"model": "sql", "messages": [{"role": "user", "content": "hi"}]})
+        wait_until(lambda: ask().status_code == 200, "the standalone router routing sql")
+        assert {answered_by(ask()) for _ in range(10)} == {holder}
+    finally:
+        fleet.close()
