@@ -29,7 +29,7 @@ from ..backoff import Backoff
 from ..contracts import AdapterSpec, AdapterStatus
 from ..contracts.adapters import FAILED, LOADED, LOADING, MAX_ADAPTER_REASON, UNLOADING
 from ..engines.errors import LaunchError
-from ..engines.lora import RUNTIME_API, resolve_source
+from ..engines.lora import RUNTIME_API, busy_adapters, resolve_source
 from .replica import READY, Replica
 
 log = logging.getLogger("llmgw.agent.adapters")
@@ -40,7 +40,14 @@ log = logging.getLogger("llmgw.agent.adapters")
 LOAD_TIMEOUT = 300.0
 # /v1/models, where the engine lists what it holds: a few hundred bytes an
 # adapter; 4 MiB is thousands of them, past which the page is not an answer.
+# A /metrics page is bounded the same way (the router's poller reads it too).
 MAX_MODELS_BYTES = 4 << 20
+# An adapter leaving a replica is unloaded once the engine's
+# vllm:lora_requests_info shows no request running or waiting on it (the
+# router stopped sending it new ones when it left the catalog or the
+# replica), or after this long: the router's default drain grace, the bound
+# a replica's own requests get before its engine is stopped.
+UNLOAD_GRACE = 30.0
 
 
 def retry_schedule(clock: Callable[[], float]) -> Backoff:
@@ -60,6 +67,7 @@ class _Engine:
     listed: bool = False
     held: dict[str, str] = field(default_factory=dict)
     failed: dict[str, tuple[str, float, Backoff]] = field(default_factory=dict)   # name -> (reason, retry at, schedule)
+    leaving: dict[str, float] = field(default_factory=dict)     # name -> since when it is to be unloaded
     task: asyncio.Task[None] | None = None
 
 
@@ -140,16 +148,25 @@ class AdapterKeeper:
                 e.held = {name: names.get(name, "") for name in await self._listed(e)}
                 e.listed = True
                 changed = True
-            # Unloads first: they free the engine's memory for the loads.
-            for name, source in list(e.held.items()):
-                if names.get(name) != source:
-                    why = await self._call(e, "/v1/unload_lora_adapter", {"lora_name": name})
-                    if why and "cannot be found" not in why and "not found" not in why.lower():
-                        log.warning("replica %s: unloading adapter %s: %s", rid, name, why)
-                        continue
-                    del e.held[name]
-                    changed = True
-                    log.info("replica %s: adapter %s unloaded", rid, name)
+            # Unloads first: they free the engine's memory for the loads. Each
+            # waits for the adapter's requests in flight (bounded by UNLOAD_GRACE).
+            now = self._clock()
+            going = [name for name, source in e.held.items() if names.get(name) != source]
+            for name in [n for n in e.leaving if n not in going]:
+                del e.leaving[name]
+            busy = await self._busy(e) if going else frozenset()
+            for name in going:
+                since = e.leaving.setdefault(name, now)
+                if name in busy and now - since < UNLOAD_GRACE:
+                    continue
+                why = await self._call(e, "/v1/unload_lora_adapter", {"lora_name": name})
+                if why and "cannot be found" not in why and "not found" not in why.lower():
+                    log.warning("replica %s: unloading adapter %s: %s", rid, name, why)
+                    continue
+                del e.held[name]
+                e.leaving.pop(name, None)
+                changed = True
+                log.info("replica %s: adapter %s unloaded", rid, name)
             now = self._clock()
             for a in wanted:
                 if e.held.get(a.name) == a.source:
@@ -188,6 +205,17 @@ class AdapterKeeper:
         if why and "already been loaded" in why:
             return ""       # loaded before this agent knew (a call that timed out, then succeeded)
         return why
+
+    async def _busy(self, e: _Engine) -> frozenset[str]:
+        """The adapters with requests on the engine now; all of its held ones when its page does not say."""
+        try:
+            async with self._session.get(e.url + "/metrics", timeout=self._timeout) as resp:
+                page = await resp.content.read(MAX_MODELS_BYTES + 1)
+        except (asyncio.TimeoutError, aiohttp.ClientError, OSError):
+            return frozenset(e.held)
+        found = busy_adapters(page.decode("utf-8", "replace")) if len(page) <= MAX_MODELS_BYTES else None
+        # An engine whose page says nothing of adapters is waited for the whole grace: nothing says it is idle.
+        return frozenset(e.held) if found is None else found
 
     async def _listed(self, e: _Engine) -> list[str]:
         """The adapters the engine serves now: its /v1/models cards with a parent.

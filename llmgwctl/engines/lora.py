@@ -16,7 +16,10 @@ import os
 from pathlib import Path
 
 from ..contracts import ReplicaSpec
+from .base import samples
 from .errors import LaunchError
+
+_INFO = "vllm:lora_requests_info"
 
 # Engines whose adapters the agent loads with vLLM's routes.
 RUNTIME_API = frozenset({"vllm", "fake"})
@@ -66,3 +69,19 @@ def resolve_source(source: str) -> str:
             raise LaunchError(f"adapter source {source!r}: no such directory on this node ({path})")
         return str(path)
     return source
+
+
+def busy_adapters(page: str) -> frozenset[str] | None:
+    """The adapters an engine's /metrics says requests are running or waiting on; None if the page does not say.
+
+    vLLM's `lora_requests_info` is an info gauge whose value is the time it
+    was set: each change leaves a series with new labels beside the old ones,
+    so the newest (the highest value) is the one in force.
+    """
+    found = samples(page, (_INFO,))
+    info = found.get(_INFO) if found else None
+    if not info:
+        return None
+    labels = max(info, key=lambda sample: sample[1])[0]
+    names = labels.get("running_lora_adapters", "").split(",") + labels.get("waiting_lora_adapters", "").split(",")
+    return frozenset(n for n in names if n)

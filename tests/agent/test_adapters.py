@@ -7,6 +7,7 @@ the engine's reason in the report), and loaded again into a restarted engine.
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import signal
@@ -74,3 +75,43 @@ async def test_adapters_follow_the_spec_on_the_running_engine(tmp_path, port_ran
             agent.set_desired([])
             await until(lambda: not agent.replicas, "the engine stopped", nudge=agent.reconcile_once, timeout=30)
             await agent.close()
+
+
+async def test_an_adapter_leaving_waits_for_its_requests_in_flight(tmp_path, port_range):
+    clock = FakeClock()
+    async with aiohttp.ClientSession() as session:
+        agent = Agent(node="n", gpus=(), state_dir=tmp_path / "state", ports=PortRange.parse(port_range),
+                      driver_for=driver_for, session=session, clock=clock)
+        try:
+            # 0.05 s a token: a 60-token answer runs for 3 s.
+            spec = dataclasses.replace(SPEC, args=("--decode-time-per-token", "0.05"),
+                                       adapters=(AdapterSpec("a", "org/a"),))
+            agent.set_desired([spec])
+            await until(lambda: agent.replicas["r1"].state == READY, "the engine ready", nudge=agent.reconcile_once)
+            await converged(agent, {"a": "loaded"}, "a loaded")
+            url = agent.url(agent.replicas["r1"].port) + "/v1/chat/completions"
+            running = asyncio.ensure_future(session.post(url, json={
+                "model": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60, "ignore_eos": True}))
+            await until(lambda: "a" in requests_on(agent), "the request running", every=0.05)
+            agent.set_desired([dataclasses.replace(spec, adapters=())])
+            await agent.reconcile_once()
+            await asyncio.sleep(0.3)
+            await agent.reconcile_once()
+            assert states(agent) == {"a": ("unloading", "")}, "unloaded under a running request"
+            answer = await running
+            assert answer.status == 200
+            answer.release()
+            await converged(agent, {}, "a unloaded once its request finished")
+        finally:
+            agent.set_desired([])
+            await until(lambda: not agent.replicas, "the engine stopped", nudge=agent.reconcile_once, timeout=30)
+            await agent.close()
+
+
+def requests_on(agent: Agent) -> set[str]:
+    import requests
+
+    page = requests.get(agent.url(agent.replicas["r1"].port) + "/metrics", timeout=5).text
+    line = next(x for x in page.splitlines() if x.startswith("vllm:lora_requests_info{"))
+    running = line.split('running_lora_adapters="')[1].split('"')[0]
+    return set(filter(None, running.split(",")))
