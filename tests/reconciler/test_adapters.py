@@ -75,3 +75,43 @@ def test_removing_adapters_empties_the_specs_and_nothing_changes_without_news():
     without = catalog("")
     placer.place(without)
     assert placed(recs) == {"r0": [], "r1": []}
+
+
+def test_through_the_reconciler_an_adapter_is_served_where_placed_and_reported_loaded():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from llmgwctl.observability.metrics import ControlMetrics
+
+    from .test_reconciler import World, converge
+    from .test_status_rows import control
+
+    cat = load_text("apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n  - name: base\n    replicas: 2\n"
+                    "    profiles: [{name: p, engine: fake, pool: gpu, gpus: 1}]\n"
+                    "    adapters: [{name: sql, source: /srv/sql, replicas: 1}]\n")
+    w = World(cat, settle=0)
+    converge(w)
+    # The desired list places sql on one replica; nothing routes it until its agent says it is loaded.
+    (entry,) = [w.desired.get("n1")]
+    holder = next(s.id for s in entry[1] if [a.name for a in s.adapters] == ["sql"])
+    assert sum(bool(s.adapters) for s in entry[1]) == 1
+    assert all(not ep.adapters for ep in w.sink.pushes[-1])
+    w.running["n1"][holder]["adapters"] = [{"name": "sql", "state": "loaded"}]
+    w.step()
+    (ep,) = [ep for ep in w.sink.pushes[-1] if ep.adapters]
+    assert ep.replica_id == holder and ep.adapters == frozenset({"sql"})
+    rows = {r["id"]: r["adapters"] for r in w.rec.status()["replicas"]}
+    assert rows[holder] == [{"name": "sql", "state": "loaded"}]
+    metrics = ControlMetrics(lambda: control(w), process=False)
+    found = {(s.labels["adapter"], s.labels["state"]): s.value
+             for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples
+             if s.name == "llmgw_adapter_replicas"}
+    assert found[("sql", "loaded")] == 1 and found[("sql", "failed")] == 0
+    # Removed from the catalog: out of the endpoint at once, though the agent still reports it loaded.
+    w.live.swap(load_text("apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n  - name: base\n    replicas: 2\n"
+                          "    lora: {max_loras: 4, max_rank: 16}\n"
+                          "    profiles: [{name: p, engine: fake, pool: gpu, gpus: 1}]\n"))
+    w.step()
+    assert all(not ep.adapters for ep in w.sink.pushes[-1])
+    assert all(not s.adapters for s in w.desired.get("n1")[1])
+    rows = {r["id"]: r["adapters"] for r in w.rec.status()["replicas"]}
+    assert rows[holder] == [{"name": "sql", "state": "loaded"}]     # reported, no longer placed: leaving
