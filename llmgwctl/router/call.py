@@ -54,7 +54,7 @@ class Call:
     """
 
     __slots__ = ("request", "route", "t0", "api_key", "model", "view", "stream", "waited", "rid", "fwd", "early",
-                 "chooser", "held", "body", "continued", "base")
+                 "chooser", "held", "body", "continued", "attempts", "base")
 
     def __init__(self, request: web.Request, route: routing.Route, t0: float, view: View):
         self.request = request
@@ -84,6 +84,8 @@ class Call:
         self.body = b""
         # A cut stream's hand-overs (continuation.py): (from replica, to replica, tokens sent at the cut).
         self.continued: tuple[tuple[str, str, int], ...] = ()
+        # Endpoints tried so far before its first byte (retry.py); 0: none yet.
+        self.attempts = 0
         # For a LoRA adapter's request: its base model's name (`model` is then
         # the adapter's, which its endpoints are picked under); "" otherwise.
         self.base = ""
