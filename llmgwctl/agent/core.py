@@ -47,6 +47,7 @@ from ..contracts import AgentReport, CpuCapacity, EngineAvailability, Gpu, Repli
 from ..engines.errors import EngineError, LaunchError, NotAllowed
 from ..engines.spec import Driver
 from . import gpushare, procs, state
+from .adapters import AdapterKeeper
 from .backoff import restart_schedule
 from .groups import STOP_GRACE, clear_leftovers, stop_if_ours
 from .health import DEFAULT_POLICY, TICK, HealthPolicy, Prober, missed, next_probe
@@ -101,6 +102,8 @@ class Agent:
         self._wake = asyncio.Event()
         self._availability: dict[tuple[str, tuple[str, ...] | None], EngineAvailability] = {}
         self._saved: list[dict[str, object]] | None = None
+        # LoRA adapters on the ready engines (adapters.py): loaded in the background, reported on change.
+        self.adapters = AdapterKeeper(session, on_change=self._changed, clock=clock)
 
     # -- inputs -------------------------------------------------------------
 
@@ -122,6 +125,10 @@ class Agent:
     def url(self, port: int) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{port}"
+
+    def _local_url(self, port: int) -> str:
+        """Where this agent itself calls an engine: loopback for one bound to every address, as the prober does."""
+        return self.url(port) if self.host not in ("0.0.0.0", "::") else f"http://127.0.0.1:{port}"
 
     # -- adoption -----------------------------------------------------------
 
@@ -171,6 +178,7 @@ class Agent:
         await asyncio.gather(self._probe_starting(), self._probe_ready())
         if self.desired is not None:
             await self._converge(self.desired)
+        self.adapters.sync(self.replicas.values(), self._local_url)
         await self._housekeeping()
 
     async def run(self, stop: asyncio.Event, tick: float = TICK) -> None:
@@ -210,6 +218,7 @@ class Agent:
         as long as their processes live, so the next run finishes them.
         """
         await cancel_and_wait(*(r.group_task for r in self.replicas.values() if r.group_task))
+        await self.adapters.close()
         await self._save_state()
 
     async def _observe_exits(self) -> None:
@@ -304,6 +313,11 @@ class Agent:
                 self._stop(r, "no longer desired")
             elif spec.spec_hash != r.spec.spec_hash:
                 self._stop(r, f"spec changed ({r.spec.spec_hash} -> {spec.spec_hash}); replacing it")
+            elif spec.adapters != r.spec.adapters:
+                # Adapters are outside the hash: the running engine loads and
+                # unloads them (adapters.py), it is not replaced.
+                r.spec = dataclasses.replace(r.spec, adapters=spec.adapters)
+                self._changed()
         now = self.clock()
         for spec in desired:
             r = self.replicas.get(spec.id)
@@ -463,7 +477,7 @@ class Agent:
             instance_id=self.instance_id, boot_id=self.machine_boot, previous_instance_id=self.previous_instance_id,
             pools=self.pools, engines=MappingProxyType(dict(sorted(self.engines.items()))),
             gpus=gpushare.free_now(self.gpus, self.replicas.values()),
-            replicas=tuple(r.report(self.url(r.port) if r.port is not None else None)
+            replicas=tuple(r.report(self.url(r.port) if r.port is not None else None, self.adapters.statuses(r))
                            for r in sorted(self.replicas.values(), key=lambda r: r.spec.id)),
             cpu=self.cpu,
         )

@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 from ..backoff import Backoff
-from ..contracts import ReplicaSpec, ReplicaState, ReportedReplica
+from ..contracts import AdapterStatus, ReplicaSpec, ReplicaState, ReportedReplica
 from . import state
 from .state import Record
 
@@ -62,7 +62,7 @@ class Replica:
         return state.Record(spec=spec, pid=self.pid, start_time=self.start_time, pgid=self.pgid,
                             port=self.port, restarts=self.restarts, health_path=self.health_path)
 
-    def report(self, url: str | None) -> ReportedReplica:
+    def report(self, url: str | None, adapters: tuple[AdapterStatus, ...] = ()) -> ReportedReplica:
         """What the controller is told of it; `url` where its engine is reached (None: no port yet)."""
         return ReportedReplica(
             id=self.spec.id, spec_hash=self.spec.spec_hash, model=self.spec.model, profile=self.spec.profile,
@@ -72,7 +72,7 @@ class Replica:
             # The whole spec, so a restarted controller can adopt this replica
             # and keep desiring exactly it (same hash) until it decides to
             # replace it, instead of the agent restarting it on a guessed spec.
-            spec=self.spec,
+            spec=self.spec, adapters=adapters,
         )
 
 

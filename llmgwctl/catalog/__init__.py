@@ -19,9 +19,13 @@ from .model import (
     AUTOSCALE_METRICS,
     BUILTIN_ENGINES,
     KIND,
+    LORA_ENGINES,
+    Adapter,
+    AdapterRef,
     Autoscale,
     Catalog,
     EngineSpec,
+    Lora,
     Model,
     Origin,
     Profile,
@@ -30,7 +34,7 @@ from .model import (
 )
 
 __all__ = [
-    "API_VERSION", "AUTOSCALE_METRICS", "Autoscale", "BUILTIN_ENGINES", "KIND", "Catalog", "CatalogError", "EngineSpec", "Live", "Model",
+    "API_VERSION", "AUTOSCALE_METRICS", "Adapter", "AdapterRef", "Autoscale", "LORA_ENGINES", "Lora", "BUILTIN_ENGINES", "KIND", "Catalog", "CatalogError", "EngineSpec", "Live", "Model",
     "Origin", "Problem", "Profile", "Replicas", "ScalingPolicy", "format_duration", "format_path", "parse_duration",
     "load_dir", "load_document", "load_paths", "load_text",
 ]

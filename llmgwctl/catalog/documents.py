@@ -19,7 +19,18 @@ from typing import Any
 from .durations import parse_duration
 from .errors import Problem, excerpt
 from .limits import NO_DEADLINE, Deadline
-from .model import CONTINUATION_ATTEMPTS, Autoscale, EngineSpec, Model, Origin, Profile, Replicas
+from .model import (
+    CONTINUATION_ATTEMPTS,
+    LORA_DEFAULTS,
+    Adapter,
+    Autoscale,
+    EngineSpec,
+    Lora,
+    Model,
+    Origin,
+    Profile,
+    Replicas,
+)
 from .schema import kind, locate, models_per_file, schema_errors
 from .sizes import parse_size_mib
 from .yamldoc import DocPath, Finding, Positions, not_finite
@@ -159,7 +170,22 @@ def _model(raw: Mapping[str, Any], origin: Origin) -> Model:
         continuation=_continuation(raw.get("continuation")),
         context_length=raw.get("context_length"),
         fallbacks=tuple(raw.get("fallbacks") or ()),
+        adapters=tuple(_adapter(a, i) for i, a in enumerate(raw.get("adapters") or ())),
+        lora=_lora(raw.get("lora")),
     )
+
+
+def _adapter(raw: Mapping[str, Any], i: int) -> Adapter:
+    replicas = raw.get("replicas", "all")
+    return Adapter(name=raw["name"], source=raw.get("source") or raw["name"],
+                   aliases=tuple(raw.get("aliases") or ()), replicas=None if replicas == "all" else replicas)
+
+
+def _lora(raw: Mapping[str, Any] | None) -> Lora | None:
+    """The model's `lora:` block; absent or null: None (the defaults apply once it has adapters)."""
+    if not raw:
+        return None
+    return Lora(max_loras=raw.get("max_loras", LORA_DEFAULTS[0]), max_rank=raw.get("max_rank", LORA_DEFAULTS[1]))
 
 
 def _continuation(raw: Any) -> int:
@@ -219,6 +245,21 @@ def _lenient_model(raw: Mapping[str, Any], origin: Origin, bad: list[DocPath]) -
            "engine": p.get("engine") if fine("profiles", j, "engine") and isinstance(p.get("engine"), str) else "fake"}
         if isinstance(p, dict) else {"name": f"{stand_in}:{j}", "engine": "fake"}
         for j, p in enumerate(profiles)] or [{"name": stand_in, "engine": "fake"}]
+    raw_adapters = raw.get("adapters")
+    adapters: list[dict[str, Any]] = []
+    for j, a in enumerate(raw_adapters if isinstance(raw_adapters, list) else []):
+        if not isinstance(a, dict):
+            continue
+        listed = a.get("aliases")
+        adapters.append({
+            "name": a["name"] if fine("adapters", j, "name") and isinstance(a.get("name"), str) else f"{stand_in}:a{j}",
+            "source": a["source"] if fine("adapters", j, "source") and isinstance(a.get("source"), str) else "x",
+            "aliases": [x if fine("adapters", j, "aliases", k) and isinstance(x, str) else f"{stand_in}:a{j}:{k}"
+                        for k, x in enumerate(listed if isinstance(listed, list) else [])],
+            "replicas": a.get("replicas", "all") if fine("adapters", j, "replicas") else "all"})
+    clean["adapters"] = adapters
+    if not fine("lora"):
+        clean.pop("lora", None)
     return _model(clean, origin)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from .bounds import MAX_TOTAL_REPLICAS, check_numbers
+from .bounds import MAX_REPLICAS, MAX_TOTAL_REPLICAS, check_numbers
 from .commands import check_engine
 from .durations import format_duration
 from .engine_env import env_refusal
@@ -210,6 +210,73 @@ class Profile:
         return out
 
 
+# Engines whose replicas can serve LoRA adapters beside their base model:
+# vLLM loads and unloads them at run time (--enable-lora and its
+# /v1/load_lora_adapter route), and the fake engine mimics it. llama.cpp's
+# server takes --lora only at launch, which would make every adapter edit a
+# restart of the base; it is refused until the driver can do better.
+LORA_ENGINES = ("vllm", "fake")
+# What `lora:` defaults to when a model has adapters and does not say:
+# - max_loras 4: vLLM's own default is 1, which makes every batch mixing two
+#   adapters wait for a swap; each slot reserves max_rank-sized weights for
+#   every layer on the GPU, so 4 stays a few hundred MiB on a 7B model.
+# - max_rank 16: vLLM's default, and what PEFT's fine-tunes commonly use (8 or
+#   16); a bigger adapter is refused by the engine with the reason, shown in status.
+LORA_DEFAULTS = (4, 16)
+# Bounds: vLLM allocates max_loras x max_rank per layer up front, so a typo
+# of 10,000 slots is an engine that never starts; 256 slots and rank 512 are
+# past what any GPU's memory holds for a real model.
+MAX_LORA_SLOTS = 256
+# vLLM takes only these ranks for --max-lora-rank (its LoRAConfig's list).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# Adapters one model may name: each is a load call per replica per change, and
+# a name in the router's index.
+MAX_ADAPTERS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Lora:
+    """How a base model's engines are started to serve adapters: slots on the GPU and the largest rank."""
+
+    max_loras: int = LORA_DEFAULTS[0]
+    max_rank: int = LORA_DEFAULTS[1]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"max_loras": self.max_loras, "max_rank": self.max_rank}
+
+
+@dataclass(frozen=True, slots=True)
+class Adapter:
+    """A LoRA adapter of a base model: a model name clients use, served by some of the base's replicas.
+
+    `replicas` None means every replica of the base holds it; a number, that
+    many (spread, at most as many as the base runs). `source` is what the
+    engine loads: a directory on the node, a hub id, or pkg:PACKAGE/DIR.
+    """
+
+    name: str
+    source: str
+    aliases: tuple[str, ...] = ()
+    replicas: int | None = None
+    origin: Origin = field(default=Origin(), compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name}
+        if self.aliases:
+            out["aliases"] = list(self.aliases)
+        out["source"] = self.source
+        out["replicas"] = "all" if self.replicas is None else self.replicas
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterRef:
+    """What an adapter's name resolves to: the adapter and its base model."""
+
+    adapter: Adapter
+    base: Model
+
+
 @dataclass(frozen=True, slots=True)
 class Model:
     """A model operators want served, under its name and aliases.
@@ -249,6 +316,17 @@ class Model:
     # it has no replica that can (catalog/fallbacks.py checks them, the router's
     # router/fallback.py follows them); empty: none, the default.
     fallbacks: tuple[str, ...] = ()
+    # LoRA adapters its replicas serve (see Adapter), and how its engines are
+    # started for them; `lora` None with adapters means LORA_DEFAULTS.
+    adapters: tuple[Adapter, ...] = ()
+    lora: Lora | None = None
+
+    @property
+    def lora_slots(self) -> Lora | None:
+        """The LoRA settings its engines start with; None when it serves no adapters (and says no `lora:`)."""
+        if self.lora is not None:
+            return self.lora
+        return Lora() if self.adapters else None
 
     def ranked(self) -> tuple[Profile, ...]:
         """Profiles by priority, highest first; the written order breaks ties."""
@@ -280,6 +358,11 @@ class Model:
         if self.fallbacks:
             # Only when written: a catalog without it keeps its version.
             out["fallbacks"] = list(self.fallbacks)
+        if self.lora is not None:
+            out["lora"] = self.lora.to_dict()
+        if self.adapters:
+            # Only when written: a catalog without adapters keeps its version.
+            out["adapters"] = [a.to_dict() for a in self.adapters]
         return out
 
 
@@ -291,7 +374,7 @@ class Catalog:
     comment yields the same version and no swap.
     """
 
-    __slots__ = ("_models", "_engines", "_index", "_version")
+    __slots__ = ("_models", "_engines", "_index", "_adapters", "_version")
 
     def __init__(self, models: Iterable[Model] = (), engines: Mapping[str, EngineSpec] | None = None):
         models = tuple(models)
@@ -304,6 +387,7 @@ class Catalog:
             problems.extend(_at(spec.origin, path, msg) for path, msg in check_engine(spec))
             all_engines[spec.name] = spec
         index: dict[str, Model] = {}
+        adapters: dict[str, AdapterRef] = {}
         # name -> where it was first used, so the second use can point back at the first
         first_use: dict[str, tuple[str, tuple[str | int, ...], str]] = {}
         total = 0
@@ -316,25 +400,31 @@ class Catalog:
                         f"the catalog's models want more than {MAX_TOTAL_REPLICAS} replicas together "
                         f"(replicas.max summed up to here: {total}); lower some max")))
                     total = -(1 << 62)  # said once is enough
-            for key, what, path in _names_of(model):
+            for key, what, path, adapter in _names_of(model):
                 path = model.origin.path + path
                 if key in first_use:
                     file, first_path, first_what = first_use[key]
+                    owner = (f"model {index[key].name!r}" if key in index else
+                             f"adapter {adapters[key].adapter.name!r} of model {adapters[key].base.name!r}")
                     problems.append(Problem(
                         model.origin.file, path,
-                        f"{what} {key!r} is already {first_what} of model {index[key].name!r} "
+                        f"{what} {key!r} is already {first_what} of {owner} "
                         f"({file or 'same document'}: {format_path(first_path)}); "
                         "names and aliases must be unique across the whole catalog",
                     ))
                     continue
-                first_use[key] = (model.origin.file, path, "the name" if what == "name" else "an alias")
-                index[key] = model
+                first_use[key] = (model.origin.file, path, "the name" if what.endswith("name") else "an alias")
+                if adapter is None:
+                    index[key] = model
+                else:
+                    adapters[key] = AdapterRef(adapter, model)
         problems.extend(check_fallbacks(models, index))
         if problems:
             raise CatalogError(problems)
         self._models = models
         self._engines = MappingProxyType(all_engines)
         self._index = MappingProxyType(index)
+        self._adapters = MappingProxyType(adapters)
         canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         self._version = hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
@@ -359,9 +449,17 @@ class Catalog:
     def resolve(self, name_or_alias: str) -> Model | None:
         return self._index.get(name_or_alias)
 
+    def adapter(self, name_or_alias: str) -> AdapterRef | None:
+        """The adapter a client's model name names, with its base; None when it names none (one dict lookup)."""
+        return self._adapters.get(name_or_alias)
+
+    @property
+    def has_adapters(self) -> bool:
+        return bool(self._adapters)
+
     def names(self) -> tuple[str, ...]:
-        """Every name and alias that resolves, for `/v1/models` and "did you mean"."""
-        return tuple(self._index)
+        """Every name and alias that resolves, adapters' too, for `/v1/models` and "did you mean"."""
+        return tuple(self._index) + tuple(self._adapters)
 
     def __len__(self) -> int:
         return len(self._models)
@@ -389,14 +487,21 @@ def _at(origin: Origin, path: tuple[str | int, ...], message: str) -> Problem:
     return Problem(origin.file, origin.path + path, message)
 
 
-def _names_of(model: Model) -> Iterator[tuple[str, str, tuple[str | int, ...]]]:
-    yield model.name, "name", ("name",)
+def _names_of(model: Model) -> Iterator[tuple[str, str, tuple[str | int, ...], Adapter | None]]:
+    yield model.name, "name", ("name",), None
     seen = {model.name}
     for i, alias in enumerate(model.aliases):
         # A repeat inside the model itself is reported once, by _check_model.
         if alias not in seen:
             seen.add(alias)
-            yield alias, "alias", ("aliases", i)
+            yield alias, "alias", ("aliases", i), None
+    for j, adapter in enumerate(model.adapters):
+        yield adapter.name, "adapter name", ("adapters", j, "name"), adapter
+        mine = {adapter.name}
+        for i, alias in enumerate(adapter.aliases):
+            if alias not in mine:
+                mine.add(alias)
+                yield alias, "adapter alias", ("adapters", j, "aliases", i), adapter
 
 
 
@@ -432,6 +537,38 @@ def _check_model(model: Model, engines: Mapping[str, EngineSpec]) -> Iterable[Pr
             seen[profile.name] = i
         for path, message in _check_env(profile):
             yield Problem(file, base + ("profiles", i) + path, message)
+    for path, message in _check_lora(model):
+        yield Problem(file, base + path, message)
+
+
+def _check_lora(model: Model) -> Iterable[tuple[tuple[str | int, ...], str]]:
+    """Adapters only on a base whose every profile can serve them, with bounded slots, ranks and counts."""
+    if model.lora is not None:
+        if not (isinstance(model.lora.max_loras, int) and 1 <= model.lora.max_loras <= MAX_LORA_SLOTS):
+            yield ("lora", "max_loras"), f"expected an integer from 1 to {MAX_LORA_SLOTS}, got {model.lora.max_loras!r}"
+        if model.lora.max_rank not in LORA_RANKS or isinstance(model.lora.max_rank, bool):
+            yield ("lora", "max_rank"), (f"{model.lora.max_rank!r} is not a rank vLLM takes "
+                                         f"({', '.join(map(str, LORA_RANKS))})")
+    if model.lora_slots is None:
+        return
+    if len(model.adapters) > MAX_ADAPTERS:
+        yield ("adapters",), f"has {len(model.adapters)} adapters; at most {MAX_ADAPTERS} per model"
+    for i, profile in enumerate(model.profiles):
+        if profile.engine not in LORA_ENGINES:
+            yield ("profiles", i, "engine"), (
+                f"engine {profile.engine!r} cannot serve LoRA adapters, which this model has "
+                f"(engines that can: {', '.join(LORA_ENGINES)}); give the adapters a base whose profiles all can")
+    for j, adapter in enumerate(model.adapters):
+        if adapter.replicas is not None and (isinstance(adapter.replicas, bool) or not isinstance(adapter.replicas, int)
+                                             or not 1 <= adapter.replicas <= MAX_REPLICAS):
+            yield ("adapters", j, "replicas"), f"expected all or an integer from 1 to {MAX_REPLICAS}, got {adapter.replicas!r}"
+        listed: set[str] = set()
+        for i, alias in enumerate(adapter.aliases):
+            if alias == adapter.name:
+                yield ("adapters", j, "aliases", i), f"alias {alias!r} repeats the adapter's own name; remove it"
+            elif alias in listed:
+                yield ("adapters", j, "aliases", i), f"alias {alias!r} is listed twice"
+            listed.add(alias)
 
 
 def _check_env(profile: Profile) -> Iterable[tuple[tuple[str | int, ...], str]]:

@@ -67,6 +67,9 @@ def _knob(flag: str, kind: click.ParamType[Any], help_: str) -> Callable[[_F], _
 @_knob("--batch-slowdown", _SECONDS,
        "Share of a decode step each further running request adds (0.1: a batch of 11 is half speed).")
 # -- end of the cache and cost model options --
+@_knob("--max-loras", click.IntRange(min=0), "LoRA adapter slots, as vLLM's --max-loras; 0 = LoRA off.")
+@_knob("--max-adapters", click.IntRange(min=0), "Adapters it may hold loaded at once; 0 = no bound.")
+@_knob("--lora-swap-time", _SECONDS, "Seconds an adapter not in a slot takes to swap in.")
 # -- misbehaving on purpose, for tests and benches of what the router bounds (see engines/fake_faults.py) --
 @click.option("--fault", type=click.Choice(("huge-length", "endless-body", "endless-headers", "growing-header",
                                             "no-headers", "redirect", "unavailable", "reset", "cut-headers")),

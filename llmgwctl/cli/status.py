@@ -156,6 +156,14 @@ def render(status: dict[str, Any], now: float | None = None, events: int = 8, wi
         for r in replicas:
             if r.get("router"):
                 out.extend(_wrap(f"{r['id']} {r['state']}: {r['router']}"))
+            adapters = r.get("adapters") or []
+            if adapters:
+                # One line a replica: each adapter placed on it and where its load stands.
+                out.extend(_wrap(f"{r['id']} adapters: " + ", ".join(
+                    a["name"] if a["state"] == "loaded" else f"{a['name']} ({a['state']})" for a in adapters)))
+                for a in adapters:
+                    if a.get("reason"):
+                        out.extend(_wrap(f"{r['id']} adapter {a['name']} {a['state']}: {a['reason']}"))
             if r["state"] == "ready":
                 continue
             why = r.get("reason") or ""

@@ -8,6 +8,7 @@ built and parsed here (`to_dict` / `from_dict`), and the wire forms stay what
 the agent protocol and the control API have always sent.
 
     states     ReplicaState, the one enum of a replica's life
+    adapters   AdapterSpec (controller -> agent), AdapterStatus (agent -> controller): LoRA adapters on a replica
     spec       ReplicaSpec (controller -> agent), LoadReading (engine -> router)
     endpoint   Endpoint (reconciler / static file / watch -> router)
     modelstate ModelState, ModelCondition (reconciler / watch -> router: starting, or cannot be placed and why)
@@ -23,6 +24,7 @@ import (no aiohttp): the reconciler, the agent and the router all load it.
 """
 from __future__ import annotations
 
+from .adapters import ADAPTER_STATES, AdapterSpec, AdapterStatus
 from .claims import UNBOUNDED, NodeClaims
 from .endpoint import Endpoint
 from .errors import ContractError, EndpointError, ModelStateError, ReportError, UsageError
@@ -46,6 +48,7 @@ from .status import (
 from .usage import ConcurrencySource, LoadSource, Usage, UsageReport, UsageSnapshot, UsageSource
 
 __all__ = [
+    "ADAPTER_STATES", "AdapterSpec", "AdapterStatus",
     "AGENT_STATES", "AgentReport", "CatalogStatus", "ConcurrencySource", "ContractError", "ControlStatus", "Endpoint", "EndpointError",
     "CpuCapacity", "EngineAvailability", "Event", "FleetStatus", "Gpu", "GpuStatus", "LoadReading", "LoadSource", "ModelCondition", "ModelState",
     "ModelStateError", "ModelStatus", "NodeClaims", "NodeStatus", "UNBOUNDED",

@@ -25,6 +25,9 @@ class Endpoint:
     priority: int = 0       # higher tiers take traffic first while they have capacity
     weight: float = 1.0     # relative share of traffic at equal load
     metrics_path: str | None = "/metrics"   # None: the engine exposes no load gauges
+    # LoRA adapters this replica serves now (loaded, and still placed here):
+    # the router sends an adapter's requests only to endpoints listing it.
+    adapters: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         problems = []
@@ -44,7 +47,8 @@ class Endpoint:
     def to_dict(self) -> dict[str, Any]:
         return {"replica_id": self.replica_id, "model": self.model, "profile": self.profile,
                 "engine": self.engine, "url": self.url, "priority": self.priority,
-                "weight": self.weight, "metrics_path": self.metrics_path}
+                "weight": self.weight, "metrics_path": self.metrics_path,
+                **({"adapters": sorted(self.adapters)} if self.adapters else {})}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Endpoint:
@@ -56,6 +60,7 @@ class Endpoint:
                 url=str(data["url"]), priority=int(data.get("priority", 0)),
                 weight=float(data.get("weight", 1.0)),
                 metrics_path=data.get("metrics_path", "/metrics"),
+                adapters=_names(data.get("adapters")),
             )
         except KeyError as exc:
             raise EndpointError(f"endpoint {dict(data)!r}: missing field {exc.args[0]!r}") from None
@@ -63,3 +68,11 @@ class Endpoint:
             raise
         except (TypeError, ValueError) as exc:
             raise EndpointError(f"endpoint {dict(data)!r}: {exc}") from None
+
+
+def _names(raw: Any) -> frozenset[str]:
+    if not raw:
+        return frozenset()
+    if not isinstance(raw, (list, tuple)) or not all(isinstance(n, str) for n in raw):
+        raise TypeError(f"adapters must be a list of names, got {raw!r}")
+    return frozenset(raw)

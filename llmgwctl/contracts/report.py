@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from .adapters import AdapterStatus, adapter_statuses
 from .errors import ReportError
 from .spec import ReplicaSpec
 from .states import AGENT_STATES, ReplicaState
@@ -132,8 +133,21 @@ class ReportedReplica:
     # The whole spec, so a restarted controller adopts by desiring exactly it;
     # None when the agent sent none (or one this controller cannot read).
     spec: ReplicaSpec | None = field(default=None, compare=False)
+    # Its LoRA adapters as the agent last saw them on the engine (contracts.adapters).
+    adapters: tuple[AdapterStatus, ...] = ()
+
+    def loaded(self) -> frozenset[str]:
+        """The adapters the engine serves now."""
+        return frozenset(a.name for a in self.adapters if a.state == "loaded")
 
     def to_dict(self) -> dict[str, Any]:
+        out = self._to_dict()
+        if self.adapters:
+            # Only when there are: a report reads the same to a controller from before the field.
+            out["adapters"] = [a.to_dict() for a in self.adapters]
+        return out
+
+    def _to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id, "spec_hash": self.spec_hash, "model": self.model, "profile": self.profile,
             "engine": self.engine, "gpu_indices": list(self.gpu_indices), "port": self.port, "pid": self.pid,
@@ -166,6 +180,7 @@ class ReportedReplica:
                 reason=str(d.get("reason") or ""),
                 last_log=tuple(str(x) for x in (d.get("last_log") or ())[-LAST_LOG_LINES:]),
                 spec=_spec(d.get("spec")),
+                adapters=adapter_statuses(d.get("adapters")),
             )
         except (TypeError, ValueError) as exc:
             raise ReportError(f"replica {rid}: {exc}") from None

@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..catalog import EngineSpec, Model, Profile
+from .adapters import AdapterSpec, adapter_specs
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,13 @@ class ReplicaSpec:
     # GPUs (so, like gpu_indices, not in the hash); None for whole GPUs. The
     # vllm driver passes it as --gpu-memory-utilization.
     gpu_memory_share: float | None = None
+    # LoRA: the engine's adapter slots and largest rank (0: started without
+    # LoRA). In the hash: they are engine flags.
+    lora_slots: int = 0
+    lora_rank: int = 0
+    # The adapters the controller placed on this replica (contracts.adapters).
+    # Not in the hash: the agent loads and unloads them on the running engine.
+    adapters: tuple[AdapterSpec, ...] = ()
     # `spec_hash`, computed on first use: the controller compares every desired
     # replica's hash on every pass, and a JSON dump + sha256 per replica per
     # pass was most of a pass over a big fleet. Not a field anything compares.
@@ -56,6 +64,8 @@ class ReplicaSpec:
             source=profile.source or model.source or model.name, gpus=profile.gpus, args=tuple(profile.args),
             env=MappingProxyType(dict(profile.env)), gpu_indices=tuple(gpu_indices),
             command=tuple(engine.command), health=engine.health, metrics=engine.metrics,
+            lora_slots=model.lora_slots.max_loras if model.lora_slots else 0,
+            lora_rank=model.lora_slots.max_rank if model.lora_slots else 0,
         )
 
     @property
@@ -74,6 +84,9 @@ class ReplicaSpec:
             # Only when set, so every replica without it keeps the hash it had
             # before the field existed and is adopted after an upgrade.
             shape["gpu_memory_mib"] = self.gpu_memory_mib
+        if self.lora_slots:
+            # The same: only a model with adapters has it.
+            shape["lora"] = [self.lora_slots, self.lora_rank]
         return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
@@ -83,6 +96,8 @@ class ReplicaSpec:
             "gpu_indices": list(self.gpu_indices), "command": list(self.command),
             "health": self.health, "metrics": self.metrics, "spec_hash": self.spec_hash,
             "gpu_memory_mib": self.gpu_memory_mib, "gpu_memory_share": self.gpu_memory_share,
+            **({"lora_slots": self.lora_slots, "lora_rank": self.lora_rank} if self.lora_slots else {}),
+            **({"adapters": [a.to_dict() for a in self.adapters]} if self.adapters else {}),
         }
 
     @classmethod
@@ -97,6 +112,8 @@ class ReplicaSpec:
             health=str(data.get("health", "/health")), metrics=data.get("metrics", "/metrics"),
             gpu_memory_mib=int(data.get("gpu_memory_mib") or 0),
             gpu_memory_share=None if data.get("gpu_memory_share") is None else float(data["gpu_memory_share"]),
+            lora_slots=int(data.get("lora_slots") or 0), lora_rank=int(data.get("lora_rank") or 0),
+            adapters=adapter_specs(data.get("adapters")),
         )
 
 

@@ -40,6 +40,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..health import Failure
+from .adapters import LOADING, AdapterStatus
 from .scheduling import Scheduling
 from .states import ReplicaState
 from .usage import UNUSED, Usage
@@ -159,6 +160,9 @@ class ReplicaStatus:
     # progress of their own; a vLLM load of a 70B model is minutes, and this
     # tells a slow load from a hung one at a glance).
     starting_since: float | None = None
+    # Its LoRA adapters: each one placed here, as its agent last reported it
+    # (loading, loaded, failed with the engine's reason), and any unloading.
+    adapters: tuple[AdapterStatus, ...] = ()
     _json: list[tuple[str, str, str]] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def fragments(self) -> tuple[str, str, str]:
@@ -169,7 +173,7 @@ class ReplicaStatus:
                            "pid": self.pid, "restarts": self.restarts, "last_exit": self.last_exit,
                            "adopted": self.adopted},
                           {"reason": self.reason, "spec_hash": self.spec_hash, "last_log": list(self.last_log),
-                           "fallback": self.fallback})
+                           "fallback": self.fallback, "adapters": [a.to_dict() for a in self.adapters]})
             self._json.append((a + ',"inflight":', ',"idle_seconds":', c + ',"starting_seconds":'))
         return self._json[0]
 
@@ -185,6 +189,7 @@ class ReplicaStatus:
                 "pid": self.pid, "restarts": self.restarts, "last_exit": self.last_exit, "adopted": self.adopted,
                 "inflight": inflight, "idle_seconds": idle_seconds, "reason": self.reason,
                 "spec_hash": self.spec_hash, "last_log": list(self.last_log), "fallback": self.fallback,
+                "adapters": [a.to_dict() for a in self.adapters],
                 "starting_seconds": starting_seconds, "router": router}
 
 
@@ -459,3 +464,13 @@ class ControlStatus:
     def unaged(self) -> tuple[object, ...]:
         """See `FleetStatus.unaged`: equal means nothing a person would see changed."""
         return (self.catalog, self.routers, self.log_streams, self.watchers, self.fleet.unaged())
+
+
+def replica_adapters(placed: Any, reported: tuple[AdapterStatus, ...]) -> tuple[AdapterStatus, ...]:
+    """A replica's adapters for status: each placed one as reported (loading until its agent says), then
+    those reported and no longer placed (unloading). `placed` is the spec's AdapterSpecs."""
+    said = {a.name: a for a in reported}
+    out = [said.get(a.name) or AdapterStatus(a.name, LOADING) for a in placed]
+    names = {a.name for a in placed}
+    out.extend(a for a in reported if a.name not in names)
+    return tuple(out)

@@ -30,7 +30,9 @@ class FakeDriver:
     name = "fake"
 
     def launch(self, spec: ReplicaSpec, *, host: str, port: int) -> Launch:
-        argv = fake_argv(model=spec.model, host=host, port=port, replica_id=spec.id) + tuple(spec.args)
+        # LoRA as vLLM takes it: only the slots matter to the fake (engines/lora.py).
+        lora = ("--max-loras", str(spec.lora_slots)) if spec.lora_slots else ()
+        argv = fake_argv(model=spec.model, host=host, port=port, replica_id=spec.id) + lora + tuple(spec.args)
         # No GPU check: the fake stands in for GPU engines on machines without
         # them, so a simulated inventory may hand it any indices or none.
         return Launch(argv=argv, env=replica_env(spec, check_gpus=False), health_path="/health",

@@ -53,6 +53,13 @@ class FakeConfig:
     # How much each further running request slows a decode step, as a share of
     # one request's step: 0.1 makes a batch of 11 decode at half speed.
     batch_slowdown: float = 0.0
+    # -- LoRA adapters (fake_lora.py) --
+    # Adapter slots, as vLLM's --max-loras; 0: LoRA off, as vLLM without --enable-lora.
+    max_loras: int = 0
+    # Adapters it may hold loaded at once; 0: no bound of its own (vLLM evicts instead).
+    max_adapters: int = 0
+    # Seconds an adapter not in a slot takes to swap in; 0: instant.
+    lora_swap_time: float = 0.0
     # -- misbehaving on purpose: 0 or None = off, the default --
     # Share of requests answered 500, by a request counter (FakeEngine.should_fail).
     fail_rate: float = 0.0

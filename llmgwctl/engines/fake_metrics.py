@@ -8,7 +8,10 @@ server counts as requests end; `page()` renders it with the load's state.
 """
 from __future__ import annotations
 
+import time
+
 from .fake_load import Load
+from .fake_lora import FakeAdapters
 from .fake_replies import Generation
 
 
@@ -31,7 +34,7 @@ class Counters:
         self.finished["abort"] += 1
 
 
-def page(model: str, counters: Counters, load: Load) -> str:
+def page(model: str, counters: Counters, load: Load, adapters: FakeAdapters | None = None) -> str:
     labels = f'engine="0",model_name="{_escape_label(model)}"'
     lines = []
 
@@ -67,6 +70,19 @@ def page(model: str, counters: Counters, load: Load) -> str:
         family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig",
                [(f'vllm:cache_config_info{{block_size="{load.cache.block_size}",enable_prefix_caching="True",'
                  f'engine="0",num_gpu_blocks="{blocks}"}}', 1)])
+    if adapters is not None and adapters.enabled:
+        # vLLM's info gauge (its value the time of the reading): the adapters
+        # running and waiting now, and the slots. What a scheduler scores
+        # adapter affinity from.
+        running = ",".join(sorted(adapters.running))
+        waiting = ",".join(sorted(adapters.waiting))
+        family("vllm:lora_requests_info", "gauge", "Running stats on lora requests.",
+               [(f'vllm:lora_requests_info{{max_lora="{adapters.slots}",running_lora_adapters="{_escape_label(running)}",'
+                 f'waiting_lora_adapters="{_escape_label(waiting)}"}}', time.time())])
+        family("fake_lora_slot_hits_total", "counter", "Adapter requests whose adapter was in a slot.",
+               [("fake_lora_slot_hits_total", adapters.hits)])
+        family("fake_lora_slot_misses_total", "counter", "Adapter requests that swapped their adapter in.",
+               [("fake_lora_slot_misses_total", adapters.misses)])
     return "\n".join(lines) + "\n"
 
 

@@ -42,6 +42,7 @@ from .. import aio
 from . import fake_faults, fake_metrics, fake_responses, fake_scoring
 from .fake_config import FakeConfig
 from .fake_load import Load, prompt_tokens_of
+from .fake_lora import AdapterError, FakeAdapters
 from .fake_replies import (
     BadRequest,
     Chunks,
@@ -70,6 +71,7 @@ class FakeEngine:
         self.started_at = clock()
         self.load = Load(config, clock)
         self.counters = fake_metrics.Counters()
+        self.adapters = FakeAdapters(config.max_loras, config.max_adapters, config.lora_swap_time)
         self.requests_seen = 0
         self.created = int(time.time())
         # 503 to every request while on: flipped by SIGUSR1 in `serve` (fake_faults.Unavailable).
@@ -93,7 +95,7 @@ class FakeEngine:
         return math.floor(n * rate) > math.floor((n - 1) * rate)
 
     def metrics_text(self) -> str:
-        return fake_metrics.page(self.config.model, self.counters, self.load)
+        return fake_metrics.page(self.config.model, self.counters, self.load, self.adapters)
 
     # -- parsing -----------------------------------------------------------
 
@@ -109,7 +111,7 @@ class FakeEngine:
 
     def check_model(self, body: dict[str, Any]) -> web.Response | None:
         model = body.get("model", self.config.model)
-        if model != self.config.model:
+        if model != self.config.model and model not in self.adapters.loaded:
             return error_response(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
         return None
 
@@ -127,7 +129,26 @@ class FakeEngine:
     async def models(self, request: web.Request) -> web.Response:
         card = {"id": self.config.model, "object": "model", "created": self.created, "owned_by": "vllm",
                 "root": self.config.model, "parent": None, "max_model_len": self.config.max_model_len}
-        return web.json_response({"object": "list", "data": [card]}, dumps=_dumps)
+        cards = [card] + [{"id": name, "object": "model", "created": self.created, "owned_by": "vllm", "root": path,
+                           "parent": self.config.model, "max_model_len": self.config.max_model_len}
+                          for name, path in self.adapters.loaded.items()]
+        return web.json_response({"object": "list", "data": cards}, dumps=_dumps)
+
+    async def load_lora_adapter(self, request: web.Request) -> web.Response:
+        """vLLM's runtime route (VLLM_ALLOW_RUNTIME_LORA_UPDATING): 200 with its text, or its error."""
+        return await self._adapter_call(request, lambda b: self.adapters.load(b.get("lora_name"), b.get("lora_path")))
+
+    async def unload_lora_adapter(self, request: web.Request) -> web.Response:
+        return await self._adapter_call(request, lambda b: self.adapters.unload(b.get("lora_name")))
+
+    async def _adapter_call(self, request: web.Request, call: Callable[[dict[str, Any]], str]) -> web.Response:
+        try:
+            body = await self.read_body(request)
+            return web.Response(text=call(body))
+        except BadRequest as exc:
+            return error_response(400, str(exc), "BadRequestError")
+        except AdapterError as exc:
+            return error_response(exc.status, str(exc), "NotFoundError" if exc.status == 404 else "BadRequestError")
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, "chat")
@@ -157,17 +178,26 @@ class FakeEngine:
         body = await self._gate(request)
         if isinstance(body, web.Response):
             return body
+        # An adapter answers under its own name, so its reply differs from the base's.
+        served = body.get("model", self.config.model)
         try:
-            gen = parse_generation(body, kind, model=self.config.model, replica=self.replica,
+            gen = parse_generation(body, kind, model=served, replica=self.replica,
                                    natural=self.config.default_max_tokens)
         except BadRequest as exc:
             return error_response(400, str(exc), "BadRequestError", exc.param)
         prompt = prompt_tokens_of(body)
-        if gen.stream:
-            return await self._stream(request, gen, prompt)
-        return await self._whole(gen, prompt)
+        if served != self.config.model:
+            async with self.adapters.using(served):
+                return await self._answer(request, gen, prompt, served)
+        return await self._answer(request, gen, prompt, served)
 
-    async def _whole(self, gen: Generation, prompt: list[str]) -> web.Response:
+    async def _answer(self, request: web.Request, gen: Generation, prompt: list[str],
+                      served: str) -> web.StreamResponse:
+        if gen.stream:
+            return await self._stream(request, gen, prompt, served)
+        return await self._whole(gen, prompt, served)
+
+    async def _whole(self, gen: Generation, prompt: list[str], served: str) -> web.Response:
         async with self.load.running(len(prompt) + len(gen.tokens)):
             try:
                 await self.load.prefill(prompt)
@@ -186,16 +216,17 @@ class FakeEngine:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": gen.finish_reason,
                       "stop_reason": None}
             reply = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion"}
-        reply.update(created=int(time.time()), model=self.config.model, choices=[choice], usage=usage)
+        reply.update(created=int(time.time()), model=served, choices=[choice], usage=usage)
         return web.json_response(reply, headers={"X-Fake-Replica": self.replica}, dumps=_dumps)
 
-    async def _stream(self, request: web.Request, gen: Generation, prompt: list[str]) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, gen: Generation, prompt: list[str],
+                      served: str) -> web.StreamResponse:
         # Headers go out before a slot is free, as vLLM's StreamingResponse does:
         # a queued stream is open (and counted as waiting) while it waits.
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                "Cache-Control": "no-cache", "X-Fake-Replica": self.replica})
         await response.prepare(request)
-        chunks = Chunks(gen, self.config.model)
+        chunks = Chunks(gen, served)
         done = False
         last = len(gen.tokens) - 1
         try:
@@ -316,6 +347,11 @@ class FakeEngine:
         app.router.add_post("/detokenize", self.scoring(fake_scoring.detokenize))
         self.responses.install(app)
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        if self.adapters.enabled:
+            # Only with LoRA on, as vLLM opens them only then (and only with
+            # VLLM_ALLOW_RUNTIME_LORA_UPDATING).
+            app.router.add_post("/v1/load_lora_adapter", self.load_lora_adapter)
+            app.router.add_post("/v1/unload_lora_adapter", self.unload_lora_adapter)
         fake_faults.install(app, self.config.fault, self.config.metrics_fault, self.config.redirect_to,
                             self.metrics_text)
         return app

@@ -17,6 +17,10 @@ set to its share of the GPU, so replicas placed on one GPU fit beside each
 other. The profile's args come last either way, so an operator's
 flag wins over ours (`--no-enforce-eager`, a bigger `--kv-cache-memory-bytes`).
 
+LoRA. A model with adapters starts with --enable-lora, its slots and rank
+(lora.py), and the environment that opens vLLM's runtime adapter routes to
+the agent.
+
 Sources. A hub id or a model directory is passed to vLLM as is. A GGUF
 source (`pkg:PACKAGE/FILE.gguf` or a path ending in .gguf, as llama.cpp
 takes) is converted to a Hugging Face directory once per node (gguf.py)
@@ -44,7 +48,7 @@ import shutil
 import sys
 
 from ..contracts import LoadReading, ReplicaSpec
-from . import gguf
+from . import gguf, lora
 from .base import combine, replica_env, samples
 from .errors import LaunchError
 from .spec import Launch
@@ -120,9 +124,14 @@ class VllmDriver:
             # GPU's total memory this instance may use, i.e. our share. Rounded
             # down, so the shares of one GPU never add up to more than it has.
             argv += ["--gpu-memory-utilization", f"{math.floor(spec.gpu_memory_share * 1000) / 1000:.3f}"]
+        # A base with adapters: LoRA on, its slots and rank from the catalog (engines/lora.py).
+        argv += lora.lora_args(spec)
         # The profile's args go last, so an operator's flag wins over ours.
         argv += spec.args
-        return Launch(argv=tuple(wrapper + argv), env=replica_env(spec), health_path="/health",
+        env = replica_env(spec)
+        if spec.lora_slots:
+            env = {**env, **lora.RUNTIME_ENV}
+        return Launch(argv=tuple(wrapper + argv), env=env, health_path="/health",
                       metrics_path="/metrics")
 
     def available(self) -> tuple[bool, str]:

@@ -55,6 +55,7 @@ from ..contracts import (
 )
 from ..inventory import Inventory
 from ..placement import Unplaceable, place
+from .adapters import AdapterPlacer
 from .adoption import Adoption
 from .desired import DesiredStore
 from .incremental import IncrementalMismatch, checked
@@ -160,6 +161,7 @@ class Reconciler:
         self.maintenance = Maintenance(self.replicas, self.placement_input.cordoned, self.placement_input.draining,
                                        self.event, surge_wait=surge_wait)
         self.publisher = Publisher(self.replicas, inventory, desired, on_change=on_change)
+        self.adapters = AdapterPlacer(self.replicas)
         if endpoints:
             self.publisher.sinks.append(endpoints)
         self.passes = 0
@@ -285,6 +287,8 @@ class Reconciler:
                 wanted = self._plan(catalog, now, usage)
                 self.maintenance.step(wanted, now)
                 self.planner.drain(now, usage)
+                # After the plan: its new replicas get their adapters in the specs they start with.
+                self.adapters.place(catalog)
         finally:
             # Even when planning raised (a bug), what runs is still published:
             # the router keeps every ready replica and agents their lists, so a

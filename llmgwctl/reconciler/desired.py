@@ -41,7 +41,9 @@ class DesiredStore:
     def set(self, node: str, specs: Iterable[ReplicaSpec]) -> bool:
         """Make `specs` the node's desired list; True if that changed it."""
         specs = tuple(sorted(specs, key=lambda s: s.id))
-        fingerprint = "|".join(f"{s.id}:{s.spec_hash}:{s.gpu_indices}" for s in specs)
+        # Adapters are outside the hash but in the list: a change loads or unloads one on the node.
+        fingerprint = "|".join(f"{s.id}:{s.spec_hash}:{s.gpu_indices}" + (_adapters(s) if s.adapters else "")
+                               for s in specs)
         current = self._lists.get(node)
         if current is not None and current[2] == fingerprint:
             return False
@@ -71,3 +73,7 @@ class DesiredStore:
             if not waiters and self._waiters.get(node) is waiters:
                 del self._waiters[node]
         return self.get(node)
+
+
+def _adapters(spec: ReplicaSpec) -> str:
+    return ":" + ",".join(f"{a.name}={a.source}" for a in spec.adapters)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from operator import attrgetter
 
 from ..catalog import Catalog
-from ..contracts import Endpoint, ModelState, ReplicaSpec, ReplicaState, RouterSink
+from ..contracts import Endpoint, ModelState, ReplicaSpec, ReplicaState, ReportedReplica, RouterSink
 from ..inventory import Inventory
 from ..placement import Unplaceable
 from .desired import DesiredStore
@@ -31,6 +31,13 @@ from .records import Records, Replica
 from .scaling import GONE
 
 replica_id = attrgetter("replica_id")
+
+
+def _serving(spec: ReplicaSpec, reported: ReportedReplica | None) -> frozenset[str]:
+    if not spec.adapters or reported is None or not reported.adapters:
+        return frozenset()
+    loaded = reported.loaded()
+    return frozenset(a.name for a in spec.adapters if a.name in loaded)
 Ranks = Mapping[tuple[str, str], tuple[int, float]]
 
 
@@ -197,11 +204,15 @@ class Publisher:
             return None
         spec = rec.spec
         rank = ranks.get((spec.model, spec.profile), (0, 1.0))
+        # An adapter is served here when it is placed here and the agent says
+        # the engine holds it: placed-only is still loading; loaded-only is
+        # being unloaded, and leaves the router first.
+        adapters = _serving(spec, rec.reported)
         hit = self._endpoint_cache.get(spec.id)
-        if hit is None or hit[0] != url or hit[1] != rank:
+        if hit is None or hit[0] != url or hit[1] != rank or hit[2].adapters != adapters:
             hit = self._endpoint_cache[spec.id] = (url, rank, Endpoint(
                 replica_id=spec.id, model=spec.model, profile=spec.profile, engine=spec.engine,
-                url=url, priority=rank[0], weight=rank[1], metrics_path=spec.metrics))
+                url=url, priority=rank[0], weight=rank[1], metrics_path=spec.metrics, adapters=adapters))
         return hit[2]
 
     def _position(self, ep: Endpoint) -> int:

@@ -18,11 +18,12 @@ from typing import Any
 from ..contracts import ReplicaSpec, ReplicaState, ReportedReplica
 from ..placement import Running
 
-# The record fields a pass's per-record work reads, beside its spec and node
-# (which never change): what its Endpoint and its node's desired list are made
-# of, and what a node's merge compares. A write to one marks the record and its
-# node for the next pass.
-PUBLISHED = frozenset({"state", "reported"})
+# The record fields a pass's per-record work reads, beside its node (which
+# never changes): what its Endpoint and its node's desired list are made of,
+# and what a node's merge compares. A write to one marks the record and its
+# node for the next pass. The spec changes only in its adapters (adapters.py),
+# never in its hash, id, model or profile.
+PUBLISHED = frozenset({"state", "reported", "spec"})
 
 
 @dataclass

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from ..catalog import Catalog, Model
 from ..contracts import NodeStatus, ReplicaState, ReplicaStatus, Scheduling
-from ..contracts.status import GpuStatus
+from ..contracts.status import GpuStatus, replica_adapters
 from ..inventory import Node
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 # What a replica's row shows that its record may change in place (a pass sets
 # them); the rest is the record's for life. A C-level getter: it runs for every
 # record on every read.
-_ROW_KEY = operator.attrgetter("state", "reported", "adopted", "drain_reason")
+_ROW_KEY = operator.attrgetter("state", "reported", "adopted", "drain_reason", "spec")
 _NO_GPUS: Mapping[int, str] = MappingProxyType({})      # a node none of whose GPUs a replica holds
 _STOPPING = (ReplicaState.DRAINING, ReplicaState.STOPPING)
 _STARTING = (ReplicaState.PENDING, ReplicaState.STARTING)
@@ -136,7 +136,8 @@ class StatusRows:
             reason=rec.drain_reason if rec.state in _STOPPING else (rep.reason if rep else ""),
             spec_hash=rec.spec_hash, last_log=rep.last_log if rep else (),
             fallback=self._is_fallback(catalog.resolve(spec.model), spec.profile),
-            starting_since=rec.created if rec.state in _STARTING else None)
+            starting_since=rec.created if rec.state in _STARTING else None,
+            adapters=replica_adapters(spec.adapters, rep.adapters if rep else ()))
 
     def _node_row(self, node: Node, conflict: str | None, held: Mapping[int, str],
                   scheduling: Scheduling = Scheduling.SCHEDULABLE) -> NodeStatus:

@@ -161,29 +161,41 @@ class Balancer:
         added: list[Endpoint] = []
         removed: list[str] = []
         now = self._clock()
+        members = self._members
         for rid, ep in changed.items():
             prev = self._states.get(rid)
             if ep is None:
                 if prev is None:
                     continue
                 del self._states[rid]
-                del self._members[prev.endpoint.model][rid]
-                touched.add(prev.endpoint.model)
+                for key in _keys(prev.endpoint):
+                    del members[key][rid]
+                    touched.add(key)
                 removed.append(rid)
                 if prev.inflight > 0:
                     self._withdrawn[rid] = prev
                 continue
             if prev is not None and (prev.endpoint is ep or prev.endpoint == ep):
                 continue
-            st = EndpointState(ep, prev.last_used if prev else None, now)
-            if prev is None:
-                gained.add(ep.model)
-            elif prev.endpoint.model != ep.model:
-                del self._members[prev.endpoint.model][rid]
-                touched.add(prev.endpoint.model)
+            old_keys = _keys(prev.endpoint) if prev is not None else ()
+            if prev is not None and _same_but_adapters(prev.endpoint, ep):
+                # Only its adapters changed (one loaded or unloaded): the same
+                # engine, so its counts and readings stand.
+                st = prev
+                st.endpoint = ep
+            else:
+                st = EndpointState(ep, prev.last_used if prev else None, now)
+            new_keys = _keys(ep)
+            for key in old_keys:
+                if key not in new_keys:
+                    del members[key][rid]
+                    touched.add(key)
+            for key in new_keys:
+                if key not in old_keys:
+                    gained.add(key)
+                members.setdefault(key, {})[rid] = st
+                touched.add(key)
             self._states[rid] = st
-            self._members.setdefault(ep.model, {})[rid] = st
-            touched.add(ep.model)
             added.append(ep)
         if touched:
             self._retier(touched)
@@ -445,6 +457,21 @@ class Balancer:
     @staticmethod
     def succeeded(state: EndpointState) -> None:
         state.failures = 0
+
+
+def _keys(ep: Endpoint) -> tuple[str, ...]:
+    """The names an endpoint is picked under: its model's, and each LoRA adapter's it serves now.
+
+    An adapter's name is a model name of its own (unique across the catalog),
+    so the pick, the tiers and the cold-start wait treat it as a model whose
+    endpoints are the base's replicas holding it.
+    """
+    return (ep.model, *ep.adapters) if ep.adapters else (ep.model,)
+
+
+def _same_but_adapters(a: Endpoint, b: Endpoint) -> bool:
+    return (a.replica_id, a.model, a.profile, a.engine, a.url, a.priority, a.weight, a.metrics_path) == \
+        (b.replica_id, b.model, b.profile, b.engine, b.url, b.priority, b.weight, b.metrics_path)
 
 
 def _draw(cands: list[EndpointState], point: float, skip: int) -> int:

@@ -23,7 +23,7 @@ from .balancer import Chooser, EndpointState
 from .conventions import RID
 from .policies import DEFAULT_POLICY, LEAST_LOAD
 
-__all__ = ["Call", "Refused", "View", "known", "usable_names"]
+__all__ = ["Call", "Refused", "View", "known", "named", "usable_names"]
 
 
 class View:
@@ -57,7 +57,8 @@ class Call:
     """
 
     __slots__ = ("request", "route", "t0", "api_key", "model", "view", "stream", "waited", "rid", "fwd", "early",
-                 "chooser", "held", "body", "continued", "attempts", "fallback_from", "pinned", "response_id")
+                 "chooser", "held", "body", "continued", "attempts", "fallback_from", "pinned", "response_id",
+                 "base")
 
     def __init__(self, request: web.Request, route: routing.Route, t0: float, view: View):
         self.request = request
@@ -96,6 +97,9 @@ class Call:
         self.pinned: EndpointState | None = None
         # The stored response it names (`previous_response_id`, or the path's id); None: none.
         self.response_id: str | None = None
+        # For a LoRA adapter's request: its base model's name (`model` is then
+        # the adapter's, which its endpoints are picked under); "" otherwise.
+        self.base = ""
 
 
 class Refused(Exception):
@@ -123,4 +127,13 @@ def usable_names(catalog: Catalog, api_key: keyauth.ApiKey | None) -> list[str]:
     names = catalog.names()
     if api_key is None:
         return list(names)
-    return [n for n in names if keyauth.allows(api_key, n, catalog.resolve(n))]
+    return [n for n in names if keyauth.allows(api_key, n, named(catalog, n))]
+
+
+def named(catalog: Catalog, name: str) -> Any | None:
+    """What `name` names for a key's patterns: a model, or an adapter (a model of its own to keys), or None."""
+    model = catalog.resolve(name)
+    if model is not None:
+        return model
+    ref = catalog.adapter(name)
+    return ref.adapter if ref is not None else None

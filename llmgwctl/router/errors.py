@@ -142,6 +142,14 @@ def no_replica(model: str) -> web.Response:
                     "no_ready_replica", headers={"Retry-After": str(RETRY_NO_REPLICA)})
 
 
+def adapter_not_loaded(adapter: str, base: str, ready: int) -> web.Response:
+    """A LoRA adapter none of its base's ready replicas holds yet: at once, rather than a wait on a load that may fail."""
+    where = f"none of the {ready} ready replica(s) of {base!r}" if ready else f"no ready replica of {base!r}"
+    return response(503, f"adapter {adapter!r} is loaded on {where} yet; retry shortly "
+                         "(`llmgwctl status` shows its load and any failure)", "service_unavailable",
+                    "adapter_not_loaded", headers={"Retry-After": str(RETRY_NO_REPLICA)})
+
+
 def cold_timeout(model: str, waited: float) -> web.Response:
     return response(503, f"model {model!r} is starting but no replica was ready within {waited:g} s; "
                     "retry shortly", "service_unavailable", "cold_start_timeout",

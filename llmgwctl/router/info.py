@@ -12,7 +12,7 @@ import json
 
 from aiohttp import web
 
-from ..catalog import Model
+from ..catalog import Adapter, Model
 from ..observability.metrics import CONTENT_TYPE_LATEST, RouterMetrics
 from . import auth as keyauth
 from . import errors
@@ -124,12 +124,18 @@ class InfoRoutes:
         except Refused as refused:
             return refused.response
         model = view.catalog.resolve(name)
-        # As OpenAI's retrieve: a model outside the key's patterns is the same
-        # 404 as one that does not exist, so nothing tells the two apart.
-        if model is None or (api_key is not None and not keyauth.allows(api_key, name, model)):
+        ref = view.catalog.adapter(name) if model is None else None
+        # As OpenAI's retrieve: a model (or adapter) outside the key's patterns
+        # is the same 404 as one that does not exist, so nothing tells the two apart.
+        target = model if model is not None else (ref.adapter if ref is not None else None)
+        if target is None or (api_key is not None and not keyauth.allows(api_key, name, target)):
             return errors.unknown_model(name, usable_names(view.catalog, api_key),
                                         or_not_permitted=api_key is not None)
-        entry = self._model_entry(model, name)
+        if ref is not None:
+            entry = self._adapter_entry(ref.adapter, ref.base, name)
+        else:
+            assert model is not None        # `target` is the model when no adapter is named
+            entry = self._model_entry(model, name)
         return web.Response(body=json.dumps(entry).encode(), content_type="application/json",
                             headers={"x-llmgw-catalog-version": view.version})
 
@@ -140,7 +146,24 @@ class InfoRoutes:
                 continue
             data.append(self._model_entry(m, m.name))
             data.extend(self._model_entry(m, alias) for alias in m.aliases)
+        for m in view.catalog.models:
+            for a in m.adapters:
+                # An adapter is a model of its own to keys: a key for the base does not list it.
+                if api_key is not None and not keyauth.allows(api_key, a.name, a):
+                    continue
+                data.append(self._adapter_entry(a, m, a.name))
+                data.extend(self._adapter_entry(a, m, alias) for alias in a.aliases)
         return json.dumps({"object": "list", "data": data}).encode()
+
+    def _adapter_entry(self, adapter: Adapter, base: Model, listed_as: str) -> dict[str, object]:
+        """A LoRA adapter in the model shape vLLM gives one: `parent` is its base model."""
+        extra: dict[str, object] = {"ready_replicas": self._balancer.ready_count(adapter.name), "adapter_of": base.name}
+        if listed_as == adapter.name:
+            extra["aliases"] = list(adapter.aliases)
+        else:
+            extra["alias_of"] = adapter.name
+        return {"id": listed_as, "object": "model", "created": 0, "owned_by": "llmgw", "parent": base.name,
+                "root": base.name, "llmgw": extra}
 
     def _model_entry(self, model: Model, listed_as: str) -> dict[str, object]:
         """A model (or one of its aliases) in OpenAI's model shape, with what clients read beside it.
@@ -156,6 +179,8 @@ class InfoRoutes:
         if listed_as == model.name:
             extra = {"ready_replicas": ready, "aliases": list(model.aliases),
                      "profiles": [p.name for p in model.ranked()]}
+            if model.adapters:
+                extra["adapters"] = [a.name for a in model.adapters]
         else:
             extra = {"ready_replicas": ready, "alias_of": model.name}
         context = self._modelinfo.context_length(model.name)

@@ -266,8 +266,17 @@ class RequestPath:
             raise Refused(errors.name_too_long(name, facts.model_chars))
         view = call.view
         model = view.catalog.resolve(name)
-        call.model = model.name if model is not None else ""
-        if call.api_key is not None and not keyauth.allows(call.api_key, name, model):
+        adapter = None
+        if model is None:
+            ref = view.catalog.adapter(name)
+            if ref is not None:
+                # A LoRA adapter: picked under its own name among the base's
+                # replicas that hold it (balancer), under the base's route and policy.
+                adapter, model = ref.adapter, ref.base
+                call.base = model.name
+        served = adapter.name if adapter is not None else model.name if model is not None else ""
+        call.model = served
+        if call.api_key is not None and not keyauth.allows(call.api_key, name, adapter or model):
             raise Refused(keyauth.forbidden(name))
         if model is None:
             raise Refused(errors.unknown_model(name, usable_names(view.catalog, call.api_key)))
@@ -284,17 +293,20 @@ class RequestPath:
             # no fallback model, which never saw the response it names.
             call.response_id = previous
             call.pinned = self._affinity.endpoint(call, previous, model.name)
-        else:
+        elif adapter is None:
+            # An adapter's request has no fallback: another model lacks the adapter.
             chain = view.fallbacks.get(model.name)
             if chain:
                 model = self._fall_back(call, model, chain)
+                served = model.name
         policy = view.routing.get(model.name) if call.pinned is None else None
         if policy is not None:
             # Parsed on the loop, the prompt is read only now, when a policy wants it.
             reader = known(facts.prompt) if facts.off_loop else route.prompt
-            call.chooser = self.policies.chooser(policy, model.name, facts.doc, call.request.headers, prompt=reader)
-        if name != model.name:
-            body = self._renamed(body, facts, route.model_key, model.name)
+            # Under the served name: an adapter's KV cache is its own, not its base's.
+            call.chooser = self.policies.chooser(policy, served, facts.doc, call.request.headers, prompt=reader)
+        if name != served:
+            body = self._renamed(body, facts, route.model_key, served)
         return body
 
     def _fall_back(self, call: Call, model: Model, chain: tuple[str, ...]) -> Model:
@@ -459,6 +471,14 @@ class RequestPath:
             self._cold.demand(model)
         state = balancer.pick(model, (), call.chooser)
         if state is None:
+            if call.base:
+                self._unless_unplaceable(call.base)
+                ready = balancer.ready_count(call.base)
+                if ready or not self._cold.can_wait:
+                    # The base serves, but no replica holds the adapter yet (its
+                    # agent is loading it, or the load failed: `llmgwctl status`).
+                    raise Refused(errors.adapter_not_loaded(model, call.base, ready))
+                self._cold.demand(call.base)
             self._unless_unplaceable(model)
             if not self._cold.can_wait:
                 raise Refused(errors.no_replica(model))

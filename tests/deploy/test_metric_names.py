@@ -26,6 +26,8 @@ models:
   - name: dash-chat
     aliases: [default]
     profiles: [{name: cpu, engine: fake, gpus: 0}]
+    # An adapter, so the adapter families have series (a hub id: the fake loads any).
+    adapters: [{name: dash-tenant, source: org/dash-tenant}]
 """
 
 # Series Prometheus makes itself, per scrape target, that no exporter lists.

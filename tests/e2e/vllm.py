@@ -104,3 +104,45 @@ def served_vllm(root: Path, catalogs: dict[str, str], request: pytest.FixtureReq
         else:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = saved
         close(fleet)
+
+
+def lora_adapter(model_dir: Path, name: str, seed: int, rank: int = 8) -> Path:
+    """A LoRA adapter for the bundled SmolLM2 made with peft, cached beside the converted model; its directory.
+
+    `init_lora_weights=False` draws both LoRA matrices at random (peft's
+    default leaves B at zero, an adapter that changes nothing), so the
+    adapter's greedy answer differs from the base's. Seeded, so the same
+    adapter comes out on every machine; cached under the llmgw cache by the
+    base's directory name and the seed, built once (a few seconds on a CPU:
+    the base is 135M parameters) into a temporary directory renamed in place.
+    """
+    try:
+        import peft  # noqa: F401 - found here, so its absence is a skip, not an ImportError
+    except ImportError:
+        need(False, "making a LoRA adapter needs peft: pip install 'llmgw[test]'")
+    from llmgwctl.engines.gguf import cache_root
+
+    root = cache_root() / "lora-test"
+    final = root / f"{model_dir.name[:16]}-{name}-r{rank}-s{seed}"
+    if (final / "adapter_config.json").is_file():
+        return final
+    import tempfile
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    root.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"], init_lora_weights=False,
+                        task_type="CAUSAL_LM")
+    model = get_peft_model(base, config)
+    scratch = Path(tempfile.mkdtemp(dir=root, prefix=f".{final.name}."))
+    model.save_pretrained(str(scratch))
+    try:
+        scratch.rename(final)
+    except OSError:     # another run finished first: theirs is the same adapter
+        import shutil
+        shutil.rmtree(scratch, ignore_errors=True)
+    return final

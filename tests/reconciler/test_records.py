@@ -78,4 +78,4 @@ def test_reads_are_the_dicts():
     assert records.get("nope") is None and records.get("r1") is mine["r1"]
     assert list(records.values()) == [mine["r1"], mine["r2"]] and records == mine
     assert records.of("n1") == [("r1", mine["r1"])] and records.of("n5") == []
-    assert {"state", "reported"} == PUBLISHED
+    assert {"state", "reported", "spec"} == PUBLISHED   # spec: its adapters (reconciler.adapters)

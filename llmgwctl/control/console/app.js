@@ -230,6 +230,14 @@ function renderReplicas(replicas) {
   replaceRows("replicas", replicas.map((r) => {
     const why = [];
     if (r.reason) why.push(el("div", {}, r.reason));
+    // LoRA adapters placed on it: a failed load says the engine's reason here.
+    for (const a of r.adapters || []) {
+      if (a.reason) why.push(el("div", { class: "error" }, "adapter " + a.name + " " + a.state + ": " + a.reason));
+    }
+    const adapters = (r.adapters || []).length
+      ? el("div", { class: "muted", "data-adapters": r.id }, "adapters: " + r.adapters.map(
+        (a) => a.state === "loaded" ? a.name : a.name + " (" + a.state + ")").join(", "))
+      : null;
     if (r.last_log && r.last_log.length) {
       const details = el("details", { open: state.openLogs.has(r.id), "data-log": r.id,
                                       on: { toggle: (ev) => { if (ev.target.open) state.openLogs.add(r.id);
@@ -240,7 +248,7 @@ function renderReplicas(replicas) {
     }
     return el("tr", { "data-replica": r.id, "data-state": r.state },
       el("td", { class: "mono" }, r.id, r.adopted ? el("div", { class: "muted" }, "adopted") : null),
-      el("td", {}, r.model, el("div", { class: "muted" }, r.profile + " · " + r.engine)),
+      el("td", {}, r.model, el("div", { class: "muted" }, r.profile + " · " + r.engine), adapters),
       el("td", {}, badge(r.state)),
       el("td", {}, r.node),
       el("td", {}, (r.gpus || []).join(", ") || "-"),

@@ -10,6 +10,8 @@
     llmgw_watcher_degraded{watcher}, llmgw_watcher_failures_total{watcher}   as on the router, one per
                                                               followed file or directory (status' `watchers`)
     llmgw_replicas{model,state}                               gauge, every state of every catalog model (0 included)
+    llmgw_adapter_replicas{model,adapter,state}               gauge, replicas a LoRA adapter is placed on, by its
+                                                              state there (loading|loaded|failed|unloading, 0 included)
     llmgw_nodes{state}                                        gauge, ready | unreachable
     llmgw_gpus{pool,state="used|free|unreachable"}            gauge; a node in two pools counts in both, no pool is "none"
     llmgw_node_last_report_age_seconds{node}                  gauge
@@ -25,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ...contracts import ControlStatus, ReplicaState
+from ...contracts.adapters import ADAPTER_STATES, LOADED
 from .kit import BuildInfo, gauge_text, go_string, label_value, watcher_metrics
 
 # Reconcile passes: well under a millisecond for a small fleet, tens of ms at
@@ -81,6 +84,16 @@ class _ControlCollector:
         text = gauge_text("llmgw_replicas", "Replicas by model and state.",
                        (f'{{model="{label_value(model)}",state="{state}"}} {go_string(n)}'
                         for (model, state), n in sorted(tally.items())))
+        adapters: dict[tuple[str, str, str], int] = {}
+        for rep in fleet.replicas:
+            for a in rep.adapters:
+                if (rep.model, a.name, LOADED) not in adapters:
+                    adapters.update({(rep.model, a.name, st): 0 for st in ADAPTER_STATES})
+                adapters[(rep.model, a.name, a.state)] += 1
+        if adapters:
+            text += gauge_text("llmgw_adapter_replicas", "Replicas a LoRA adapter is placed on, by its state there.",
+                               (f'{{model="{label_value(model)}",adapter="{label_value(adapter)}",state="{state}"}} '
+                                f'{go_string(n)}' for (model, adapter, state), n in sorted(adapters.items())))
         self._replica_tally = (fleet.replicas, names, text)
         return text
 

@@ -1,0 +1,76 @@
+"""LoRA adapters on a replica: which the controller wants there (`AdapterSpec`) and how each stands (`AdapterStatus`).
+
+An adapter is desired state like a replica: the controller places it on some
+of its base's replicas and says so in each replica's spec (`ReplicaSpec.adapters`,
+outside the spec hash, so a change loads or unloads it without restarting the
+engine); the agent loads and unloads it on the engine and reports each one's
+state in the replica's report; the router sends an adapter's requests only to
+replicas whose report says it is loaded and whose spec still wants it.
+
+    AdapterSpec    name (what the engine serves it as), source (what it loads)
+    AdapterStatus  name, state (loading, loaded, failed, unloading), reason (the engine's, when it failed)
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# What an agent reports of an adapter. `loading` also covers waiting for the
+# engine to be ready; `failed` waits out a back-off before the next try.
+LOADING, LOADED, FAILED, UNLOADING = "loading", "loaded", "failed", "unloading"
+ADAPTER_STATES = (LOADING, LOADED, FAILED, UNLOADING)
+# A reason is the engine's error text, cut: what a report and a status line carry.
+MAX_ADAPTER_REASON = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterSpec:
+    name: str
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AdapterSpec:
+        name, source = data["name"], data.get("source") or data["name"]
+        if not isinstance(name, str) or not name or not isinstance(source, str):
+            raise ValueError(f"adapter {dict(data)!r}: name and source must be strings")
+        return cls(name, source)
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterStatus:
+    name: str
+    state: str
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "state": self.state}
+        if self.reason:
+            out["reason"] = self.reason[:MAX_ADAPTER_REASON]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AdapterStatus:
+        name, state = data.get("name"), data.get("state")
+        if not isinstance(name, str) or not name or state not in ADAPTER_STATES:
+            raise ValueError(f"adapter status {dict(data)!r}: needs a name and a state of {', '.join(ADAPTER_STATES)}")
+        return cls(name, str(state), str(data.get("reason") or "")[:MAX_ADAPTER_REASON])
+
+
+def adapter_specs(raw: Any) -> tuple[AdapterSpec, ...]:
+    if not raw:
+        return ()
+    if not isinstance(raw, (list, tuple)):
+        raise ValueError(f"adapters must be a list, got {type(raw).__name__}")
+    return tuple(AdapterSpec.from_dict(a) for a in raw)
+
+
+def adapter_statuses(raw: Any) -> tuple[AdapterStatus, ...]:
+    if not raw:
+        return ()
+    if not isinstance(raw, (list, tuple)):
+        raise ValueError(f"adapters must be a list, got {type(raw).__name__}")
+    return tuple(AdapterStatus.from_dict(a) for a in raw)

@@ -1,0 +1,87 @@
+"""LoRA on the engines: the flags that start a base with adapters enabled, and where an adapter's source is.
+
+vLLM serves adapters beside its base when started with `--enable-lora`
+(slots and largest rank from the catalog's `lora:`, contracts.ReplicaSpec),
+and loads and unloads them at run time through `POST /v1/load_lora_adapter`
+and `/v1/unload_lora_adapter`, which it opens only with
+VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment. Those routes are
+for llmgw's agent (llmgwctl.agent.adapters): the router's route table does
+not carry them, so no client reaches them. The fake engine takes the same
+flags and speaks the same routes.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from ..contracts import ReplicaSpec
+from .base import samples
+from .errors import LaunchError
+
+_INFO = "vllm:lora_requests_info"
+
+# Engines whose adapters the agent loads with vLLM's routes.
+RUNTIME_API = frozenset({"vllm", "fake"})
+# vLLM refuses the runtime routes without it (they let a caller load code-free
+# weights from any path the engine can read; only the agent reaches them).
+RUNTIME_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
+
+def lora_args(spec: ReplicaSpec) -> tuple[str, ...]:
+    """vLLM's flags for a base that serves adapters; () for one that does not."""
+    if not spec.lora_slots:
+        return ()
+    # --max-cpu-loras: adapters held in host memory, ready to swap onto the
+    # GPU's slots. vLLM defaults it to max_loras, which makes every adapter
+    # past the slots a reload from disk; 4 times the slots keeps a replica's
+    # placed adapters in memory for the common case of a few dozen per base.
+    return ("--enable-lora", "--max-loras", str(spec.lora_slots), "--max-lora-rank", str(spec.lora_rank),
+            "--max-cpu-loras", str(spec.lora_slots * 4))
+
+
+def resolve_source(source: str) -> str:
+    """What the engine is told to load for an adapter's `source`: a directory's absolute path, or a hub id as is.
+
+    `pkg:PACKAGE/DIR` is a directory inside an installed Python package
+    (found without importing it); a source starting with `/`, `.` or `~` is a
+    path on this node and must be a directory. LaunchError says what was
+    looked for. Anything else is a hub id, which vLLM downloads itself.
+    """
+    if source.startswith("pkg:"):
+        package, _, inner = source[4:].partition("/")
+        if not package or not inner:
+            raise LaunchError(f"adapter source {source!r}: expected pkg:PACKAGE/DIR")
+        try:
+            found = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            found = None
+        if found is None or not found.submodule_search_locations:
+            raise LaunchError(f"adapter source {source!r}: Python package {package!r} is not installed on this node")
+        for location in found.submodule_search_locations:
+            path = Path(location) / inner
+            if path.is_dir():
+                return str(path)
+        raise LaunchError(f"adapter source {source!r}: package {package!r} has no directory {inner!r}")
+    if source.startswith(("/", ".", "~")):
+        path = Path(os.path.expanduser(source)).absolute()
+        if not path.is_dir():
+            raise LaunchError(f"adapter source {source!r}: no such directory on this node ({path})")
+        return str(path)
+    return source
+
+
+def busy_adapters(page: str) -> frozenset[str] | None:
+    """The adapters an engine's /metrics says requests are running or waiting on; None if the page does not say.
+
+    vLLM's `lora_requests_info` is an info gauge whose value is the time it
+    was set: each change leaves a series with new labels beside the old ones,
+    so the newest (the highest value) is the one in force.
+    """
+    found = samples(page, (_INFO,))
+    info = found.get(_INFO) if found else None
+    if not info:
+        return None
+    labels = max(info, key=lambda sample: sample[1])[0]
+    names = labels.get("running_lora_adapters", "").split(",") + labels.get("waiting_lora_adapters", "").split(",")
+    return frozenset(n for n in names if n)
