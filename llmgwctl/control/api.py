@@ -27,7 +27,12 @@
                                            nobody reads it
     GET  /api/v1/nodes/{node}              a node's scheduling (cordoned, draining, ...) and replicas
     POST /api/v1/nodes/{node}/cordon|drain|uncordon   the operator's maintenance verbs (`maintenance`)
-    GET  /, /ui/, /api/v1/watch/status     the web console and the status stream it follows (`webui`)
+    GET  /, /ui/, /api/v1/watch/status     the web console and the status stream (`webui`)
+    GET  /api/v1/watch/console             the stream the console follows: a bounded summary and the traffic
+                                           history's new points (`webui`, `summary`)
+    GET  /api/v1/history[?model=&since=]   traffic over time per model and fleet-wide (`history`)
+    GET  /api/v1/requests[?model=&status=&id=&limit=]   the last requests the routers answered (`requestlog`)
+    GET  /api/v1/gpus[?node=&offset=&limit=]   per node, each GPU's memory and the replicas holding it (`gpuview`)
 
 With a token configured (`auth.ControlAuth`), every route but /healthz,
 /readyz and the console's static files needs `Authorization: Bearer <token>`; a missing or wrong one is 401
@@ -48,7 +53,8 @@ aiohttp's own 404, 405 and 413 included, and every answer carries an
 This module wires the routes; each group lives in a module of its own:
 `catalogapi` (catalog, apply), `agentapi` (reports, desired lists),
 `logsapi` (engine logs), `watchapi` (what routers follow and send),
-`maintenance` (node cordon and drain), `webui` (the console); `middleware`
+`maintenance` (node cordon and drain), `webui` (the console), `trafficapi`
+(history, request log, GPUs); `middleware`
 reads bodies and answers the unexpected, `reportcheck` checks a report.
 """
 from __future__ import annotations
@@ -70,6 +76,8 @@ from .maintenance import NodeService
 from .middleware import BODY_TIMEOUT, MAX_APPLY_BYTES, bodies, unexpected
 from .reportcheck import forbidden_host, replica_url_problem
 from .reportlimit import ReportLimiter
+from .summary import Summary
+from .trafficapi import TrafficService
 from .watchapi import RouterService
 from .webui import Console
 
@@ -91,6 +99,7 @@ class ControlAPI:
         self.routers = RouterService(controller)
         # `holds`: where cordons and drains are kept across a restart (control.holds); None: not kept.
         self.nodes = NodeService(controller, holds)
+        self.traffic = TrafficService(controller)
 
     def app(self, browsers: BrowserGuard | None = None) -> web.Application:
         """The aiohttp app. `browsers`: which web pages and Host names it answers (see httporigin); by
@@ -111,9 +120,10 @@ class ControlAPI:
         app.router.add_get("/metrics", self.get_metrics)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/api/v1/status", self.status)
-        for service in (self.catalog, self.agents, self.routers, self.logs, self.nodes):
+        for service in (self.catalog, self.agents, self.routers, self.logs, self.nodes, self.traffic):
             service.add_routes(app)
-        Console(self.c.state, self.c.status_changed).add_routes(app)
+        Console(self.c.state, self.c.status_changed, summary=lambda: Summary(self.c.state()),
+                history=self.c.history).add_routes(app)
         return app
 
     async def healthz(self, request: web.Request) -> web.Response:

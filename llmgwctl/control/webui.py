@@ -5,6 +5,10 @@
                                 no build step, nothing from another origin
     GET /api/v1/watch/status    Server-Sent Events: `event: status` with the status JSON, sent when
                                 what status shows changes, at most STATUS_MAX_RATE a second
+    GET /api/v1/watch/console   what the page follows: `event: summary` with the status' summary
+                                (control.summary: bounded at any fleet size), on the same terms,
+                                and `event: history` with the traffic history's new points
+                                (control.history; the first event the last hour)
 
 The page's files hold no data, so they are served without a token (the page
 must load to ask for one); everything it shows comes from the API with the
@@ -29,6 +33,7 @@ It must not know what status contains: the status says what only ages (`StatusVi
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -73,18 +78,43 @@ class StatusView(Protocol):
     def unaged(self) -> Any: ...
 
 
+class SummaryView(Protocol):
+    """A summary of the status (control.summary): its JSON, and a key equal while only ages move."""
+
+    key: Any
+
+    def to_json(self) -> bytes: ...
+
+
+class HistoryView(Protocol):
+    """The traffic history (control.history): a version bumped per point, and its points after a time."""
+
+    version: int
+
+    def to_dict(self, model: str | None = None, since: float | None = None) -> dict[str, Any]: ...
+
+
 def _files() -> dict[str, tuple[bytes, str]]:
     out = {}
     for path in sorted(CONSOLE_DIR.iterdir()):
         if path.suffix in TYPES and path.is_file():
             out[path.name] = (path.read_bytes(), TYPES[path.suffix])
+    # The charting library and its licence, shipped beside the page (console/vendor/).
+    vendor = CONSOLE_DIR / "vendor"
+    if vendor.is_dir():
+        for path in sorted(vendor.iterdir()):
+            if path.suffix in TYPES and path.is_file():
+                out["vendor/" + path.name] = (path.read_bytes(), TYPES[path.suffix])
     return out
 
 
 class Console:
-    def __init__(self, status: Callable[[], StatusView], changed: Broadcast):
+    def __init__(self, status: Callable[[], StatusView], changed: Broadcast,
+                 summary: Callable[[], SummaryView] | None = None, history: HistoryView | None = None):
         self.status = status
         self.changed = changed
+        self.summary = summary
+        self.history = history
         self.files = _files()
         self.streams = 0        # status streams open now (for tests and a curious operator)
 
@@ -93,7 +123,10 @@ class Console:
         app.router.add_get("/ui", self.root)
         app.router.add_get("/ui/", self.file)
         app.router.add_get("/ui/{name}", self.file)
+        app.router.add_get("/ui/vendor/{vname}", self.file)
         app.router.add_get("/api/v1/watch/status", self.watch_status)
+        if self.summary is not None:
+            app.router.add_get("/api/v1/watch/console", self.watch_console)
 
     async def root(self, request: web.Request) -> web.Response:
         # Relative, so a console behind a proxy under a path prefix still lands on its own page.
@@ -101,7 +134,8 @@ class Console:
         raise web.HTTPFound("ui/")
 
     async def file(self, request: web.Request) -> web.Response:
-        name = request.match_info.get("name") or "index.html"
+        vname = request.match_info.get("vname")
+        name = ("vendor/" + vname) if vname else (request.match_info.get("name") or "index.html")
         found = self.files.get(name)
         if found is None:
             raise web.HTTPNotFound(text=f"no console file {name[:100]!r}")
@@ -130,6 +164,41 @@ class Console:
                 version = await self.changed.wait(version, STATUS_RECHECK)
         except (ConnectionResetError, ConnectionError):
             pass        # the page went away
+        finally:
+            self.streams -= 1
+        return resp
+
+    async def watch_console(self, request: web.Request) -> web.StreamResponse:
+        """The page's one stream: the summary when it changed (as `watch_status` sends the status), and the
+        history's new points as they are sampled -- each event bounded at any fleet size."""
+        assert self.summary is not None
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
+                                           "X-Accel-Buffering": "no"})
+        await resp.prepare(request)
+        loop = asyncio.get_running_loop()
+        self.streams += 1
+        last, sent_at, version, n = None, 0.0, None, 0
+        history, seen, since = self.history, -1, None
+        try:
+            while True:
+                summary = self.summary()
+                now = loop.time()
+                if summary.key != last or now - sent_at >= STATUS_REFRESH:
+                    n += 1
+                    await resp.write(b"id: %d\nevent: summary\ndata: %s\n\n" % (n, summary.to_json()))
+                    last, sent_at = summary.key, now
+                if history is not None and history.version != seen:
+                    seen = history.version
+                    doc = history.to_dict(since=since)
+                    if doc["t"]:
+                        since = doc["t"][-1]
+                        n += 1
+                        await resp.write(b"id: %d\nevent: history\ndata: %s\n\n"
+                                         % (n, json.dumps(doc, separators=(",", ":")).encode()))
+                await asyncio.sleep(1.0 / STATUS_MAX_RATE)
+                version = await self.changed.wait(version, STATUS_RECHECK)
+        except (ConnectionResetError, ConnectionError):
+            pass
         finally:
             self.streams -= 1
         return resp

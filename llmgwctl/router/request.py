@@ -203,6 +203,7 @@ class RequestPath:
             # Before any lookup, key pattern or "did you mean": no name is that long.
             raise Refused(errors.name_too_long(name, facts.model_chars))
         view = call.view
+        call.asked = name
         model = view.catalog.resolve(name)
         call.model = model.name if model is not None else ""
         if call.api_key is not None and not keyauth.allows(call.api_key, name, model):

@@ -1,0 +1,115 @@
+"""What the console's live stream sends: a summary of the status, bounded whatever the fleet's size.
+
+The whole status is ~10 MB at 20,000 replicas; a page updated twice a second
+with it would cost the controller a core and the browser more. The summary
+keeps what a person reads at a glance and leaves the rest to the paged calls
+(`/api/v1/status?model=`, `/api/v1/gpus`):
+
+    {"catalog", "routers", "log_streams", "watchers", "settled", "reconciler",
+     "models": [ModelStatus... with "inflight"],            # every model (at most MAX_MODELS)
+     "counts": {"replicas": {STATE: N}, "nodes": {STATE: N}, "gpus": N, "gpus_used": N},
+     "replicas": [ReplicaStatus... at most REPLICA_ROWS],   # the not-ready ones first
+     "replicas_total": N,
+     "nodes": [NodeStatus... at most NODE_ROWS],            # the unreachable and cordoned first
+     "nodes_total": N,
+     "events": [the last EVENTS]}
+
+`Summary.key` is equal for two reads when nothing shown changed but ages
+(the stream sends only news, as `StatusView.unaged` lets it for the status).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+from ..contracts import ControlStatus, NodeStatus, ReplicaState, ReplicaStatus
+
+# Rows of each table the page gets: more than a screen, far less than a fleet.
+REPLICA_ROWS, NODE_ROWS = 50, 25
+# A failed replica's last log lines, as the summary carries them: its last words, not its log
+# (`llmgwctl logs` has that); so 50 failed replicas stay a few KB each.
+LOG_LINES, LOG_LINE = 3, 200
+MAX_MODELS = 500
+EVENTS = 30
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+T = TypeVar("T")
+
+
+def _first(rows: Iterable[T], wanted: Any, limit: int) -> list[T]:
+    """Up to `limit` of `rows`, those for which `wanted(row)` first, each group in order: one walk."""
+    picked: list[T] = []
+    rest: list[T] = []
+    for row in rows:
+        if wanted(row):
+            picked.append(row)
+            if len(picked) >= limit:
+                return picked
+        elif len(rest) < limit:
+            rest.append(row)
+    return picked + rest[:limit - len(picked)]
+
+
+class Summary:
+    """One summary of a `ControlStatus`: `to_json()` for the stream, `key` to tell news from ageing."""
+
+    def __init__(self, status: ControlStatus):
+        fleet = status.fleet
+        self.status = status
+        replicas = fleet.replicas
+        self.replicas: list[ReplicaStatus] = _first(replicas, lambda r: r.state is not ReplicaState.READY,
+                                                    REPLICA_ROWS)
+        self.nodes: list[NodeStatus] = _first(fleet.nodes, lambda n: not n.reachable or n.scheduling.value
+                                              != "schedulable" or n.conflict, NODE_ROWS)
+        states: dict[str, int] = {}
+        inflight: dict[str, int] = {}
+        usage = fleet.usage
+        for r in replicas:
+            states[r.state.value] = states.get(r.state.value, 0) + 1
+            if usage:
+                n = fleet.inflight(r)
+                if n:
+                    inflight[r.model] = inflight.get(r.model, 0) + n
+        nodes: dict[str, int] = {}
+        gpus = used = 0
+        for n in fleet.nodes:
+            nodes[n.state] = nodes.get(n.state, 0) + 1
+            gpus += n.gpus
+            used += n.gpus_used
+        self.inflight = inflight
+        self.counts = {"replicas": states, "nodes": nodes, "gpus": gpus, "gpus_used": used}
+        self.models = fleet.models[:MAX_MODELS]
+        self.events = fleet.events[-EVENTS:]
+        shown = {r.id for r in self.replicas}
+        self.key = (status.catalog, status.routers, status.log_streams, status.watchers, fleet.settled,
+                    fleet.degraded, fleet.failures, self.models, tuple(sorted(inflight.items())),
+                    tuple(sorted(states.items())), tuple(sorted(nodes.items())), tuple(self.replicas),
+                    tuple(fleet.inflight(r) for r in self.replicas), tuple(self.nodes), self.events,
+                    tuple(sorted((k, v) for k, v in fleet.router.items() if k in shown)))
+
+    def to_dict(self) -> dict[str, Any]:
+        s, fleet = self.status, self.status.fleet
+        return {
+            "catalog": s.catalog.to_dict(), "routers": s.routers, "log_streams": s.log_streams,
+            "watchers": [w.to_dict() for w in s.watchers], "settled": fleet.settled,
+            "reconciler": {"loop": "degraded" if fleet.degraded else "ok", "failures": fleet.failures,
+                           "last_failure": dict(fleet.last_failure) if fleet.last_failure is not None else None},
+            "models": [m.to_dict() | {"inflight": self.inflight.get(m.name, 0)} for m in self.models],
+            "counts": self.counts,
+            "replicas": [_trimmed(r.to_dict(fleet.inflight(r), fleet.idle_seconds(r), fleet.starting_seconds(r),
+                                            fleet.router.get(r.id))) for r in self.replicas],
+            "replicas_total": len(fleet.replicas),
+            "nodes": [n.to_dict(fleet.last_seen_seconds(n), fleet.reports(n)) for n in self.nodes],
+            "nodes_total": len(fleet.nodes),
+            "events": [e.to_dict() for e in self.events],
+        }
+
+    def to_json(self) -> bytes:
+        return _compact(self.to_dict()).encode()
+
+
+def _trimmed(row: dict[str, Any]) -> dict[str, Any]:
+    log = row.get("last_log")
+    if log:
+        row["last_log"] = [line[:LOG_LINE] for line in log[-LOG_LINES:]]
+    return row
