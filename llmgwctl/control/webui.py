@@ -44,7 +44,7 @@ from .broadcast import Broadcast
 
 CONSOLE_DIR = Path(__file__).with_name("console")
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-         ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
+         ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml", ".txt": "text/plain; charset=utf-8"}
 # Only our own files run and load; no inline script, no framing (clickjacking),
 # no base-URI tricks. connect-src 'self' is the API the page reads.
 HEADERS = {
