@@ -33,6 +33,8 @@
     GET  /api/v1/history[?model=&since=]   traffic over time per model and fleet-wide (`history`)
     GET  /api/v1/requests[?model=&status=&id=&limit=]   the last requests the routers answered (`requestlog`)
     GET  /api/v1/gpus[?node=&offset=&limit=]   per node, each GPU's memory and the replicas holding it (`gpuview`)
+    POST /api/v1/playground/chat           a chat prompt sent through this process's router, its stream relayed
+                                           (`playground`: why a relay, and the key rules it keeps)
 
 With a token configured (`auth.ControlAuth`), every route but /healthz,
 /readyz and the console's static files needs `Authorization: Bearer <token>`; a missing or wrong one is 401
@@ -59,6 +61,7 @@ reads bodies and answers the unexpected, `reportcheck` checks a report.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -75,6 +78,7 @@ from .logsapi import LogService
 from .maintenance import NodeService
 from .middleware import BODY_TIMEOUT, MAX_APPLY_BYTES, bodies, unexpected
 from .reportcheck import forbidden_host, replica_url_problem
+from .playground import Playground
 from .reportlimit import ReportLimiter
 from .summary import Summary
 from .trafficapi import TrafficService
@@ -89,7 +93,7 @@ class ControlAPI:
 
     def __init__(self, controller: Controller, *, auth: ControlAuth | None = None,
                  metrics: ControlMetrics | None = None, limiter: ReportLimiter | None = None,
-                 holds: Path | None = None):
+                 holds: Path | None = None, router_url: Callable[[], str | None] | None = None):
         self.c = controller
         self.auth = auth or ControlAuth()
         self.metrics = metrics or ControlMetrics(controller.state)
@@ -100,6 +104,8 @@ class ControlAPI:
         # `holds`: where cordons and drains are kept across a restart (control.holds); None: not kept.
         self.nodes = NodeService(controller, holds)
         self.traffic = TrafficService(controller)
+        # The console's playground relays to this process's router (`playground` says why); none: 501.
+        self.playground = Playground(router_url or (lambda: None))
 
     def app(self, browsers: BrowserGuard | None = None) -> web.Application:
         """The aiohttp app. `browsers`: which web pages and Host names it answers (see httporigin); by
@@ -120,7 +126,8 @@ class ControlAPI:
         app.router.add_get("/metrics", self.get_metrics)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/api/v1/status", self.status)
-        for service in (self.catalog, self.agents, self.routers, self.logs, self.nodes, self.traffic):
+        for service in (self.catalog, self.agents, self.routers, self.logs, self.nodes, self.traffic,
+                        self.playground):
             service.add_routes(app)
         Console(self.c.state, self.c.status_changed, summary=lambda: Summary(self.c.state()),
                 history=self.c.history).add_routes(app)
