@@ -28,8 +28,8 @@ from .claims import UNBOUNDED, NodeClaims
 from .endpoint import Endpoint
 from .errors import ContractError, EndpointError, ModelStateError, ReportError, UsageError
 from .modelstate import ModelCondition, ModelState
-from .requestlog import RequestRecord, RequestSink
 from .report import AgentReport, CpuCapacity, EngineAvailability, Gpu, ReportedReplica
+from .requestlog import RequestRecord, RequestSink
 from .scheduling import Scheduling
 from .sink import RouterSink
 from .spec import LoadReading, ReplicaSpec

@@ -77,10 +77,10 @@ from .controller import Controller
 from .logsapi import LogService
 from .maintenance import NodeService
 from .middleware import BODY_TIMEOUT, MAX_APPLY_BYTES, bodies, unexpected
-from .reportcheck import forbidden_host, replica_url_problem
 from .playground import Playground
+from .reportcheck import forbidden_host, replica_url_problem
 from .reportlimit import ReportLimiter
-from .summary import Summary
+from .summary import Summaries
 from .trafficapi import TrafficService
 from .watchapi import RouterService
 from .webui import Console
@@ -129,7 +129,8 @@ class ControlAPI:
         for service in (self.catalog, self.agents, self.routers, self.logs, self.nodes, self.traffic,
                         self.playground):
             service.add_routes(app)
-        Console(self.c.state, self.c.status_changed, summary=lambda: Summary(self.c.state()),
+        summaries = Summaries()
+        Console(self.c.state, self.c.status_changed, summary=lambda: summaries(self.c.state()),
                 history=self.c.history).add_routes(app)
         return app
 

@@ -99,7 +99,7 @@ class _Window:
         for b in sorted(self.ttft):
             seen += self.ttft[b]
             if seen >= rank:
-                return _B0 * _RATIO ** (b + 0.5)
+                return float(_B0 * _RATIO ** (b + 0.5))
         return _NAN     # not reached: the counts add up to ttft_n
 
 

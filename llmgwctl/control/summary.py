@@ -16,14 +16,15 @@ keeps what a person reads at a glance and leaves the rest to the paged calls
 
 `Summary.key` is equal for two reads when nothing shown changed but ages
 (the stream sends only news, as `StatusView.unaged` lets it for the status).
+`Summaries` builds them, walking the rows only when the reconciler's rows changed.
 """
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
-from ..contracts import ControlStatus, NodeStatus, ReplicaState, ReplicaStatus
+from ..contracts import ControlStatus, NodeStatus, ReplicaState, ReplicaStatus, Scheduling
 
 # Rows of each table the page gets: more than a screen, far less than a fleet.
 REPLICA_ROWS, NODE_ROWS = 50, 25
@@ -34,6 +35,7 @@ MAX_MODELS = 500
 EVENTS = 30
 _compact = json.JSONEncoder(separators=(",", ":")).encode
 T = TypeVar("T")
+_READY, _SCHEDULABLE = ReplicaState.READY, Scheduling.SCHEDULABLE
 
 
 def _first(rows: Iterable[T], wanted: Any, limit: int) -> list[T]:
@@ -50,40 +52,83 @@ def _first(rows: Iterable[T], wanted: Any, limit: int) -> list[T]:
     return picked + rest[:limit - len(picked)]
 
 
+class _Rows(NamedTuple):
+    """What a summary takes from one tuple of replica rows and one of node rows (see `Summaries`)."""
+
+    replicas: list[ReplicaStatus]
+    states: dict[str, int]
+    model_of: dict[str, str]
+    nodes: list[NodeStatus]
+    node_states: dict[str, int]
+    gpus: int
+    gpus_used: int
+
+
+class Summaries:
+    """Builds summaries; what it takes from the rows is kept while the reconciler hands out the same rows.
+
+    The reconciler hands out the same tuple of rows while none changed
+    (`FleetStatus.replicas`, `.nodes`), so a summary of an unchanged fleet
+    walks no row: at 20,000 replicas a walk is tens of milliseconds.
+    """
+
+    def __init__(self) -> None:
+        self._replicas: tuple[ReplicaStatus, ...] | None = None
+        self._nodes: tuple[NodeStatus, ...] | None = None
+        self._rows: _Rows | None = None
+
+    def __call__(self, status: ControlStatus) -> Summary:
+        fleet = status.fleet
+        rows = self._rows
+        if rows is None or fleet.replicas is not self._replicas:
+            shown = _first(fleet.replicas, lambda r: r.state is not _READY, REPLICA_ROWS)
+            states: dict[ReplicaState, int] = {}
+            for r in fleet.replicas:
+                states[r.state] = states.get(r.state, 0) + 1
+            nodes_part = (rows.nodes, rows.node_states, rows.gpus, rows.gpus_used) if rows is not None else ([], {}, 0, 0)
+            rows = _Rows(shown, {k.value: v for k, v in states.items()}, {r.id: r.model for r in fleet.replicas},
+                         *nodes_part)
+            self._replicas = fleet.replicas
+        if fleet.nodes is not self._nodes:
+            nodes: dict[str, int] = {}
+            gpus = used = 0
+            for n in fleet.nodes:
+                nodes[n.state] = nodes.get(n.state, 0) + 1
+                gpus += n.gpus
+                used += n.gpus_used
+            shown_nodes = _first(fleet.nodes, lambda n: not n.reachable or n.scheduling is not _SCHEDULABLE
+                                 or n.conflict, NODE_ROWS)
+            rows = rows._replace(nodes=shown_nodes, node_states=nodes, gpus=gpus, gpus_used=used)
+            self._nodes = fleet.nodes
+        self._rows = rows
+        return Summary(status, rows)
+
+
 class Summary:
     """One summary of a `ControlStatus`: `to_json()` for the stream, `key` to tell news from ageing."""
 
-    def __init__(self, status: ControlStatus):
+    def __init__(self, status: ControlStatus, rows: _Rows):
         fleet = status.fleet
         self.status = status
-        replicas = fleet.replicas
-        self.replicas: list[ReplicaStatus] = _first(replicas, lambda r: r.state is not ReplicaState.READY,
-                                                    REPLICA_ROWS)
-        self.nodes: list[NodeStatus] = _first(fleet.nodes, lambda n: not n.reachable or n.scheduling.value
-                                              != "schedulable" or n.conflict, NODE_ROWS)
-        states: dict[str, int] = {}
+        self.replicas = rows.replicas
+        self.nodes = rows.nodes
+        # In flight per model: only the replicas with requests on them are looked up.
         inflight: dict[str, int] = {}
-        usage = fleet.usage
-        for r in replicas:
-            states[r.state.value] = states.get(r.state.value, 0) + 1
-            if usage:
-                n = fleet.inflight(r)
-                if n:
-                    inflight[r.model] = inflight.get(r.model, 0) + n
-        nodes: dict[str, int] = {}
-        gpus = used = 0
-        for n in fleet.nodes:
-            nodes[n.state] = nodes.get(n.state, 0) + 1
-            gpus += n.gpus
-            used += n.gpus_used
+        model_of = rows.model_of
+        for rid, (_, n) in fleet.usage.items():
+            if n:
+                model = model_of.get(rid)
+                if model is not None:
+                    inflight[model] = inflight.get(model, 0) + n
         self.inflight = inflight
-        self.counts = {"replicas": states, "nodes": nodes, "gpus": gpus, "gpus_used": used}
+        self.counts = {"replicas": rows.states, "nodes": rows.node_states, "gpus": rows.gpus,
+                       "gpus_used": rows.gpus_used}
         self.models = fleet.models[:MAX_MODELS]
         self.events = fleet.events[-EVENTS:]
         shown = {r.id for r in self.replicas}
         self.key = (status.catalog, status.routers, status.log_streams, status.watchers, fleet.settled,
                     fleet.degraded, fleet.failures, self.models, tuple(sorted(inflight.items())),
-                    tuple(sorted(states.items())), tuple(sorted(nodes.items())), tuple(self.replicas),
+                    tuple(sorted(rows.states.items())), tuple(sorted(rows.node_states.items())), tuple(self.replicas),
                     tuple(fleet.inflight(r) for r in self.replicas), tuple(self.nodes), self.events,
                     tuple(sorted((k, v) for k, v in fleet.router.items() if k in shown)))
 
