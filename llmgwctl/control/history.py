@@ -193,7 +193,8 @@ class History:
         start = (self._head - self._count) % self.points
         idx = [(start + k) % self.points for k in range(self._count)]
         if since is not None:
-            idx = [i for i in idx if self._t[i] > since]
+            # Compared as answers spell them (to the millisecond): `since` is a `t` of an earlier answer.
+            idx = [i for i in idx if round(self._t[i], 3) > since]
         return idx
 
     def models(self) -> list[str]:

@@ -53,6 +53,14 @@ def test_since_gives_only_the_new_points_and_the_ring_keeps_the_last_ones():
     assert h.version == 10
 
 
+def test_since_is_compared_as_answers_spell_times():
+    h = History(interval=1.0, points=4)
+    h.sample(1.0004, [sample()])
+    t = h.to_dict()["t"]
+    assert t == [1.0]
+    assert h.to_dict(since=t[-1])["t"] == [], "a point an answer gave is not new again"
+
+
 def test_a_model_gone_from_the_catalog_keeps_its_points_until_they_age_out():
     h = History(interval=1.0, points=3)
     h.sample(0.0, [sample("a"), sample("b")])

@@ -266,10 +266,11 @@ def test_console_charts_the_load_streams_a_playground_answer_and_finds_it_in_the
         def peaked(card, replicas):
             return (float(card.get_attribute("data-peak-requests") or 0) > 0
                     and float(card.get_attribute("data-peak-desired") or 0) >= replicas
-                    and int(card.get_attribute("data-points") or 0) >= 3)
+                    and int(card.get_attribute("data-points") or 0) >= 6)
         wait_until(lambda: peaked(card_a, 2) and peaked(card_b, 2), "both models' charts show the load and "
                    "more replicas wanted", timeout=120)
         _shot(page, artifacts / "console-traffic-load.png")
+        at_peak = int(card_a.get_attribute("data-points"))
         stop.set()
         for t in threads:
             t.join(timeout=30)
@@ -279,7 +280,10 @@ def test_console_charts_the_load_streams_a_playground_answer_and_finds_it_in_the
                    timeout=60)
         wait_until(lambda: [m["desired"] for m in fleet.status()["models"]] == [1, 1], "back to one replica each",
                    timeout=90)
+        # The page kept what it had and added the new points (the stream sends only those).
+        assert int(card_a.get_attribute("data-points")) > at_peak
         history = requests.get(fleet.control + "/api/v1/history?model=chat-a", timeout=10).json()
+        assert int(card_a.get_attribute("data-points")) >= len(history["t"]) - 1
         desired = [v for v in history["models"]["chat-a"]["desired"] if v is not None]
         assert max(desired) >= 2 and desired[-1] <= max(desired), desired
         assert max(v or 0 for v in history["models"]["chat-a"]["ttft_p99"]) > 0

@@ -337,17 +337,22 @@ const MS_FIELDS = new Set(["ttft_p50", "ttft_p99"]);
 
 function onHistory(doc) {
   const h = state.history;
-  if (!h || doc.interval !== h.interval || !doc.t.length || (h.t.length && doc.t[0] <= h.t[h.t.length - 1])) {
-    // The first answer (the last hour), or one that does not follow on: taken whole.
-    if (!h || doc.t.length) state.history = { interval: doc.interval, points: doc.points, t: doc.t.slice(),
-                                              fleet: doc.fleet, models: doc.models };
+  if (!h || doc.interval !== h.interval) {
+    // The first answer (the last hour), or a controller that samples otherwise now: taken whole.
+    state.history = { interval: doc.interval, points: doc.points, t: doc.t.slice(), fleet: doc.fleet, models: doc.models };
   } else {
-    const n = h.t.length, add = doc.t.length;
-    h.t.push(...doc.t);
-    appendSeries(h.fleet, doc.fleet, n, add);
+    // New points only: any the page holds already (a reconnect's first answer) are skipped.
+    const last = h.t.length ? h.t[h.t.length - 1] : -Infinity;
+    let skip = 0;
+    while (skip < doc.t.length && doc.t[skip] <= last) skip++;
+    const n = h.t.length, add = doc.t.length - skip;
+    if (add <= 0) return;
+    const tail = (series) => Object.fromEntries(Object.entries(series).map(([f, col]) => [f, col.slice(skip)]));
+    h.t.push(...doc.t.slice(skip));
+    appendSeries(h.fleet, tail(doc.fleet), n, add);
     for (const [name, series] of Object.entries(doc.models)) {
       if (!h.models[name]) h.models[name] = {};
-      appendSeries(h.models[name], series, n, add);
+      appendSeries(h.models[name], tail(series), n, add);
     }
     for (const [name, series] of Object.entries(h.models)) {
       if (!doc.models[name]) appendSeries(series, {}, n, add);     // a model gone: gaps
@@ -401,7 +406,7 @@ function chartCard(name) {
       scales: { x: { time: true }, tok: { auto: true } },
       legend: { live: false },
       series: [{}, ...spec.series.map(([, label, colour, scale]) => ({ label, stroke: colour, scale, width: 1.5,
-                                                                      spanGaps: false, points: { show: false } }))],
+                                                                      spanGaps: false }))],
       axes: [{ stroke: "#8d96a0" }, { scale: "y", stroke: "#8d96a0", size: 44 },
              ...(spec.series.some((x) => x[3] === "tok") ? [{ scale: "tok", side: 1, stroke: "#8250df", grid: { show: false }, size: 44 }] : [])],
     };
