@@ -7,8 +7,6 @@ from ..reconciler.test_priority_memory import MemoryWorld, cat
 from ..reconciler.test_reconciler import converge
 
 
-
-
 def test_shares_and_whole_gpus_per_node_with_what_is_held_outside_and_pages():
     w = MemoryWorld(cat("""\
   - name: small
