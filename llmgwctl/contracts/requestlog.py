@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from .errors import UsageError
 
@@ -43,8 +42,10 @@ MAX_SECONDS = 86400.0
 MAX_TOKENS = 10**9
 
 
-@dataclass(frozen=True, slots=True)
-class RequestRecord:
+class RequestRecord(NamedTuple):
+    """One request as the log keeps it (the module docstring has the fields). A tuple, not a frozen
+    dataclass: the router makes one per request, and a tuple is made in a tenth of the time."""
+
     at: float
     id: str
     key: str | None

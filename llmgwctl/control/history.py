@@ -53,6 +53,8 @@ MAX_MODELS = 1000
 _B0, _RATIO, _BUCKETS = 0.001, 1.1, 160
 _LOG_RATIO = math.log(_RATIO)
 _NAN = float("nan")
+# Records held before they are counted: a list of them is a few hundred KB.
+FOLD_AT = 4096
 
 
 class ModelSample(NamedTuple):
@@ -77,20 +79,6 @@ class _Window:
     ttft: dict[int, int] = field(default_factory=dict)     # bucket -> count
     ttft_n: int = 0
 
-    def add(self, rec: RequestRecord) -> None:
-        self.requests += 1
-        if rec.failed:
-            self.errors += 1
-        if rec.tokens_in:
-            self.tokens_in += rec.tokens_in
-        if rec.tokens_out:
-            self.tokens_out += rec.tokens_out
-        # Only answers that sent a first byte from an engine: a refusal's "TTFT" is the router's own speed.
-        if rec.ttft is not None and rec.replica:
-            b = _bucket(rec.ttft)
-            self.ttft[b] = self.ttft.get(b, 0) + 1
-            self.ttft_n += 1
-
     def percentile(self, q: float) -> float:
         if not self.ttft_n:
             return _NAN
@@ -101,12 +89,6 @@ class _Window:
             if seen >= rank:
                 return float(_B0 * _RATIO ** (b + 0.5))
         return _NAN     # not reached: the counts add up to ttft_n
-
-
-def _bucket(seconds: float) -> int:
-    if seconds <= _B0:
-        return 0
-    return min(_BUCKETS - 1, int(math.log(seconds / _B0) / _LOG_RATIO))
 
 
 class History:
@@ -123,6 +105,7 @@ class History:
         self._fleet = self._new_series()
         self._windows: dict[str, _Window] = {}
         self._fleet_window = _Window()
+        self._pending: list[RequestRecord] = []
         self._last_at: float | None = None
         self.version = 0        # bumped per sample, so a stream knows a point is new
 
@@ -130,19 +113,43 @@ class History:
         return {f: array("f", [_NAN]) * self.points for f in FIELDS}
 
     def observe(self, rec: RequestRecord) -> None:
-        """One request that ended (a request log listener: per request, so only counts)."""
-        self._fleet_window.add(rec)
-        if not rec.model:
-            return
-        w = self._windows.get(rec.model)
-        if w is None:
-            if len(self._windows) >= self.max_models:
-                return      # names beyond any catalog's (a hostile router's): the fleet counts them
-            w = self._windows[rec.model] = _Window()
-        w.add(rec)
+        """One request that ended (a request log listener, on the router's path: it only appends; the
+        records are counted in batches, at the sample or every FOLD_AT records)."""
+        pending = self._pending
+        pending.append(rec)
+        if len(pending) >= FOLD_AT:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Count the pending records into the windows: one loop with no call per record but the bucket's log."""
+        pending, self._pending = self._pending, []
+        windows, fleet, cap = self._windows, self._fleet_window, self.max_models
+        log, b0, lr, top = math.log, _B0, _LOG_RATIO, _BUCKETS - 1
+        for rec in pending:
+            status, tin, tout, ttft = rec.status, rec.tokens_in, rec.tokens_out, rec.ttft
+            # Only answers with a first byte from an engine: a refusal's "TTFT" is the router's own speed.
+            b = -1
+            if ttft is not None and rec.replica:
+                b = 0 if ttft <= b0 else min(top, int(log(ttft / b0) / lr))
+            w = windows.get(rec.model) if rec.model else None
+            if w is None and rec.model and len(windows) < cap:
+                w = windows[rec.model] = _Window()
+            # Names beyond any catalog's (a hostile router's) count for the fleet only.
+            for win in (fleet, w) if w is not None else (fleet,):
+                win.requests += 1
+                if status >= 500:
+                    win.errors += 1
+                if tin:
+                    win.tokens_in += tin
+                if tout:
+                    win.tokens_out += tout
+                if b >= 0:
+                    win.ttft[b] = win.ttft.get(b, 0) + 1
+                    win.ttft_n += 1
 
     def sample(self, now: float, models: Iterable[ModelSample]) -> None:
         """Close the window: one point at wall-clock `now` for each of `models` and for the fleet."""
+        self._fold()
         # Rates over the time the window really covered: a late tick is not a burst.
         span = self.interval if self._last_at is None else max(1e-3, now - self._last_at)
         self._last_at = now
