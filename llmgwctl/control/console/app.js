@@ -470,9 +470,10 @@ function renderModelChoices(models) {
 
 async function refreshRequests(now) {
   const at = Date.now();
-  if (!now && at - state.refreshed.requests < REFRESH_MS) return;
+  // A tab in the background reads nothing until it is looked at again.
+  if (!now && (at - state.refreshed.requests < REFRESH_MS || (document.hidden && state.refreshed.requests))) return;
   state.refreshed.requests = at;
-  const q = new URLSearchParams({ limit: "100" });
+  const q = new URLSearchParams({ limit: "50" });
   if ($("rl-model").value) q.set("model", $("rl-model").value);
   if ($("rl-status").value) q.set("status", $("rl-status").value);
   if ($("rl-id").value.trim()) q.set("id", $("rl-id").value.trim());
@@ -505,7 +506,7 @@ async function refreshRequests(now) {
 
 async function refreshGpus(now) {
   const at = Date.now();
-  if (!now && at - state.refreshed.gpus < REFRESH_MS) return;
+  if (!now && (at - state.refreshed.gpus < REFRESH_MS || (document.hidden && state.refreshed.gpus))) return;
   state.refreshed.gpus = at;
   const q = new URLSearchParams({ limit: "50" });
   if ($("gpu-node").value.trim()) q.set("node", $("gpu-node").value.trim());
