@@ -57,6 +57,7 @@ class Fleet:
         self.command = tuple(command)
         self.environ = dict(os.environ if environ is None else environ)
         self.mark = uuid.uuid4().hex
+        self._sessions: set[int] = set()
         self.catalogs = root / "catalogs"
         self.catalogs.mkdir(parents=True, exist_ok=True)
         self.router_port = free_port()
@@ -175,20 +176,38 @@ class Fleet:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def marked_pids(self) -> list[int]:
-        """Every live process carrying this fleet's marker: ours, engines included."""
-        pids = []
+        """Every live process of this fleet: those carrying its marker, engines included, and theirs.
+
+        A marked process's children count too, and so does every process in a
+        marked process's session: vLLM's EngineCore and workers rename
+        themselves with setproctitle, which overwrites the environment block
+        /proc/PID/environ shows, so their marker is gone. Sessions seen once
+        are remembered, so a worker whose API server died first is still found.
+        """
         needle = f"LLMGW_TEST_MARK={self.mark}".encode()
+        ours = os.getsid(0)
+        table: dict[int, tuple[int, int]] = {}     # pid -> (parent, session)
+        marked: set[int] = set()
         for entry in os.listdir("/proc"):
-            if not entry.isdigit():
+            if not entry.isdigit() or not alive(int(entry)):
                 continue
+            pid = int(entry)
             try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    marked = needle in f.read().split(b"\0")
-            except OSError:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+                table[pid] = (int(fields[1]), int(fields[3]))
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if needle in f.read().split(b"\0"):
+                        marked.add(pid)
+            except (OSError, IndexError, ValueError):
                 continue
-            if marked and alive(int(entry)):
-                pids.append(int(entry))
-        return pids
+        self._sessions.update(table[pid][1] for pid in marked if pid in table and table[pid][1] != ours)
+        found = set(marked) | {pid for pid, (_, sid) in table.items() if sid in self._sessions}
+        while True:
+            children = {pid for pid, (parent, _) in table.items() if parent in found} - found
+            if not children:
+                return sorted(found)
+            found |= children
 
     def close(self) -> None:
         # Whatever launches engines goes first (agents, and serve's local agent):
