@@ -207,10 +207,11 @@ class History:
     def models(self) -> list[str]:
         return sorted(self._series)
 
-    def to_dict(self, model: str | None = None, since: float | None = None) -> dict[str, Any]:
-        """The JSON of GET /api/v1/history (KeyError for a model with no series)."""
+    def to_dict(self, model: str | None = None, since: float | None = None, first: int | None = None) -> dict[str, Any]:
+        """The JSON of GET /api/v1/history (KeyError for a model with no series); `first`: only the
+        first that many models by name (what the console's stream carries)."""
         idx = self._order(since)
-        names = [model] if model is not None else sorted(self._series)
+        names = [model] if model is not None else sorted(self._series)[:first]
         if model is not None and model not in self._series:
             raise KeyError(model)
         return {"interval": self.interval, "points": self.points, "fields": list(FIELDS),

@@ -8,7 +8,8 @@
     GET /api/v1/watch/console   what the page follows: `event: summary` with the status' summary
                                 (control.summary: bounded at any fleet size), on the same terms,
                                 and `event: history` with the traffic history's new points
-                                (control.history; the first event the last hour)
+                                (control.history; the first event the last hour; the first
+                                CHART_MODELS models by name)
 
 The page's files hold no data, so they are served without a token (the page
 must load to ask for one); everything it shows comes from the API with the
@@ -71,6 +72,9 @@ STATUS_RECHECK, STATUS_REFRESH = 5.0, 15.0
 # bumps the status many times a second, so it is the bound that holds there.
 # One summary serves every open page (built once per status change).
 SUMMARY_BUDGET = 20.0
+# Models whose history the stream carries (the first by name; the page charts as many): a point of
+# each is ~200 bytes, and the first event, the last hour of each, ~40 KB. The rest: /api/v1/history?model=.
+CHART_MODELS = 24
 
 
 class StatusView(Protocol):
@@ -99,7 +103,7 @@ class HistoryView(Protocol):
 
     version: int
 
-    def to_dict(self, model: str | None = None, since: float | None = None) -> dict[str, Any]: ...
+    def to_dict(self, model: str | None = None, since: float | None = None, first: int | None = None) -> dict[str, Any]: ...
 
 
 def _files() -> dict[str, tuple[bytes, str]]:
@@ -212,7 +216,7 @@ class Console:
                     last, sent_at = summary.key, now
                 if history is not None and history.version != seen:
                     seen = history.version
-                    doc = history.to_dict(since=since)
+                    doc = history.to_dict(since=since, first=CHART_MODELS)
                     if doc["t"]:
                         since = doc["t"][-1]
                         n += 1

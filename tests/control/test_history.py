@@ -82,6 +82,7 @@ def test_names_beyond_the_bound_count_for_the_fleet_only():
     doc = h.to_dict()
     assert sorted(doc["models"]) == ["a", "b"]
     assert doc["fleet"]["requests"] == [3.0]
+    assert list(h.to_dict(first=1)["models"]) == ["a"], "the console's stream carries the first by name"
 
 
 def test_a_request_refused_before_any_replica_has_no_ttft():

@@ -24,7 +24,8 @@ const AGE_REDRAW_MS = 5000;
 // The request log and the GPU view are read again at most this often, when an update comes.
 const REFRESH_MS = 5000;
 const APIKEY_KEY = "llmgw.apikey";
-// Charts drawn at most for this many models (the fleet's chart always): a page, not a wall.
+// Charts drawn at most for this many models (the fleet's chart always): a page, not a wall; the
+// stream carries the history of as many (control/webui.py, CHART_MODELS).
 const MAX_CHARTS = 24;
 
 const state = {
