@@ -6,7 +6,8 @@ keeps what a person reads at a glance and leaves the rest to the paged calls
 (`/api/v1/status?model=`, `/api/v1/gpus`):
 
     {"catalog", "routers", "log_streams", "watchers", "settled", "reconciler",
-     "models": [ModelStatus... with "inflight"],            # every model (at most MAX_MODELS)
+     "models": [ModelStatus... with "inflight"],            # at most MODEL_ROWS, those needing attention
+     "models_total": N,                                     # and those with traffic first
      "counts": {"replicas": {STATE: N}, "nodes": {STATE: N}, "gpus": N, "gpus_used": N},
      "replicas": [ReplicaStatus... at most REPLICA_ROWS],   # the not-ready ones first
      "replicas_total": N,
@@ -31,7 +32,8 @@ REPLICA_ROWS, NODE_ROWS = 50, 25
 # A failed replica's last log lines, as the summary carries them: its last words, not its log
 # (`llmgwctl logs` has that); so 50 failed replicas stay a few KB each.
 LOG_LINES, LOG_LINE = 3, 200
-MAX_MODELS = 500
+# Model rows: a catalog may hold a thousand models (bench/fleet.py's does), ~250 bytes a row.
+MODEL_ROWS = 200
 EVENTS = 30
 _compact = json.JSONEncoder(separators=(",", ":")).encode
 T = TypeVar("T")
@@ -123,11 +125,13 @@ class Summary:
         self.inflight = inflight
         self.counts = {"replicas": rows.states, "nodes": rows.node_states, "gpus": rows.gpus,
                        "gpus_used": rows.gpus_used}
-        self.models = fleet.models[:MAX_MODELS]
+        # The models needing attention (fewer ready than wanted, or unplaceable) and those with traffic first.
+        self.models = _first(fleet.models, lambda m: m.ready < m.desired or m.unplaceable or m.name in inflight,
+                             MODEL_ROWS)
         self.events = fleet.events[-EVENTS:]
         shown = {r.id for r in self.replicas}
         self.key = (status.catalog, status.routers, status.log_streams, status.watchers, fleet.settled,
-                    fleet.degraded, fleet.failures, self.models, tuple(sorted(inflight.items())),
+                    fleet.degraded, fleet.failures, tuple(self.models), tuple(sorted(inflight.items())),
                     tuple(sorted(rows.states.items())), tuple(sorted(rows.node_states.items())), tuple(self.replicas),
                     tuple(fleet.inflight(r) for r in self.replicas), tuple(self.nodes), self.events,
                     tuple(sorted((k, v) for k, v in fleet.router.items() if k in shown)))
@@ -140,6 +144,7 @@ class Summary:
             "reconciler": {"loop": "degraded" if fleet.degraded else "ok", "failures": fleet.failures,
                            "last_failure": dict(fleet.last_failure) if fleet.last_failure is not None else None},
             "models": [m.to_dict() | {"inflight": self.inflight.get(m.name, 0)} for m in self.models],
+            "models_total": len(fleet.models),
             "counts": self.counts,
             "replicas": [_trimmed(r.to_dict(fleet.inflight(r), fleet.idle_seconds(r), fleet.starting_seconds(r),
                                             fleet.router.get(r.id))) for r in self.replicas],

@@ -97,3 +97,21 @@ def test_the_console_stream_sends_under_100_kb_an_update_at_5000_nodes(tmp_path)
         assert shown[0]["id"] == victim.spec.id and len(after.to_json()) < LIMIT
 
     asyncio.run(main())
+
+
+def test_a_catalog_of_a_thousand_models_keeps_the_summary_small(tmp_path):
+    from llmgwctl.control.summary import MODEL_ROWS
+
+    (tmp_path / "many.yaml").write_text("apiVersion: llmgw/v1\nkind: Catalog\n" + ENGINE_YAML + "models:\n" + "".join(
+        f"  - name: model-{i:04d}\n    aliases: [alias-{i:04d}]\n    source: sim/m{i}\n    replicas: 1\n"
+        f"    profiles: [{{name: p, engine: sim, gpus: 1}}]\n" for i in range(1000)))
+    c = Controller(str(tmp_path), settle=0)
+    c.load()
+    c.reconciler.reconcile_once()
+    c.sample_history()
+    doc = json.loads(Summaries()(c.state()).to_json())
+    assert doc["models_total"] == 1000 and len(doc["models"]) == MODEL_ROWS
+    assert len(json.dumps(doc)) < LIMIT
+    # What the stream sends of the history: as many models as the page charts.
+    from llmgwctl.control.webui import CHART_MODELS
+    assert len(c.history.to_dict(first=CHART_MODELS)["models"]) == CHART_MODELS

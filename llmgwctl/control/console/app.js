@@ -193,13 +193,15 @@ function render() {
   renderCounts(s);
   renderRejection(cat);
   renderModels(s.models);
+  more("models-more", s.models.length, s.models_total, "models (those needing attention, and with traffic, first)");
   renderReplicas(s.replicas);
   more("replicas-more", s.replicas.length, s.replicas_total, "replicas (the ones not ready first)");
   renderNodes(s.nodes);
   more("nodes-more", s.nodes.length, s.nodes_total, "nodes (unreachable and cordoned first)");
   renderEvents(s.events || []);
   renderCatalog(cat);
-  renderModelChoices(s.models);
+  // Every model of the catalog in force, when it is loaded: the summary shows only some of a big one.
+  renderModelChoices(state.catalog && state.catalog.catalog ? state.catalog.catalog.models : s.models);
   refreshRequests(false);
   refreshGpus(false);
 }
@@ -208,7 +210,7 @@ function more(id, shown, total, what) {
   const hidden = total === undefined || total <= shown;
   $(id).hidden = hidden;
   if (!hidden) setText(id, "Showing " + shown + " of " + total + " " + what
-                      + "; llmgwctl status --model NAME lists a model's whole.");
+                      + "; llmgwctl status (--model NAME) lists them all.");
 }
 
 function renderCounts(s) {
