@@ -28,12 +28,12 @@ from typing import Any, NamedTuple, TypeVar
 from ..contracts import ControlStatus, NodeStatus, ReplicaState, ReplicaStatus, Scheduling
 
 # Rows of each table the page gets: more than a screen, far less than a fleet.
-REPLICA_ROWS, NODE_ROWS = 50, 25
+REPLICA_ROWS, NODE_ROWS = 50, 20
 # A failed replica's last log lines, as the summary carries them: its last words, not its log
 # (`llmgwctl logs` has that); so 50 failed replicas stay a few KB each.
 LOG_LINES, LOG_LINE = 3, 200
 # Model rows: a catalog may hold a thousand models (bench/fleet.py's does), ~250 bytes a row.
-MODEL_ROWS = 200
+MODEL_ROWS = 100
 EVENTS = 30
 _compact = json.JSONEncoder(separators=(",", ":")).encode
 T = TypeVar("T")

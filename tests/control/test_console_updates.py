@@ -107,11 +107,19 @@ def test_a_catalog_of_a_thousand_models_keeps_the_summary_small(tmp_path):
         f"    profiles: [{{name: p, engine: sim, gpus: 1}}]\n" for i in range(1000)))
     c = Controller(str(tmp_path), settle=0)
     c.load()
+    # Nodes of 8 GPUs, each row listing them, and replicas placed but not started: the summary's
+    # largest rows, and every one of them shown.
+    sim = SimFleet("http://sim.invalid", 40, gpus=8)
+    for a in sim.agents:
+        c.agent_reported(a.name, a.report())
     c.reconciler.reconcile_once()
     c.sample_history()
-    doc = json.loads(Summaries()(c.state()).to_json())
+    body = Summaries()(c.state()).to_json()
+    doc = json.loads(body)
     assert doc["models_total"] == 1000 and len(doc["models"]) == MODEL_ROWS
-    assert len(json.dumps(doc)) < LIMIT
+    assert len(doc["replicas"]) == REPLICA_ROWS and len(doc["nodes"]) == NODE_ROWS
+    print(f"\n1,000 models, {REPLICA_ROWS} replicas and {NODE_ROWS} nodes of 8 GPUs shown: summary {len(body):,} B")
+    assert len(body) < LIMIT
     # What the stream sends of the history: as many models as the page charts.
     from llmgwctl.control.webui import CHART_MODELS
     assert len(c.history.to_dict(first=CHART_MODELS)["models"]) == CHART_MODELS
