@@ -115,7 +115,7 @@ def controller_headers() -> dict[str, str]:
 # The data plane's knobs, the same on `llmgwctl router` and on the router inside
 # `llmgwctl serve`: an operator tuning one expects the other to take the same flags.
 # Each default is RouterConfig's, where its reason is given.
-_ROUTER_FIELDS = ("poll_interval", "probe_timeout", "eject_after", "cold_timeout", "cold_queue", "max_body_bytes", "max_connections_per_client",
+_ROUTER_FIELDS = ("poll_interval", "probe_timeout", "eject_after", "max_attempts", "cold_timeout", "cold_queue", "max_body_bytes", "max_connections_per_client",
                   "upstream_idle_timeout", "upstream_headers_timeout", "max_answer_bytes", "max_metrics_bytes",
                   "access_log", "cold_keepalive", "cors_origins", "allowed_hosts")
 
@@ -135,6 +135,10 @@ def _router_options() -> tuple[Decorator, ...]:
         click.option("--eject-after", type=click.IntRange(min=0), default=d.eject_after, show_default=True,
                      metavar="N",
                      help="Misses in a row that take a replica out of routing until it answers again; 0: never."),
+        click.option("--max-attempts", type=click.IntRange(min=1), default=d.max_attempts, show_default=True,
+                     metavar="N",
+                     help="Replicas a request is tried on when one fails before any byte of its answer (refused, "
+                          "reset, headers cut or late, 502/503); 1: no retries."),
         click.option("--cold-timeout", type=click.FloatRange(min=0), default=d.cold_timeout, show_default=True,
                      help="Seconds a request waits for a cold model's first replica before 503."),
         click.option("--cold-queue", type=click.IntRange(min=0), default=d.cold_queue, show_default=True,

@@ -67,9 +67,11 @@ def _knob(flag: str, kind: click.ParamType[Any], help_: str) -> Callable[[_F], _
 # -- end of the cache and cost model options --
 # -- misbehaving on purpose, for tests and benches of what the router bounds (see engines/fake_faults.py) --
 @click.option("--fault", type=click.Choice(("huge-length", "endless-body", "endless-headers", "growing-header",
-                                            "no-headers", "redirect")), default=None,
+                                            "no-headers", "redirect", "unavailable", "reset", "cut-headers")),
+              default=None,
               help="Answer every POST under /v1/ as a hostile engine would: a 10 GB Content-Length, a body "
-                   "without end, headers without end, a header growing without end, no answer, or a 302.")
+                   "without end, headers without end, a header growing without end, no answer, or a 302; or "
+                   "as a failing one: 503, a reset connection, half a head then a close.")
 @click.option("--metrics-fault", type=click.Choice(("many-series", "huge-page", "redirect")), default=None,
               help="Serve /metrics with 1,000,000 extra series, 100 MB of padding, or a 302.")
 @click.option("--redirect-to", default="", metavar="URL", help="Where the redirect faults send.")

@@ -15,6 +15,18 @@ Answers (`--fault`, on every POST under /v1/):
     no-headers       reads the request, never answers
     redirect         302 to --redirect-to
 
+Failures before the first byte, which a gateway may retry on another
+replica (--fault too, on every POST under /v1/):
+
+    unavailable      503 in vLLM's error shape, as an engine overloaded or shutting down
+    reset            reads the request, then resets the connection (RST) without a byte
+    cut-headers      reads the request, sends half a head (status line, one header), then closes
+
+And at run time, SIGUSR1 turns `unavailable` on for the fake's OpenAI
+routes, and the next SIGUSR1 turns it off again (`Unavailable`, read by
+the server's request gate): a healthy replica that starts refusing, then
+recovers, while its process, port and /health stay up.
+
 Pages (`--metrics-fault`, on GET /metrics):
 
     many-series      the real page, then 1,000,000 series of a family nobody reads
@@ -30,6 +42,8 @@ It must not know about the rest of llmgw, like the fake engine itself.
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -58,12 +72,50 @@ async def _write_forever(transport: Any, head: bytes, more: Callable[[int], byte
         await asyncio.sleep(pause)      # a turn of the loop at least: the fake serves others meanwhile
 
 
+def unavailable() -> web.Response:
+    """vLLM's error shape for a 503."""
+    return web.json_response({"error": {"message": "The engine is not available (injected: --fault unavailable "
+                                                   "or SIGUSR1).", "type": "ServiceUnavailableError", "param": None,
+                                        "code": 503}}, status=503)
+
+
+class Unavailable:
+    """Whether this fake answers 503 to every POST under /v1/ now; `flip` (on SIGUSR1) turns it on and off."""
+
+    __slots__ = ("on",)
+
+    def __init__(self) -> None:
+        self.on = False
+
+    def flip(self) -> None:
+        self.on = not self.on
+        print(f"fake engine: answering 503 to every request: {'on' if self.on else 'off'}", flush=True)
+
+
+def _reset(transport: Any) -> None:
+    """Close with a TCP reset, not a FIN: a zero linger makes the kernel drop the connection as a crash does."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
 async def answer(fault: str, redirect_to: str, request: web.Request) -> web.StreamResponse:
     """The answer `fault` gives to a POST under /v1/."""
     if fault == "redirect":
         return web.Response(status=302, headers={"Location": redirect_to or "http://127.0.0.1:9/"})
+    if fault == "unavailable":
+        return unavailable()
     await request.read()
     transport = request.transport
+    if fault == "reset" and transport is not None:
+        _reset(transport)
+        return web.Response(status=499)     # never seen: the connection is gone
+    if fault == "cut-headers" and transport is not None:
+        transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
+        await asyncio.sleep(0.01)           # the half head leaves in its own segment before the close
+        transport.close()
+        return web.Response(status=499)
     if fault == "no-headers" or transport is None:
         # Until the client leaves: the fake cancels a handler whose client disconnected.
         await asyncio.Event().wait()

@@ -71,6 +71,8 @@ class FakeEngine:
         self.counters = fake_metrics.Counters()
         self.requests_seen = 0
         self.created = int(time.time())
+        # 503 to every request while on: flipped by SIGUSR1 in `serve` (fake_faults.Unavailable).
+        self.unavailable = fake_faults.Unavailable()
 
     # -- state -------------------------------------------------------------
 
@@ -132,6 +134,8 @@ class FakeEngine:
 
     async def _gate(self, request: web.Request) -> dict[str, Any] | web.Response:
         """Common checks: loading, body, model, injected failure. Returns the body, or the error to send."""
+        if self.unavailable.on:
+            return fake_faults.unavailable()
         if not self.ready():
             return error_response(503, "The engine is still loading the model.", "ServiceUnavailableError")
         try:
@@ -309,9 +313,9 @@ async def _request_line(request: web.Request, handler: _Handler) -> web.StreamRe
     return resp
 
 
-async def start(config: FakeConfig) -> tuple[web.AppRunner, int]:
-    """Start serving; returns the runner (to clean up) and the bound port."""
-    engine = FakeEngine(config)
+async def start(config: FakeConfig, engine: FakeEngine | None = None) -> tuple[web.AppRunner, int]:
+    """Start serving (`engine`, or one made of `config`); returns the runner (to clean up) and the bound port."""
+    engine = engine or FakeEngine(config)
     # handler_cancellation: a client that disconnects cancels its handler at
     # once, so a waiting or paced stream frees its slot without waiting for its
     # next write to fail.
@@ -326,13 +330,15 @@ async def start(config: FakeConfig) -> tuple[web.AppRunner, int]:
 
 
 async def serve(config: FakeConfig, announce: Callable[[int], None] = lambda port: None) -> None:
-    """Serve until SIGTERM or SIGINT."""
-    runner, port = await start(config)
+    """Serve until SIGTERM or SIGINT; SIGUSR1 turns answering 503 to every request on and off."""
+    engine = FakeEngine(config)
+    runner, port = await start(config, engine)
     announce(port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, engine.unavailable.flip)
     try:
         # sleep_unless is False when the time ran out before a signal: the crash.
         crashed = not await aio.sleep_unless(config.crash_after, stop)

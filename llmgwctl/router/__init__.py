@@ -2,7 +2,8 @@
 
 Owns resolving a request's model (name or alias) against the current catalog,
 choosing an endpoint (priority tiers, load per weight, power of two choices,
-ejection after connection failures), proxying with streams passed through as
+ejection after connection failures), retrying on another replica what failed
+before its first byte, proxying with streams passed through as
 bytes, polling engines' /metrics for load, holding requests for a cold model,
 and reporting usage. Its modules:
 
@@ -18,6 +19,7 @@ and reporting usage. Its modules:
     server     Router (set_endpoints, set_catalog, usage_snapshot): builds the parts below, its aiohttp app
     surface    what the control plane tells the router: endpoints, catalog, model states, API keys
     request    the request path: target, key and rate, body, model, endpoint, the attempts
+    retry      which failed attempts go to another replica before the first byte, and each request's budget
     answer     the answer path: whole or streamed, slow readers, a stream opened early for a cold start
     continuation  a cut chat stream resumed on another replica and spliced onto the client's (opt-in per model)
     accounting the caller's key; each request counted and logged once

@@ -105,14 +105,15 @@ class Accounting:
         tokens_in, tokens_out = usage if usage is not None else (None, None)
         # A cut stream's hand-overs, only when there were any: FROM>TO@TOKENS sent at the cut.
         continued = ",".join(f"{a}>{b}@{n}" for a, b, n in call.continued)
-        access_log.info("%s %s %s %d model=%s endpoint=%s key=%s id=%s tokens=%s/%s %.1fms%s", request.remote,
-                        request.method, request.path, status, model or "-", endpoint or "-", name, call.rid,
-                        "-" if tokens_in is None else tokens_in, "-" if tokens_out is None else tokens_out,
-                        seconds * 1e3, f" continued={continued}" if continued else "",
+        access_log.info("%s %s %s %d model=%s endpoint=%s key=%s id=%s tokens=%s/%s attempts=%d %.1fms%s",
+                        request.remote, request.method, request.path, status, model or "-", endpoint or "-", name,
+                        call.rid, "-" if tokens_in is None else tokens_in, "-" if tokens_out is None else tokens_out,
+                        call.attempts, seconds * 1e3, f" continued={continued}" if continued else "",
                         extra={"event": "access", "client": request.remote, "method": request.method,
                                "path": request.path, "status": status, "model": model, "endpoint": endpoint,
                                "key": name, "request_id": call.rid, "tokens_in": tokens_in,
-                               "tokens_out": tokens_out, "duration_ms": round(seconds * 1e3, 3),
+                               "tokens_out": tokens_out, "attempts": call.attempts,
+                               "duration_ms": round(seconds * 1e3, 3),
                                "overhead_ms": None if overhead is None else round(overhead * 1e3, 3),
                                **({"continued": [{"from": a, "to": b, "tokens": n} for a, b, n in call.continued]}
                                   if continued else {})})

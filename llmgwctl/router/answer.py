@@ -29,6 +29,7 @@ from .call import Call, Refused
 from .config import RouterConfig
 from .continuation import Continuation, Splice
 from .ejection import Ejector
+from .retry import ATTEMPTS_HEADER
 from .upstream import OutOfBounds, Response, UpstreamError
 from .usage import StreamUsage, usage_tokens
 
@@ -71,7 +72,7 @@ class AnswerPath:
             raise OutOfBounds("redirect", f"answered {status}, a redirect, which the router never follows")
         ctype = upstream.headers.get("content-type", "application/json")
         headers = {"Content-Type": ctype, "x-llmgw-replica": state.replica_id,
-                   "x-llmgw-catalog-version": call.view.version}
+                   "x-llmgw-catalog-version": call.view.version, ATTEMPTS_HEADER: str(call.attempts)}
         encoding = upstream.headers.get("content-encoding")
         if encoding is not None:
             headers["Content-Encoding"] = encoding

@@ -308,6 +308,10 @@ class Balancer:
         rest = [st for tier in tiers for st in tier if st not in exclude]
         return min(rest, key=lambda st: st.ejected_until) if rest else None
 
+    def has_other(self, model: str, exclude: tuple[EndpointState, ...]) -> bool:
+        """Whether a pick for `model` excluding `exclude` would find an endpoint (ejected ones count, as in `pick`)."""
+        return any(st not in exclude for tier in self._tiers.get(model, ()) for st in tier)
+
     def _has_room(self, st: EndpointState, now: float) -> bool:
         """Whether a request sent now would find a free slot: the load as `busy` counts it, below the
         count the engine was last seen full at. A reading that showed it full stops counting as

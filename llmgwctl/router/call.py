@@ -54,7 +54,7 @@ class Call:
     """
 
     __slots__ = ("request", "route", "t0", "api_key", "model", "view", "stream", "waited", "rid", "fwd", "early",
-                 "chooser", "held", "body", "continued", "asked")
+                 "chooser", "held", "body", "continued", "attempts", "asked")
 
     def __init__(self, request: web.Request, route: routing.Route, t0: float, view: View):
         self.request = request
@@ -85,6 +85,8 @@ class Call:
         self.body = b""
         # A cut stream's hand-overs (continuation.py): (from replica, to replica, tokens sent at the cut).
         self.continued: tuple[tuple[str, str, int], ...] = ()
+        # Endpoints tried so far before its first byte (retry.py); 0: none yet.
+        self.attempts = 0
 
 
 class Refused(Exception):

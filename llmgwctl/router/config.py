@@ -44,7 +44,8 @@ class RouterConfig:
     # Waiting requests per cold model: a burst costs memory in proportion but not
     # without limit; one vLLM engine's batch.
     cold_queue: int = VLLM_MAX_NUM_SEQS
-    # Endpoints tried per request when connections are refused or reset: the
+    # Endpoints tried per request when one fails before any byte of its answer
+    # (refused, reset, headers cut short or late, 502/503; see retry.py): the
     # first failure is usually one replica going away, a third in a row means
     # the model is in trouble and the client should hear about it.
     max_attempts: int = 3

@@ -36,12 +36,16 @@ from .conventions import ClientGone, held_for_cold_start
 from .info import InfoRoutes
 from .limits import BodyBudget, BudgetFull, PathError, check_target
 from .policies import Policies
+from .retry import ATTEMPTS_HEADER, Attempts, Failure, retryable, retryable_status
 from .surface import Surface
-from .upstream import ConnectFailed, OutOfBounds, Pool, Response, UpstreamError, UpstreamTimeout
+from .upstream import OutOfBounds, Pool, Response, UpstreamError
 
 __all__ = ["RequestPath"]
 
 log = logging.getLogger("llmgw.router")
+
+# What of a refusing engine's 502 or 503 is read, for the log and the last error: an error body is far shorter.
+_ERROR_BYTES = 4096
 
 
 class RequestPath:
@@ -251,36 +255,58 @@ class RequestPath:
     # -- an endpoint, and the attempts at it -------------------------------------------------------
 
     async def _forward(self, call: Call, body: bytes) -> web.StreamResponse:
-        """Try endpoints of the model in turn, up to max_attempts, until one answers; Refused when none does.
+        """Try endpoints of the model in turn, within the request's attempts, until one answers; Refused when none does.
 
-        Only an endpoint that refused the connection is retried elsewhere (the
-        request never ran there); when every one did, the request waits once
-        for an endpoint not tried yet, as for a cold start.
+        An attempt that failed before any byte of an answer could reach the
+        client (retry.py says which) is tried again on a replica not tried
+        yet, while the budget (max_attempts) lasts; every other ends the
+        request. When every endpoint was tried and each refused the
+        connection, the request waits once for an endpoint not tried yet, as
+        for a cold start.
         """
         balancer = self._balancer
+        attempts = Attempts(self._config.max_attempts)
         state: EndpointState | None = await self._first_endpoint(call)
         tried: tuple[EndpointState, ...] = ()
-        failure = "no endpoint left to try"
-        attempts, held = self._config.max_attempts, False
-        while attempts and state is not None:
-            attempts -= 1
-            answer = await self._attempt(call, state, body)
-            if not isinstance(answer, str):
+        held = False
+        while state is not None:
+            call.attempts = attempts.start()
+            answer = await self._attempt(call, state, body, attempts, tried)
+            if not isinstance(answer, Failure):
                 return answer
-            failure = answer
+            attempts.failed(answer)
             tried += (state,)
             state = balancer.pick(call.model, tried, call.chooser)
-            if state is None and not held and self._cold.can_wait:
-                # Every endpoint of the model refused the connection: its engines
-                # are down -- the one replica crashed, say, and its agent is
-                # restarting it. That is missing capacity for a few seconds, as in
-                # a cold start, so wait as for one (bounded by the cold timeout)
-                # for an endpoint not tried yet -- the restarted replica joins
-                # anew once healthy -- rather than answer 502 for a gap that heals.
-                held = True
-                state = await self._wait_for_endpoint(call, tried)
-                attempts = max(attempts, 1)     # the endpoint that came back gets its try
-        raise Refused(errors.upstream_failed(call.model, failure))
+            if state is None:
+                if not held and attempts.unreached_only() and self._cold.can_wait:
+                    # Every endpoint of the model refused the connection: its engines
+                    # are down -- the one replica crashed, say, and its agent is
+                    # restarting it. That is missing capacity for a few seconds, as in
+                    # a cold start, so wait as for one (bounded by the cold timeout)
+                    # for an endpoint not tried yet -- the restarted replica joins
+                    # anew once healthy -- rather than answer 502 for a gap that heals.
+                    held = True
+                    state = await self._wait_for_endpoint(call, tried)
+                    attempts.grant()        # the endpoint that came back gets its try
+            elif attempts.left <= 0:
+                state = None
+            if state is not None:
+                self._metrics.retries.labels(call.model, answer.kind).inc()
+        raise Refused(self._failed(call, attempts))
+
+    def _failed(self, call: Call, attempts: Attempts) -> web.Response:
+        """The router's answer when no attempt succeeded: each attempt's failure named, their count in a header."""
+        failures = attempts.failures
+        last = failures[-1] if failures else None
+        if last is not None and last.kind == Failure.TIMED_OUT:
+            earlier = f" (after {attempts.summary()})" if len(failures) > 1 else ""
+            refusal = errors.response(504, f"replica {last.replica} of {call.model!r} {last.reason}{earlier}",
+                                      "upstream_error", "upstream_timeout")
+        else:
+            refusal = errors.upstream_failed(call.model, attempts.summary())
+        if attempts.count:
+            refusal.headers[ATTEMPTS_HEADER] = str(attempts.count)
+        return refusal
 
     async def _first_endpoint(self, call: Call) -> EndpointState:
         """The endpoint of the first attempt: picked now, or waited for (a cold start); Refused when there can be none."""
@@ -296,19 +322,24 @@ class RequestPath:
             state = await self._wait_for_endpoint(call, ())
         return state
 
-    async def _attempt(self, call: Call, state: EndpointState, body: bytes) -> web.StreamResponse | str:
-        """One try at `state`: the answer passed back, or (a str) why it failed before taking the request.
+    async def _attempt(self, call: Call, state: EndpointState, body: bytes, attempts: Attempts,
+                       tried: tuple[EndpointState, ...]) -> web.StreamResponse | Failure:
+        """One try at `state`: the answer passed back, or (a Failure) why it failed before a byte reached the client.
 
-        Refused for any other failure: the request may have run there, so it
-        is not tried elsewhere.
+        Refused for any failure after the answer path took the engine's
+        answer: bytes of it may have reached the client, so it is not tried
+        elsewhere.
         """
         balancer = self._balancer
         balancer.started(state)
         try:
             upstream = await self._send(call, state, body)
-            if isinstance(upstream, str):
+            if isinstance(upstream, Failure):
                 return upstream
             try:
+                if retryable_status(upstream.status) and attempts.left > 0 \
+                        and balancer.has_other(call.model, (*tried, state)):
+                    return await self._refused_by(call, state, upstream)
                 return await self._answer.respond(call, upstream, state)
             finally:
                 # A response read to its end goes back to the pool; one cut
@@ -322,8 +353,26 @@ class RequestPath:
         finally:
             balancer.finished(state)
 
-    async def _send(self, call: Call, state: EndpointState, body: bytes) -> Response | str:
-        """The request sent to `state`, once its answer's headers are in; or (a str) why it could not connect."""
+    async def _refused_by(self, call: Call, state: EndpointState, upstream: Response) -> Failure:
+        """An engine's 502 or 503, dropped for another replica's answer: its start kept for the log, the replica ejected."""
+        self._balancer.eject(state)
+        try:
+            said = await asyncio.wait_for(upstream.read(_ERROR_BYTES), self._config.connect_timeout)
+        except (UpstreamError, asyncio.TimeoutError):
+            said = b""      # too long or too slow to be an error body: the status says enough
+        text = said[:200].decode(errors="replace").strip()
+        log.warning("endpoint %s answered %d before any byte reached the client; trying another", state.replica_id,
+                    upstream.status)
+        return Failure(state.replica_id, f"answered {upstream.status}" + (f": {text}" if text else ""),
+                       Failure.REFUSED)
+
+    async def _send(self, call: Call, state: EndpointState, body: bytes) -> Response | Failure:
+        """The request sent to `state`, once its answer's headers are in; or (a Failure) why they did not come.
+
+        Each failure here came before any byte of an answer: the replica is
+        ejected for a while (its engine is down, wedged or lost the
+        request), and the request may go elsewhere (retry.py).
+        """
         pool = self.pool
         assert pool is not None     # made as the app starts, which aiohttp runs before it serves a request
         idle_timeout = (self._config.upstream_idle_timeout or None) if call.stream else None
@@ -331,19 +380,13 @@ class RequestPath:
         try:
             upstream = await pool.post(state.endpoint.url, call.request.raw_path, body, idle_timeout=idle_timeout,
                                        headers=call.fwd)
-        except UpstreamTimeout as exc:
-            # The engine took the request and then said nothing for
-            # upstream_idle_timeout: wedged, and the request may have
-            # run there, so not retried elsewhere.
-            self._balancer.eject(state)
-            raise Refused(errors.response(
-                504, f"replica {state.replica_id} of {call.model!r} {exc}", "upstream_error",
-                "upstream_timeout")) from None
-        except ConnectFailed as exc:
+        except UpstreamError as exc:
+            if not retryable(exc):
+                raise
             call.waited += perf_counter() - up0
             self._balancer.eject(state)
             log.warning("endpoint %s failed before answering, trying another: %s", state.replica_id, exc)
-            return f"{state.replica_id}: {exc or type(exc).__name__}"
+            return Failure.of(state.replica_id, exc)
         call.waited += perf_counter() - up0       # the engine's, until its headers
         return upstream
 

@@ -67,7 +67,8 @@ __all__ = ["CORS_EXPOSE", "Router", "start"]
 
 # What a browser script of an allowed origin may read off an answer: the id to
 # quote in a bug report, which replica answered, and how long to back off.
-CORS_EXPOSE = "X-Request-Id, x-llmgw-replica, x-llmgw-catalog-version, x-llmgw-overhead-ms, Retry-After"
+CORS_EXPOSE = ("X-Request-Id, x-llmgw-replica, x-llmgw-catalog-version, x-llmgw-overhead-ms, x-llmgw-attempts, "
+               "Retry-After")
 
 
 class Router:

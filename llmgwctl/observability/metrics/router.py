@@ -14,6 +14,9 @@
     llmgw_router_api_keys_reloads_total{result}               counter, applied | rejected
     llmgw_router_stream_continuations_total{model,outcome}    counter, cut streams of models with continuation
                                                               on: resumed | failed | ineligible
+    llmgw_router_retries_total{model,reason}                  counter, requests sent to another replica after an
+                                                              attempt failed before its first byte: unreached |
+                                                              headers_cut | timed_out | refused (502/503)
     llmgw_router_engine_refusals_total{reason}                counter, engine answers or /metrics pages refused
                                                               for breaking a bound (answer_too_large,
                                                               headers_too_large, redirect, metrics_too_large,
@@ -94,6 +97,10 @@ class RouterMetrics:
                                      "with continuation on: resumed on another replica, failed (none could take "
                                      "it), or ineligible (the request or the stream may not be continued).",
                                      ("model", "outcome"), registry=r)
+        self.retries = Counter("llmgw_router_retries", "Requests sent again to another replica after an attempt "
+                               "failed before any byte of its answer (router/retry.py), by what failed: unreached, "
+                               "headers_cut, timed_out, refused (an answer of 502 or 503).", ("model", "reason"),
+                               registry=r)
         self._watchers = Watchers()
         r.register(self._watchers)
         self.engine_refusals = Counter("llmgw_router_engine_refusals", "Engine answers and /metrics pages refused "
