@@ -7,17 +7,25 @@ cost a GiB of memory and seconds of the loop even though the answer was 413;
 16 at once added 2.7 GB of RSS and stalled every other request.
 
 `decode(data, encoding, limit)` inflates in two passes. The first counts what
-the body inflates to, a step of `STEP` bytes at a time with the loop free
-between steps, keeping nothing, and stops as soon as the count passes
-`limit` (BodyTooLarge): a bomb costs one step of memory and one step of CPU
-at a time, however many arrive together. Only a body known to fit is
-inflated again, whole, and kept -- the same memory as an uncompressed body
-of that size, which the size limit already allows. That pass runs in a
-thread when it is more than one step (zlib lets go of the GIL while it
-inflates, so the loop serves others meanwhile: inflating 32 MiB in one go on
-it cost every other request some 50 ms), and on the loop otherwise.
+the body inflates to, a step of `STEP` bytes at a time, keeping nothing, and
+stops as soon as the count passes `limit` (BodyTooLarge): a bomb costs one
+step of memory at a time, however many arrive together. Only a body known to
+fit is inflated again, whole, and kept -- the same memory as an uncompressed
+body of that size, which the size limit already allows.
+
+Where. A body of at most `ON_LOOP_INPUT` compressed bytes that inflates to
+less than one step is counted and inflated on the loop, where it costs less
+than handing it to a thread: a compressed chat request. Everything past that
+-- the rest of the count, the second pass, or both for a larger compressed
+body (whose count may be all gzip members of a few bytes each, each a new
+inflater, with no output between them) -- runs in the `executor` given (the
+router's own thread, so bombs queue there instead of in the default executor
+serve's agent also uses). zlib lets go of the GIL while it inflates, so the
+loop serves others meanwhile: counting a 32 MiB inflate on the loop, even a
+step at a time, cost every other request a millisecond per step, some 30 in
+all for each bomb; inflating 32 MiB in one go on it cost them some 50 ms.
 Compressed request bodies are rare (OpenAI SDKs send them plain), so the
-second pass costs almost nobody anything.
+thread costs almost nobody anything.
 
 Encodings: gzip (and x-gzip), deflate (zlib-wrapped, or raw as some clients
 send it), identity. Anything else, br included (brotli is not a dependency,
@@ -34,14 +42,20 @@ It imports nothing of ours and no HTTP stack: it sees bytes and a header value.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
-# Output per inflate step of the counting pass: about a millisecond of CPU, so
-# other requests wait at most that long behind a bomb, and the memory one
-# costs while it is counted.
+# Output per inflate step of the counting pass: about a millisecond of CPU,
+# the most of it a small body spends on the loop, and the memory a bomb costs
+# while it is counted.
 STEP = 1 << 20
+# Compressed bytes a body may have and be counted on the loop: 16 KiB holds at
+# most some 800 gzip members (20 bytes each at the least), which cost the
+# loop about a millisecond to walk even when they inflate to nothing; a
+# compressed chat request is a few KiB.
+ON_LOOP_INPUT = 16 << 10
 
 
 class BodyError(Exception):
@@ -108,7 +122,7 @@ def _pieces(data: bytes, wbits: int, step: int) -> Iterator[bytes]:
                 pending = inflater.unconsumed_tail
                 if out:
                     yield out
-                elif not pending:
+                elif not pending and not inflater.eof:
                     # All input taken, nothing more came out and the stream
                     # did not end: the body was cut short.
                     raise BadEncoding("the request body's compressed stream is truncated")
@@ -123,13 +137,15 @@ def _pieces(data: bytes, wbits: int, step: int) -> Iterator[bytes]:
 
 
 async def decode(data: bytes, encoding: str | None, limit: int, *, step: int = STEP,
-                 admit: Callable[[int], None] | None = None) -> bytes:
+                 admit: Callable[[int], None] | None = None,
+                 executor: concurrent.futures.Executor | None = None) -> bytes:
     """`data`, sent with Content-Encoding `encoding` (None: none), decoded; never more than `limit` bytes of it.
 
     BodyTooLarge past `limit` (0: no limit), found while inflating; see the
-    module's docstring for what that costs and the other errors. `admit` is
-    told the inflated size once it is known and before that much is held,
-    so the caller can refuse it (by raising) within a budget of its own.
+    module's docstring for what that costs, where it runs (`executor`; None:
+    the loop's default) and the other errors. `admit` is told the inflated
+    size once it is known and before that much is held, on the loop, so the
+    caller can refuse it (by raising) within a budget of its own.
     """
     if not encoding:
         return data
@@ -138,18 +154,31 @@ async def decode(data: bytes, encoding: str | None, limit: int, *, step: int = S
     wbits = _wbits(encoding, data)
     if wbits is None:
         return data
-    size = 0
-    for i, piece in enumerate(_pieces(data, wbits, step)):
+    pieces = _pieces(data, wbits, step)
+    # On the loop: a small body's count, up to one step (see the module docstring).
+    size, small = _count(pieces, 0, limit, step) if len(data) <= ON_LOOP_INPUT else (0, False)
+    loop = asyncio.get_running_loop()
+    if not small:
+        size, _ = await loop.run_in_executor(executor, _count, pieces, size, limit, 0)
+    if admit is not None:
+        admit(size)
+    if small:
+        return _inflated(data, wbits)
+    return await loop.run_in_executor(executor, _inflated, data, wbits)
+
+
+def _count(pieces: Iterator[bytes], size: int, limit: int, until: int) -> tuple[int, bool]:
+    """`size` plus what `pieces` inflate to, and whether they ended; stops once past `until` (0: never).
+
+    BodyTooLarge as soon as the count passes `limit` (0: no limit).
+    """
+    for piece in pieces:
         size += len(piece)
         if limit and size > limit:
             raise BodyTooLarge(f"the request body inflates to more than the limit of {limit} bytes")
-        if i:
-            await asyncio.sleep(0)      # the loop serves others between steps
-    if admit is not None:
-        admit(size)
-    if size <= step:
-        return _inflated(data, wbits)
-    return await asyncio.to_thread(_inflated, data, wbits)
+        if until and size >= until:
+            return size, False
+    return size, True
 
 
 def _inflated(data: bytes, wbits: int) -> bytes:

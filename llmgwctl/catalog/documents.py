@@ -157,6 +157,7 @@ def _model(raw: Mapping[str, Any], origin: Origin) -> Model:
         autoscale=_autoscale(raw.get("autoscale")),
         routing=raw.get("routing"),
         continuation=_continuation(raw.get("continuation")),
+        context_length=raw.get("context_length"),
     )
 
 

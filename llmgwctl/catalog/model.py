@@ -240,6 +240,10 @@ class Model:
     # prefill on another GPU) and the text is only as faithful as that
     # engine's continuation of it.
     continuation: int = 0
+    # The context length /v1/models shows before any of its engines said
+    # one (router/modelinfo.py: an engine's own word wins once it is heard);
+    # None: unknown until then.
+    context_length: int | None = None
 
     def ranked(self) -> tuple[Profile, ...]:
         """Profiles by priority, highest first; the written order breaks ties."""
@@ -265,6 +269,9 @@ class Model:
         if self.continuation:
             out["continuation"] = (True if self.continuation == CONTINUATION_ATTEMPTS
                                    else {"attempts": self.continuation})
+        if self.context_length is not None:
+            # Only when written: a catalog without it keeps its version.
+            out["context_length"] = self.context_length
         return out
 
 

@@ -218,3 +218,9 @@ def raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     except (ImportError, ValueError, OSError):
         pass
+
+
+def tune_allocator() -> None:
+    """Fix glibc's mmap threshold, for processes that hold large bodies (see llmgwctl.allocator); off glibc, nothing."""
+    from .. import allocator
+    allocator.tune()

@@ -47,6 +47,8 @@ def _knob(flag: str, kind: click.ParamType[Any], help_: str) -> Callable[[_F], _
 @_knob("--default-max-tokens", click.IntRange(min=0),
        "Reply length when a request sets no max_tokens (finish_reason stop).")
 @_knob("--embedding-dim", click.IntRange(min=1), "Length of the deterministic embedding vectors.")
+@_knob("--max-model-len", click.IntRange(min=1),
+       "The context length /v1/models and /tokenize report, as vLLM's max_model_len.")
 @click.option("--crash-after", type=_SECONDS, default=None, metavar="SECONDS",
               help="Print a CUDA out-of-memory error and exit this long after starting (as a real engine that "
                    "runs out of GPU memory does).")

@@ -6,7 +6,15 @@ from typing import TYPE_CHECKING, TextIO
 import click
 
 from .. import aio
-from .common import host_port, log_format_option, log_level_options, raise_fd_limit, router_options, setup_logging
+from .common import (
+    host_port,
+    log_format_option,
+    log_level_options,
+    raise_fd_limit,
+    router_options,
+    setup_logging,
+    tune_allocator,
+)
 
 if TYPE_CHECKING:
     from ..router.config import RouterConfig
@@ -51,6 +59,7 @@ def command(listen: tuple[str, int], controller: str | None, endpoints_file: str
     from ..router.static import EndpointFileError
 
     raise_fd_limit()
+    tune_allocator()
     host, port = listen
 
     def announce(bound: int) -> None:

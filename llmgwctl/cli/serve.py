@@ -17,6 +17,7 @@ from .common import (
     raise_fd_limit,
     router_options,
     setup_logging,
+    tune_allocator,
 )
 from .output import visible
 
@@ -140,6 +141,7 @@ def command(catalogs: str, listen: tuple[str, int], control: tuple[str, int], lo
     if not Path(catalogs).is_dir():
         raise click.BadParameter(f"{catalogs!r} is not a directory", param_hint="--catalogs")
     raise_fd_limit()
+    tune_allocator()
     try:
         aio.run(serve(cfg))
     except CatalogError as exc:

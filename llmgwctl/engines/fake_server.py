@@ -2,7 +2,8 @@
 
 It is the GPU stand-in for every end-to-end test and benchmark, so what it owns
 is *being indistinguishable on the wire* where llmgw looks: the OpenAI routes
-(non-streaming and SSE streaming, in vLLM's exact chunk shapes), vLLM's error
+(non-streaming and SSE streaming, in vLLM's exact chunk shapes; rerank, score
+and tokenize as vLLM serves them, fake_scoring.py), vLLM's error
 shape, `/health` that stays 503 while "loading", and a `/metrics` page with
 vLLM's real family names and labels that reflects its real in-flight state
 (slots in use, requests queued beyond `--max-num-seqs`).
@@ -38,7 +39,7 @@ from typing import Any
 from aiohttp import web
 
 from .. import aio
-from . import fake_faults, fake_metrics
+from . import fake_faults, fake_metrics, fake_scoring
 from .fake_config import FakeConfig
 from .fake_load import Load, prompt_tokens_of
 from .fake_replies import BadRequest, Chunks, Generation, count_prompt_tokens, embedding_vector, parse_generation
@@ -255,6 +256,19 @@ class FakeEngine:
                       "prompt_tokens_details": None},
         }, headers={"X-Fake-Replica": self.replica}, dumps=_dumps)
 
+    def scoring(self, answer: Callable[[dict[str, Any]], dict[str, Any]]) -> _Handler:
+        """A handler of rerank, score, tokenize or detokenize: the gate, then `answer` (fake_scoring.py)."""
+        async def handle(request: web.Request) -> web.Response:
+            body = await self._gate(request)
+            if isinstance(body, web.Response):
+                return body
+            try:
+                reply = answer(body)
+            except BadRequest as exc:
+                return error_response(400, str(exc), "BadRequestError", exc.param)
+            return web.json_response(reply, headers={"X-Fake-Replica": self.replica}, dumps=_dumps)
+        return handle
+
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
         """vLLM's route of the same name (dev mode there): forget every cached block, for benchmarks."""
         self.load.cache.reset()
@@ -290,6 +304,14 @@ class FakeEngine:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
+        # Reranking and scoring at every path vLLM serves them at, and its tokenizer's two routes.
+        model, length = self.config.model, self.config.max_model_len
+        for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+            app.router.add_post(path, self.scoring(lambda body: fake_scoring.rerank(body, model)))
+        for path in ("/score", "/v1/score"):
+            app.router.add_post(path, self.scoring(lambda body: fake_scoring.score(body, model)))
+        app.router.add_post("/tokenize", self.scoring(lambda body: fake_scoring.tokenize(body, length)))
+        app.router.add_post("/detokenize", self.scoring(fake_scoring.detokenize))
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         fake_faults.install(app, self.config.fault, self.config.metrics_fault, self.config.redirect_to,
                             self.metrics_text)

@@ -21,6 +21,7 @@ from time import perf_counter
 
 from aiohttp import web
 
+from ..allocator import Trimmer
 from ..observability.metrics import RouterMetrics
 from . import errors
 from .accounting import Accounting
@@ -47,8 +48,9 @@ class AnswerPath:
     """An engine's answer, its headers in, passed back to the client: whole, streamed, or as a stream's last event."""
 
     def __init__(self, config: RouterConfig, *, balancer: Balancer, ejector: Ejector, metrics: RouterMetrics,
-                 accounting: Accounting):
+                 accounting: Accounting, trimmer: Trimmer):
         self._config = config
+        self._trimmer = trimmer
         self._balancer = balancer
         self._ejector = ejector
         self._metrics = metrics
@@ -94,9 +96,11 @@ class AnswerPath:
     async def _pass_whole(self, call: Call, upstream: Response, state: EndpointState,
                           headers: dict[str, str]) -> web.Response:
         r0 = perf_counter()
+        limit = self._config.max_answer_bytes
         try:
-            data = await upstream.read(self._config.max_answer_bytes)
+            data = await upstream.read(limit)
         except OutOfBounds:
+            self._let_go(upstream, limit)
             raise       # the caller's: answered 502, the replica ejected (out_of_bounds)
         except UpstreamError as exc:
             self._balancer.eject(state)
@@ -111,7 +115,16 @@ class AnswerPath:
         # A whole reply is handed to aiohttp in one piece: its first byte and
         # its last leave together (first=0: at the end).
         self._accounting.served(call, state, status, 0.0, overhead, usage)
+        if len(data) >= self._config.large_body_bytes:
+            # Let go once sent, a moment from now (the trimmer waits for it).
+            self._trimmer.released(len(data))
         return web.Response(status=status, body=data, headers=headers)
+
+    def _let_go(self, upstream: Response, limit: int) -> None:
+        """An answer refused as too large was let go: what was read of it (up to `limit`) counts towards a trim."""
+        declared = upstream.headers.get("content-length")
+        if declared is None or not declared.isdigit() or int(declared) <= limit:
+            self._trimmer.released(limit)     # read until past the limit, then dropped
 
     async def _pass_stream(self, call: Call, upstream: Response, state: EndpointState,
                            headers: dict[str, str]) -> web.StreamResponse:
@@ -239,9 +252,11 @@ class AnswerPath:
     async def _pass_whole_in_stream(self, call: Call, upstream: Response, state: EndpointState) -> web.StreamResponse:
         """An engine's whole (non-stream) answer to a stream already opened: an error, as the last event."""
         status = upstream.status
+        limit = self._config.max_answer_bytes
         try:
-            data = await upstream.read(self._config.max_answer_bytes)
+            data = await upstream.read(limit)
         except OutOfBounds as exc:
+            self._let_go(upstream, limit)
             refusal = self.out_of_bounds(call, state, exc)
             assert isinstance(refusal.body, bytes)      # our refusals are JSON bytes
             data, status, detail = refusal.body, refusal.status, ""

@@ -86,8 +86,12 @@ def missing_model() -> web.Response:
                     "GET /v1/models lists them", "invalid_request_error", "missing_model")
 
 
-def unknown_model(name: str, known: Iterable[str]) -> web.Response:
+def unknown_model(name: str, known: Iterable[str], *, or_not_permitted: bool = False) -> web.Response:
     """404 for `name`, suggesting close names among `known` -- only names the caller may use (see server).
+
+    `or_not_permitted`: the same words for a model the caller's key may not
+    use as for one that does not exist (OpenAI's retrieve answers so), so
+    the answer does not tell the two apart.
 
     A name longer than any model name can be (`MAX_NAME_CHARS`) gets no
     suggestion: difflib's cost grows with the name's length times each
@@ -95,7 +99,8 @@ def unknown_model(name: str, known: Iterable[str]) -> web.Response:
     """
     close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5) if len(name) <= MAX_NAME_CHARS else []
     hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else "; GET /v1/models lists them"
-    return response(404, f"the model {quote(name)} does not exist{hint}", "invalid_request_error", "model_not_found")
+    what = "does not exist or this API key may not use it" if or_not_permitted else "does not exist"
+    return response(404, f"the model {quote(name)} {what}{hint}", "invalid_request_error", "model_not_found")
 
 
 # The longest name or alias a catalog allows (its schema's `name` pattern):

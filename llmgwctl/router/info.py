@@ -2,8 +2,9 @@
 
 `/health` (liveness), `/healthz` (a summary), `/readyz` (readiness, with
 why not), `/metrics` (Prometheus), `/v1/models` and `/v1/models/{id}`
-(OpenAI's list and retrieve, only what the caller's key may use), and the
-404 (or 405, or 400 for a dot segment) of every other path.
+(OpenAI's list and retrieve, only what the caller's key may use, each
+model with its aliases, whether it is loaded and its context length), and
+the 404 (or 405, or 400 for a dot segment) of every other path.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from .call import Refused, View, usable_names
 from .config import RouterConfig
 from .conventions import method_not_allowed
 from .limits import PathError, check_target
+from .modelinfo import ModelInfo
 from .surface import Surface
 
 __all__ = ["InfoRoutes"]
@@ -30,8 +32,9 @@ class InfoRoutes:
     """The handlers of the routes the router answers itself."""
 
     def __init__(self, config: RouterConfig, *, balancer: Balancer, metrics: RouterMetrics, surface: Surface,
-                 accounting: Accounting):
+                 accounting: Accounting, modelinfo: ModelInfo):
         self._config = config
+        self._modelinfo = modelinfo
         self._balancer = balancer
         self._metrics = metrics
         self._surface = surface
@@ -105,7 +108,9 @@ class InfoRoutes:
             # Only what this key may use: the list must not reveal the rest.
             return web.Response(body=self._models_body(view, api_key), content_type="application/json",
                                 headers=headers)
-        cache_key = (view, self._balancer.generation)
+        surface = self._surface
+        cache_key = (view, self._balancer.generation, self._modelinfo.generation, surface.starting,
+                     tuple(surface.unplaceable))
         if self._models_cache[0] != cache_key:
             self._models_cache = (cache_key, self._models_body(view))
         return web.Response(body=self._models_cache[1], content_type="application/json", headers=headers)
@@ -119,13 +124,11 @@ class InfoRoutes:
         except Refused as refused:
             return refused.response
         model = view.catalog.resolve(name)
-        # As for requests: a name outside the key's patterns is 403 whether or
-        # not it exists, so nothing tells the two apart.
-        if api_key is not None and not keyauth.allows(api_key, name, model):
-            forbidden: web.Response = keyauth.forbidden(name)
-            return forbidden
-        if model is None:
-            return errors.unknown_model(name, usable_names(view.catalog, api_key))
+        # As OpenAI's retrieve: a model outside the key's patterns is the same
+        # 404 as one that does not exist, so nothing tells the two apart.
+        if model is None or (api_key is not None and not keyauth.allows(api_key, name, model)):
+            return errors.unknown_model(name, usable_names(view.catalog, api_key),
+                                        or_not_permitted=api_key is not None)
         entry = self._model_entry(model, name)
         return web.Response(body=json.dumps(entry).encode(), content_type="application/json",
                             headers={"x-llmgw-catalog-version": view.version})
@@ -140,7 +143,14 @@ class InfoRoutes:
         return json.dumps({"object": "list", "data": data}).encode()
 
     def _model_entry(self, model: Model, listed_as: str) -> dict[str, object]:
-        """A model (or one of its aliases) in OpenAI's model shape, with llmgw's extension field."""
+        """A model (or one of its aliases) in OpenAI's model shape, with what clients read beside it.
+
+        OpenAI's four fields; the model's `aliases`; `status` (see `_status`);
+        its `context_length` as its engines said it (modelinfo.py; null until
+        one did), also as `max_model_len`, the name vLLM's clients read;
+        `parent`, the base model of an adapter (null: a base model, which
+        every model is until adapters are); and llmgw's extension field.
+        """
         ready = self._balancer.ready_count(model.name)
         extra: dict[str, object]
         if listed_as == model.name:
@@ -148,4 +158,20 @@ class InfoRoutes:
                      "profiles": [p.name for p in model.ranked()]}
         else:
             extra = {"ready_replicas": ready, "alias_of": model.name}
-        return {"id": listed_as, "object": "model", "created": 0, "owned_by": "llmgw", "llmgw": extra}
+        context = self._modelinfo.context_length(model.name)
+        if context is None:
+            context = model.context_length      # the catalog's, until an engine said one
+        return {"id": listed_as, "object": "model", "created": 0, "owned_by": "llmgw",
+                "aliases": list(model.aliases), "status": self._status(model.name, ready),
+                "context_length": context, "max_model_len": context, "parent": None, "llmgw": extra}
+
+    def _status(self, name: str, ready: int) -> str:
+        """`loaded`: a replica is ready; `loading`: the controller says one is starting; `unplaceable`: it
+        says none fits now; `unloaded`: none ready and none starting (scaled to zero, or not placed yet),
+        so a request wakes it and waits."""
+        if ready:
+            return "loaded"
+        surface = self._surface
+        if name in surface.unplaceable:
+            return "unplaceable"
+        return "loading" if name in surface.starting else "unloaded"

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from json import scanner
 from typing import Any
 
+from .. import allocator
 from .errors import MAX_NAME_CHARS, RouterError
 from .limits import DepthError, check_depth
 
@@ -181,7 +182,9 @@ class OffLoop:
         if self._waiting >= self.max_waiting:
             raise WorkerBusy(f"{self._waiting} large bodies are being parsed")
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            # Tuned as the router is: a million-key body's tables are given back when freed.
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=allocator.tune)
         pool = self._pool
         self._waiting += 1
         try:

@@ -88,6 +88,23 @@ class BoundedResponse(aiohttp.ClientResponse):
             del protocol.read       # the class's own again, for the connection's next request
 
 
+async def read_capped(resp: aiohttp.ClientResponse, max_bytes: int) -> bytes | None:
+    """An engine's answer body, or None when it is larger than `max_bytes`: refused by its length unread,
+    else cut off as soon as what arrived passes the cap; either way the connection is closed, not read on."""
+    if resp.content_length is not None and resp.content_length > max_bytes:
+        resp.close()
+        return None
+    parts: list[bytes] = []
+    got = 0
+    async for chunk in resp.content.iter_any():
+        got += len(chunk)
+        if got > max_bytes:
+            resp.close()
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
+
+
 class LoadPoller:
     """Reads every endpoint's /metrics each `interval`; `poll_once()` is one pass, for tests."""
 
@@ -151,7 +168,7 @@ class LoadPoller:
                     return
                 if resp.status != 200:
                     return
-                data = await self._read(resp)
+                data = await read_capped(resp, self.max_bytes)
         except InterimBound as exc:
             self._answered(st)      # it spoke, if too much
             self._refuse(st, "metrics_interim", f"/metrics {exc}")
@@ -181,22 +198,6 @@ class LoadPoller:
         if reading is not None:
             self.problems.pop(st.replica_id, None)
         self._balancer.record(st, reading, sent)
-
-    async def _read(self, resp: aiohttp.ClientResponse) -> bytes | None:
-        """The page, or None when it is larger than max_bytes: refused by its length unread, else cut off
-        as soon as what arrived passes the cap; either way the connection is closed, not read on."""
-        if resp.content_length is not None and resp.content_length > self.max_bytes:
-            resp.close()
-            return None
-        parts: list[bytes] = []
-        got = 0
-        async for chunk in resp.content.iter_any():
-            got += len(chunk)
-            if got > self.max_bytes:
-                resp.close()
-                return None
-            parts.append(chunk)
-        return b"".join(parts)
 
     def _read_page(self, engine: str, data: bytes) -> LoadReading | None:
         # On the worker thread: decoding a few MiB is work too.

@@ -14,6 +14,7 @@ answers the request itself raises `call.Refused`, counted and logged once here.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -22,6 +23,7 @@ from time import perf_counter
 from aiohttp import web
 
 from .. import httpbody
+from ..allocator import Trimmer
 from ..observability.metrics import RouterMetrics
 from . import auth as keyauth
 from . import errors, jsonbody
@@ -52,8 +54,9 @@ class RequestPath:
     """A proxied request from arrival to the answer path (`proxy`), and the handlers the app routes to it."""
 
     def __init__(self, config: RouterConfig, *, balancer: Balancer, policies: Policies, cold: ColdStart,
-                 limiter: keyauth.Limiter, bodies: BodyBudget, parser: jsonbody.OffLoop, metrics: RouterMetrics,
-                 surface: Surface, accounting: Accounting, answer: AnswerPath, info: InfoRoutes):
+                 limiter: keyauth.Limiter, bodies: BodyBudget, parser: jsonbody.OffLoop, trimmer: Trimmer,
+                 metrics: RouterMetrics, surface: Surface, accounting: Accounting, answer: AnswerPath,
+                 info: InfoRoutes):
         self._config = config
         self._balancer = balancer
         self.policies = policies
@@ -61,6 +64,12 @@ class RequestPath:
         self._limiter = limiter
         self._bodies = bodies
         self._parser = parser
+        self._trimmer = trimmer
+        # Compressed bodies past a small one are inflated here (httpbody): one
+        # thread, so gzip bombs queue behind each other and take at most one
+        # core, and never the default executor serve's agent also uses.
+        # Made on the first compressed body, let go with the app.
+        self._inflater: concurrent.futures.ThreadPoolExecutor | None = None
         self._metrics = metrics
         self._surface = surface
         self._accounting = accounting
@@ -68,6 +77,12 @@ class RequestPath:
         self._info = info           # the 404 of a POST no route of the catalog's takes
         # Requests' connections to engines (see upstream.py): made by the Router as the app starts.
         self.pool: Pool | None = None
+
+    def close(self) -> None:
+        """Let the inflating thread go (the app stops)."""
+        inflater, self._inflater = self._inflater, None
+        if inflater is not None:
+            inflater.shutdown(wait=False, cancel_futures=True)
 
     def handler(self, route: routing.Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def proxy(request: web.Request) -> web.StreamResponse:
@@ -88,7 +103,7 @@ class RequestPath:
             try:
                 # The target the engine will get, before anything else is
                 # spent on the request.
-                check_target(request.raw_path)
+                check_target(request.raw_path, route.prefix)
             except PathError as exc:
                 raise Refused(errors.response(400, str(exc), "invalid_request_error", "invalid_path")) from None
             # The key and its rate before the body is read: a stranger or a
@@ -119,6 +134,7 @@ class RequestPath:
         finally:
             if call.held:
                 self._bodies.give_back(request.remote or "?", call.held)
+                self._trimmer.released(call.held)
 
     # -- the body and the model --------------------------------------------------------------------
 
@@ -149,10 +165,13 @@ class RequestPath:
                 self._hold(call, client, len(data))
             encoding = request.headers.get("Content-Encoding")
             if encoding is not None:
-                data = await httpbody.decode(data, encoding, limit,
+                if self._inflater is None:
+                    self._inflater = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="llmgw-inflate")
+                data = await httpbody.decode(data, encoding, limit, executor=self._inflater,
                                              admit=lambda size: self._hold(call, client, size))
             return data
         except web.HTTPRequestEntityTooLarge:
+            self._trimmer.released(limit)     # what aiohttp read before it stopped, let go
             raise Refused(errors.too_large(limit)) from None
         except httpbody.BodyTooLarge:
             raise Refused(errors.response(

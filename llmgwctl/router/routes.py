@@ -63,11 +63,32 @@ class Route:
     # only for the models whose engines all list it (`View.allows`).
     from_catalog: bool = False
 
+    @property
+    def prefix(self) -> str:
+        """What its request target must start with (`limits.check_target`): /v1/ for the OpenAI
+        routes, / for those vLLM serves at the root (/rerank, /score, /tokenize...)."""
+        return "/v1/" if self.path.startswith("/v1/") else "/"
+
 
 TABLE: tuple[Route, ...] = (
     Route("/v1/chat/completions", streams=True, prompt=chat_prompt),
     Route("/v1/completions", streams=True, prompt=completion_prompt),
     Route("/v1/embeddings"),
+    # Reranking and scoring, under every path vLLM serves them at: /rerank
+    # (Jina's API), /v1/rerank, /v2/rerank (Cohere's clients), /score and
+    # /v1/score. Each names its model in the body like embeddings and takes
+    # the pick by load: a query and its documents have no prefix worth
+    # following.
+    Route("/v1/rerank"),
+    Route("/rerank"),
+    Route("/v2/rerank"),
+    Route("/v1/score"),
+    Route("/score"),
+    # A model's tokenizer: vLLM and SGLang serve these two at the root only
+    # (no /v1/ form), and answer with the model's max_model_len beside the
+    # tokens, which is why a client wants the model's own replica.
+    Route("/tokenize"),
+    Route("/detokenize"),
 )
 BY_PATH: Mapping[str, Route] = {r.path: r for r in TABLE}
 

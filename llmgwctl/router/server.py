@@ -10,6 +10,7 @@ job, hands each its collaborators, and wires them into one aiohttp app
                 (a cut chat stream continued on another replica: continuation)
     accounting  the caller's key; each request counted and logged once
     info        /health, /healthz, /readyz, /metrics, /v1/models, the 404
+    modelinfo   what each endpoint's engine says of its model (its context length), asked as it joins
     call        what they pass each other (the catalog's `View`, a request's `Call`, `Refused`)
     usage       the token counts read off an answer's bytes
 
@@ -39,6 +40,7 @@ import aiohttp
 from aiohttp import web
 
 from ..aio import cancel_and_wait
+from ..allocator import Trimmer
 from ..catalog import Catalog
 from ..contracts import Endpoint, LoadReading, ModelState, RequestSink, Usage
 from ..httporigin import BrowserGuard
@@ -56,6 +58,7 @@ from .conventions import stamp_request_id
 from .ejection import Ejector
 from .info import InfoRoutes
 from .limits import BodyBudget
+from .modelinfo import ModelInfo
 from .outlier import Outliers
 from .policies import Policies
 from .poller import BoundedResponse, LoadPoller, ParseLoad, parse_with_drivers
@@ -94,12 +97,15 @@ class Router:
         self._session: aiohttp.ClientSession | None = None     # the poller's
         self.poller: LoadPoller | None = None
         self._poll_task: asyncio.Task[None] | None = None
+        self._info_task: asyncio.Task[None] | None = None
         self.limiter = keyauth.Limiter(clock)
         # A budget never below one body at the size limit, so any allowed body can be sent.
         self.bodies = BodyBudget(config.large_body_bytes,
                                  max(config.large_bodies_per_client, config.max_body_bytes),
                                  max(config.large_bodies_total, config.max_body_bytes))
         self.parser = jsonbody.OffLoop()
+        # The heap given back to the kernel after large bodies and answers are let go (allocator.py).
+        self.trimmer = Trimmer()
         self.metrics = RouterMetrics(RouterProbe(
             states=self.balancer.states,
             waiting=lambda: {m.name: self.cold.waiting(m.name) for m in self.surface.view.catalog.models},
@@ -109,12 +115,15 @@ class Router:
         self.surface = Surface(catalog if catalog is not None else Catalog(), balancer=self.balancer,
                                metrics=self.metrics, cold=self.cold, limiter=self.limiter, resync=self._resync)
         self.accounting = Accounting(config, self.metrics, self.surface)
+        # What each endpoint's engine says about its model (its context length), for /v1/models.
+        self.modelinfo = ModelInfo()
         self.info = InfoRoutes(config, balancer=self.balancer, metrics=self.metrics, surface=self.surface,
-                               accounting=self.accounting)
+                               accounting=self.accounting, modelinfo=self.modelinfo)
         self.answer = AnswerPath(config, balancer=self.balancer, ejector=self.ejector, metrics=self.metrics,
-                                 accounting=self.accounting)
+                                 accounting=self.accounting, trimmer=self.trimmer)
         self.requests = RequestPath(config, balancer=self.balancer, policies=self.policies, cold=self.cold,
                                     limiter=self.limiter, bodies=self.bodies, parser=self.parser,
+                                    trimmer=self.trimmer,
                                     metrics=self.metrics, surface=self.surface, accounting=self.accounting,
                                     answer=self.answer, info=self.info)
 
@@ -135,6 +144,7 @@ class Router:
     def set_catalog(self, catalog: Catalog) -> None:
         """Make `catalog` the one new requests resolve against; requests already running keep theirs."""
         self.surface.set_catalog(catalog)
+        self.modelinfo.retain(m.name for m in catalog.models)
 
     @property
     def catalog(self) -> Catalog:
@@ -174,9 +184,11 @@ class Router:
         return out
 
     def _resync(self) -> None:
-        """The endpoint list changed: the poller scrapes the new list (before the app starts there is none)."""
+        """The endpoint list changed: the poller scrapes the new list (before the app starts there is none),
+        and a new endpoint's engine is asked its context length."""
         if self.poller is not None:
             self.poller.resync()
+            self.modelinfo.changed()
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -239,10 +251,17 @@ class Router:
                                  probe_timeout=cfg.probe_timeout,
                                  on_refused=lambda code: self.metrics.engine_refusals.labels(code).inc())
         self._poll_task = asyncio.get_running_loop().create_task(self.poller.run())
+        # Asked over the poller's session: the same caps on an engine's headers.
+        self.modelinfo.start(self._session)
+        self.modelinfo.changed()
+        self._info_task = asyncio.get_running_loop().create_task(self.modelinfo.run(self.balancer.states))
 
     async def _on_cleanup(self, app: web.Application) -> None:
         if self._poll_task is not None:
             await cancel_and_wait(self._poll_task)
+        if self._info_task is not None:
+            await cancel_and_wait(self._info_task)
+        await self.modelinfo.close()
         if self._session is not None:
             await self._session.close()
         if self.poller is not None:
@@ -250,6 +269,8 @@ class Router:
         if self.requests.pool is not None:
             await self.requests.pool.close()
         self.parser.close()
+        self.trimmer.close()
+        self.requests.close()
 
 
 async def start(router: Router, host: str = "127.0.0.1", port: int = 0, *,

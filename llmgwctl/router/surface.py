@@ -5,8 +5,8 @@ balancer), the catalog (as a `call.View`), the models that cannot be placed
 now, the API keys -- each replaced once per change, never pulled per request.
 `Router` exposes its methods under the same names (`set_endpoints`,
 `change_endpoints`, `set_model_states`, `set_catalog`, `set_api_keys`); the
-request path and the info routes read `view`, `keys`, `unplaceable` and
-`told_endpoints` from here.
+request path and the info routes read `view`, `keys`, `unplaceable`, `starting`
+and `told_endpoints` from here.
 """
 from __future__ import annotations
 
@@ -60,6 +60,8 @@ class Surface:
         # Models the controller cannot place now, by name: a request finding no
         # endpoint for one is answered at once (set_model_states).
         self.unplaceable: dict[str, ModelState] = {}
+        # ... and those it says have a replica starting: /v1/models shows them loading.
+        self.starting: frozenset[str] = frozenset()
         self.told_endpoints = False         # set_endpoints was called once: /readyz
 
     def set_endpoints(self, endpoints: Iterable[Endpoint]) -> None:
@@ -125,7 +127,9 @@ class Surface:
         Requests already waiting re-check, so one held for a model that turns
         out unplaceable is answered now, not at the cold timeout.
         """
+        states = list(states)
         new = {s.name: s for s in states if s.state is ModelCondition.UNPLACEABLE}
+        self.starting = frozenset(s.name for s in states if s.state is ModelCondition.STARTING)
         old = self.unplaceable
         self.unplaceable = new
         self._cold.nudge({name for name in new.keys() | old.keys() if new.get(name) != old.get(name)})

@@ -5,6 +5,10 @@
   ms per MB, and the comma count alone let such a body be parsed on the loop;
 - a gzip body inflating to megabytes is inflated, once known to fit, with the
   loop taking turns meanwhile (it was inflated whole in one go on the loop);
+- and counted in the executor it is given, past one step of output or a
+  small compressed size (a body of thousands of empty gzip members inflates
+  to nothing and still costs a walk of them all); only a small body that
+  inflates to less than a step is decoded on the loop;
 - a name too long to be any model's comes back from the worker cut, with its
   length, and is refused quoting its true length.
 
@@ -14,8 +18,11 @@ the counting pass and before the body is ready.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import gzip
 import json
+from collections.abc import Callable
+from typing import Any
 
 from llmgwctl import httpbody
 from llmgwctl.router import errors, jsonbody
@@ -59,9 +66,51 @@ def test_an_inflating_body_leaves_the_loop_turns_after_it_is_known_to_fit():
     assert "tick" in turns[turns.index("admitted") + 1:], turns[-5:]
 
 
+class Recording(concurrent.futures.ThreadPoolExecutor):
+    """A one-thread executor that keeps the names of what it was given."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.ran: list[str] = []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        self.ran.append(fn.__name__)
+        return super().submit(fn, *args, **kwargs)
+
+
+def _decode(data: bytes, limit: int = 32 << 20) -> tuple[bytes | Exception, list[str]]:
+    executor = Recording()
+
+    async def main() -> bytes:
+        return await httpbody.decode(data, "gzip", limit, executor=executor)
+
+    try:
+        try:
+            return asyncio.run(main()), executor.ran
+        except httpbody.BodyError as exc:
+            return exc, executor.ran
+    finally:
+        executor.shutdown()
+
+
 def test_a_small_compressed_body_is_inflated_on_the_loop_as_before():
     raw = json.dumps({"model": "good", "messages": []}).encode()
     assert asyncio.run(httpbody.decode(gzip.compress(raw), "gzip", 1 << 20)) == raw
+    assert _decode(gzip.compress(raw)) == (raw, [])
+
+
+def test_the_count_past_one_step_and_of_a_large_compressed_body_runs_in_the_executor():
+    raw = b'{"model":"good","pad":"' + b" " * (4 << 20) + b'"}'
+    assert _decode(gzip.compress(raw)) == (raw, ["_count", "_inflated"])
+    # A bomb: counted off the loop, refused there, never kept.
+    got, ran = _decode(gzip.compress(b" " * (64 << 20)))
+    assert isinstance(got, httpbody.BodyTooLarge) and ran == ["_count"]
+    # Thousands of empty members: nothing comes out, and walking them is off the loop too.
+    members = gzip.compress(b"", 1) * 5000
+    assert len(members) > httpbody.ON_LOOP_INPUT
+    assert _decode(members + gzip.compress(b"{}")) == (b"{}", ["_count", "_inflated"])
+    # An empty member is a whole one, not a truncated stream (it was refused as one).
+    assert _decode(gzip.compress(b"")) == (b"", [])
 
 
 def test_a_too_long_name_parsed_off_the_loop_comes_back_cut_and_keeps_its_length():

@@ -1,3 +1,4 @@
+import json
 import os
 
 import pytest
@@ -160,6 +161,25 @@ models:
                 "continuation: {tries: 2}"):
         with pytest.raises(CatalogError, match=r"models\[0\]\.continuation"):
             load_text(text.replace("continuation: true", bad))
+
+
+def test_a_models_context_length_is_a_whole_number_of_tokens_kept_only_when_written():
+    text = HEADER + """
+models:
+  - name: long
+    context_length: 32768
+    profiles: [{engine: fake}]
+  - name: plain
+    profiles: [{engine: fake}]
+"""
+    catalog = load_text(text)
+    assert catalog.resolve("long").context_length == 32768 and catalog.resolve("plain").context_length is None
+    assert catalog.to_dict()["models"][0]["context_length"] == 32768
+    assert "context_length" not in catalog.to_dict()["models"][1]
+    assert load_text(json.dumps(catalog.to_dict())).version == catalog.version
+    for bad in ("0", "-1", "2147483648", "'4k'", "1.5", "true"):
+        with pytest.raises(CatalogError, match=r"models\[0\]\.context_length"):
+            load_text(text.replace("context_length: 32768", f"context_length: {bad}"))
 
 
 def test_a_model_that_passed_the_schema_once_is_still_checked_where_it_changed_or_json_cannot_say_it():

@@ -8,7 +8,8 @@ vLLM through the vllm driver -- which converts the GGUF on its first start
 on a machine. The module checks what the issue promised: chat, completions
 and streaming with usage from the official `openai` client; the router's
 poller reading vLLM's live /metrics, running, waiting and KV cache moving in
-what the balancer holds while generations run; a SIGKILLed `serve` started
+what the balancer holds while generations run; /v1/models giving vLLM's
+max_model_len and /tokenize reaching vLLM by the body's model; a SIGKILLed `serve` started
 again adopting the running engine without restarting it; and a stream that
 is running when its model leaves the catalog finishing before the engine is
 stopped. Tests run in file order: the last one stops the engine.
@@ -155,6 +156,25 @@ def test_streamed_chat_carries_usage_and_the_router_counts_it(served, client):
     # The router read the usage line out of the stream it passed through.
     wait_until(lambda: router_tokens_out(served) - before == usage.completion_tokens,
                "the router's token counter to move by the stream's usage", timeout=10)
+
+
+def test_models_has_vllms_max_model_len_and_tokenize_reaches_vllm(served):
+    (replica,) = served.ready(MODEL)
+    card = next(c for c in requests.get(replica["url"] + "/v1/models", timeout=5).json()["data"] if c["id"] == MODEL)
+    # The router asked the engine as it joined; the catalog runs it with --max-model-len 2048.
+    entry = wait_until(lambda: (m := requests.get(served.router + f"/v1/models/{MODEL}", timeout=5).json())
+                       ["context_length"] is not None and m, "the router to learn vLLM's context length")
+    assert entry["context_length"] == card["max_model_len"] == 2048
+    assert entry["status"] == "loaded" and entry["parent"] is None
+    # vLLM's tokenizer, by the model in the body: the same length, and the tokens turn back into the text.
+    r = requests.post(served.router + "/tokenize", timeout=REQUEST_TIMEOUT,
+                      json={"model": MODEL, "prompt": "Hello there", "add_special_tokens": False})
+    assert r.status_code == 200 and r.headers["x-llmgw-replica"] == replica["id"], r.text
+    tokens = r.json()
+    assert tokens["count"] == len(tokens["tokens"]) > 0 and tokens["max_model_len"] == 2048
+    back = requests.post(served.router + "/detokenize", json={"model": MODEL, "tokens": tokens["tokens"]},
+                         timeout=REQUEST_TIMEOUT)
+    assert back.status_code == 200 and back.json()["prompt"].strip() == "Hello there", back.text
 
 
 def test_the_balancer_holds_vllms_live_readings_while_generations_run(served):

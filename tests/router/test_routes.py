@@ -19,9 +19,9 @@ from llmgwctl.router import routes
 from .harness import make_router, wait_until
 
 MODEL = "routes-model"
-SCORER = "routes-scorer"        # its engine ("scorer", catalog-defined) lists /v1/score
-MIXED = "routes-mixed"          # one profile on the scorer, one on plain fake: /v1/score is not for it
-ENGINE = EngineSpec("scorer", command=("fake-scorer", "--port", "{port}"), routes=("/v1/score", "/v1/classify"))
+SCORER = "routes-scorer"        # its engine ("scorer", catalog-defined) lists /v1/pooling
+MIXED = "routes-mixed"          # one profile on the scorer, one on plain fake: /v1/pooling is not for it
+ENGINE = EngineSpec("scorer", command=("fake-scorer", "--port", "{port}"), routes=("/v1/pooling", "/v1/classify"))
 
 
 def _model(name: str, *engines: str) -> Model:
@@ -39,6 +39,14 @@ CASES = [
     ("POST", "/v1/chat/completions", MODEL + "-alias", CHAT, 200, True),
     ("POST", "/v1/completions", MODEL, {"prompt": "hi", "max_tokens": 2}, 200, True),
     ("POST", "/v1/embeddings", MODEL, {"input": ["a"]}, 200, True),
+    # Rerank, score and the tokenizer: in the table, for every model (the fake engine serves them all).
+    ("POST", "/v1/rerank", MODEL, {"query": "a", "documents": ["a", "b"]}, 200, True),
+    ("POST", "/rerank", MODEL + "-alias", {"query": "a", "documents": ["a"]}, 200, True),
+    ("POST", "/v2/rerank", MODEL, {"query": "a", "documents": ["a"]}, 200, True),
+    ("POST", "/v1/score", MODEL, {"text_1": "a", "text_2": "b"}, 200, True),
+    ("POST", "/score", MODEL + "-alias", {"text_1": "a", "text_2": "b"}, 200, True),
+    ("POST", "/tokenize", MODEL, {"prompt": "a b"}, 200, True),
+    ("POST", "/detokenize", MODEL, {"tokens": [97]}, 200, True),
     # Engine-admin routes: never reachable, whatever model the body names.
     ("POST", "/v1/load_lora_adapter", MODEL, {"lora_name": "x", "lora_path": "/etc"}, 404, False),
     ("POST", "/v1/unload_lora_adapter", MODEL, {"lora_name": "x"}, 404, False),
@@ -48,12 +56,13 @@ CASES = [
     ("POST", "/collective_rpc", MODEL, {"method": "x"}, 404, False),
     ("POST", "/v1/shutdown", MODEL, {}, 404, False),
     # Unknown routes, and a catalog route for a model whose engines do not all list it.
-    ("POST", "/v1/score", MODEL, {"text_1": "a", "text_2": "b"}, 404, False),
-    ("POST", "/v1/score", MIXED, {"text_1": "a", "text_2": "b"}, 404, False),
+    ("POST", "/v1/pooling", MODEL, {"input": "a"}, 404, False),
+    ("POST", "/v1/pooling", MIXED, {"input": "a"}, 404, False),
+    ("POST", "/v1/tokenize", MODEL, {"prompt": "a"}, 404, False),     # vLLM has none under /v1/
     ("POST", "/v1/nothing/here", MODEL, {}, 404, False),
     ("GET", "/v1/embeddings", MODEL, None, 405, False),
-    # A catalog-added route: proxied (the fake engine has no /v1/score, so its own 404 comes back).
-    ("POST", "/v1/score", SCORER, {"text_1": "a", "text_2": "b"}, 404, True),
+    # A catalog-added route: proxied (the fake engine has no /v1/pooling, so its own 404 comes back).
+    ("POST", "/v1/pooling", SCORER, {"input": "a"}, 404, True),
     ("POST", "/v1/classify", SCORER + "-alias", {"input": "a"}, 404, True),
 ]
 
@@ -112,20 +121,22 @@ def test_an_unknown_route_is_an_openai_shaped_404_naming_it_shortened(served):
 
 
 def test_the_table_holds_the_documented_apis_and_no_admin_route():
-    assert [r.path for r in routes.TABLE] == ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
+    assert [r.path for r in routes.TABLE] == ["/v1/chat/completions", "/v1/completions", "/v1/embeddings",
+                                              "/v1/rerank", "/rerank", "/v2/rerank", "/v1/score", "/score",
+                                              "/tokenize", "/detokenize"]
     assert all(r.methods == ("POST",) and r.model_key == "model" for r in routes.TABLE)
-    streams = {r.path: r.streams for r in routes.TABLE}
-    assert streams == {"/v1/chat/completions": True, "/v1/completions": True, "/v1/embeddings": False}
-    chat, completions, embeddings = routes.TABLE
+    streams = {r.path for r in routes.TABLE if r.streams}
+    assert streams == {"/v1/chat/completions", "/v1/completions"}
+    chat, completions, *rest = routes.TABLE
     assert chat.prompt is not None and chat.prompt({"messages": [{"role": "user", "content": "x"}]}) == "<|user|>\nx\n"
     assert completions.prompt is not None and completions.prompt({"prompt": "once"}) == "once"
-    assert embeddings.prompt is None
+    assert all(r.prompt is None and r.error_shape is routes.openai_shape for r in rest)
 
 
 def test_a_catalog_route_is_for_the_models_whose_every_engine_lists_it():
     view = routes.View(CATALOG)
-    assert set(view.paths()) == {"/v1/score", "/v1/classify"}
-    score = view.routes["/v1/score"]
+    assert set(view.paths()) == {"/v1/pooling", "/v1/classify"}
+    score = view.routes["/v1/pooling"]
     assert view.allows(score, SCORER) and not view.allows(score, MIXED) and not view.allows(score, MODEL)
     assert all(view.allows(r, MODEL) for r in routes.TABLE)
 

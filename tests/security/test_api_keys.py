@@ -102,13 +102,13 @@ def test_models_list_shows_only_what_the_key_may_use(keyed):
     ids = {m["id"] for m in requests.get(rt.url + "/v1/models", headers={"Authorization": f"Bearer {KEY_A}"},
                                          timeout=10).json()["data"]}
     assert ids == {MODEL, "qwen"}
-    # Retrieving one follows the rules of requests: 403 outside the key's
-    # patterns whether or not the model exists, 404 only inside them.
+    # Retrieving one answers as OpenAI's retrieve: the same 404 outside the
+    # key's patterns whether or not the model exists.
     key_a = {"Authorization": f"Bearer {KEY_A}"}
     assert requests.get(rt.url + "/v1/models/qwen", headers=key_a, timeout=10).json()["llmgw"]["alias_of"] == MODEL
     forbidden = [requests.get(rt.url + f"/v1/models/{name}", headers=key_a, timeout=10)
                  for name in (OTHER, "sec-does-not-exist")]
-    assert [r.status_code for r in forbidden] == [403, 403]
+    assert [r.status_code for r in forbidden] == [404, 404]
     assert forbidden[0].json()["error"]["message"].replace(OTHER, "X") == \
         forbidden[1].json()["error"]["message"].replace("sec-does-not-exist", "X")
     assert requests.get(rt.url + "/v1/models/qwen-nonexistent", headers=key_a, timeout=10).status_code == 404
