@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from functools import cache
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("llmgw.allocator")
 
 # mallopt's parameter number for the threshold (glibc's malloc.h).
 _M_MMAP_THRESHOLD = -3

@@ -16,6 +16,7 @@ the agent protocol and the control API have always sent.
     claims     NodeClaims (node token -> inventory: what a node may claim)
     report     AgentReport, ReportedReplica, Gpu, CpuCapacity, EngineAvailability (agent -> inventory)
     usage      Usage, UsageSource, LoadSource, ConcurrencySource, UsageReport (router -> reconciler)
+    requestlog RequestRecord, RequestSink (router -> the controller's request log and traffic history)
     status     ControlStatus and its parts (controller -> control API, metrics, `llmgwctl status`)
     errors     ContractError and its children: a payload that breaks a contract
 
@@ -30,6 +31,7 @@ from .endpoint import Endpoint
 from .errors import ContractError, EndpointError, ModelStateError, ReportError, UsageError
 from .modelstate import ModelCondition, ModelState
 from .report import AgentReport, CpuCapacity, EngineAvailability, Gpu, ReportedReplica
+from .requestlog import RequestRecord, RequestSink
 from .scheduling import Scheduling
 from .sink import RouterSink
 from .spec import LoadReading, ReplicaSpec
@@ -52,6 +54,6 @@ __all__ = [
     "AGENT_STATES", "AgentReport", "CatalogStatus", "ConcurrencySource", "ContractError", "ControlStatus", "Endpoint", "EndpointError",
     "CpuCapacity", "EngineAvailability", "Event", "FleetStatus", "Gpu", "GpuStatus", "LoadReading", "LoadSource", "ModelCondition", "ModelState",
     "ModelStateError", "ModelStatus", "NodeClaims", "NodeStatus", "UNBOUNDED",
-    "ReplicaSpec", "ReplicaState", "ReplicaStatus", "ReportError", "ReportedReplica", "RouterSink", "Scheduling", "Usage", "UsageError",
+    "ReplicaSpec", "ReplicaState", "RequestRecord", "RequestSink", "ReplicaStatus", "ReportError", "ReportedReplica", "RouterSink", "Scheduling", "Usage", "UsageError",
     "UsageReport", "UsageSnapshot", "UsageSource", "WatcherStatus",
 ]

@@ -27,7 +27,14 @@
                                            nobody reads it
     GET  /api/v1/nodes/{node}              a node's scheduling (cordoned, draining, ...) and replicas
     POST /api/v1/nodes/{node}/cordon|drain|uncordon   the operator's maintenance verbs (`maintenance`)
-    GET  /, /ui/, /api/v1/watch/status     the web console and the status stream it follows (`webui`)
+    GET  /, /ui/, /api/v1/watch/status     the web console and the status stream (`webui`)
+    GET  /api/v1/watch/console             the stream the console follows: a bounded summary and the traffic
+                                           history's new points (`webui`, `summary`)
+    GET  /api/v1/history[?model=&since=]   traffic over time per model and fleet-wide (`history`)
+    GET  /api/v1/requests[?model=&status=&id=&limit=]   the last requests the routers answered (`requestlog`)
+    GET  /api/v1/gpus[?node=&offset=&limit=]   per node, each GPU's memory and the replicas holding it (`gpuview`)
+    POST /api/v1/playground/chat           a chat prompt sent through this process's router, its stream relayed
+                                           (`playground`: why a relay, and the key rules it keeps)
 
 With a token configured (`auth.ControlAuth`), every route but /healthz,
 /readyz and the console's static files needs `Authorization: Bearer <token>`; a missing or wrong one is 401
@@ -48,11 +55,13 @@ aiohttp's own 404, 405 and 413 included, and every answer carries an
 This module wires the routes; each group lives in a module of its own:
 `catalogapi` (catalog, apply), `agentapi` (reports, desired lists),
 `logsapi` (engine logs), `watchapi` (what routers follow and send),
-`maintenance` (node cordon and drain), `webui` (the console); `middleware`
+`maintenance` (node cordon and drain), `webui` (the console), `trafficapi`
+(history, request log, GPUs); `middleware`
 reads bodies and answers the unexpected, `reportcheck` checks a report.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -68,8 +77,11 @@ from .controller import Controller
 from .logsapi import LogService
 from .maintenance import NodeService
 from .middleware import BODY_TIMEOUT, MAX_APPLY_BYTES, bodies, unexpected
+from .playground import Playground
 from .reportcheck import forbidden_host, replica_url_problem
 from .reportlimit import ReportLimiter
+from .summary import Summaries
+from .trafficapi import TrafficService
 from .watchapi import RouterService
 from .webui import Console
 
@@ -81,7 +93,7 @@ class ControlAPI:
 
     def __init__(self, controller: Controller, *, auth: ControlAuth | None = None,
                  metrics: ControlMetrics | None = None, limiter: ReportLimiter | None = None,
-                 holds: Path | None = None):
+                 holds: Path | None = None, router_url: Callable[[], str | None] | None = None):
         self.c = controller
         self.auth = auth or ControlAuth()
         self.metrics = metrics or ControlMetrics(controller.state)
@@ -91,6 +103,9 @@ class ControlAPI:
         self.routers = RouterService(controller)
         # `holds`: where cordons and drains are kept across a restart (control.holds); None: not kept.
         self.nodes = NodeService(controller, holds)
+        self.traffic = TrafficService(controller)
+        # The console's playground relays to this process's router (`playground` says why); none: 501.
+        self.playground = Playground(router_url or (lambda: None))
 
     def app(self, browsers: BrowserGuard | None = None) -> web.Application:
         """The aiohttp app. `browsers`: which web pages and Host names it answers (see httporigin); by
@@ -111,9 +126,12 @@ class ControlAPI:
         app.router.add_get("/metrics", self.get_metrics)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/api/v1/status", self.status)
-        for service in (self.catalog, self.agents, self.routers, self.logs, self.nodes):
+        for service in (self.catalog, self.agents, self.routers, self.logs, self.nodes, self.traffic,
+                        self.playground):
             service.add_routes(app)
-        Console(self.c.state, self.c.status_changed).add_routes(app)
+        summaries = Summaries()
+        Console(self.c.state, self.c.status_changed, summary=lambda: summaries(self.c.state()),
+                history=self.c.history).add_routes(app)
         return app
 
     async def healthz(self, request: web.Request) -> web.Response:

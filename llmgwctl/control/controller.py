@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..aio import Flag, cancel_and_wait
+from ..aio import Flag, cancel_and_wait, sleep_unless
 from ..catalog import Catalog, Live
 from ..catalog.watcher import CatalogWatcher, Outcome
 from ..contracts import UNBOUNDED, AgentReport, CatalogStatus, ControlStatus, NodeClaims, WatcherStatus
@@ -22,7 +22,9 @@ from ..inventory import ConflictError, Inventory
 from ..reconciler import DesiredStore, Reconciler
 from ..reconciler import run as run_reconciler
 from .broadcast import Broadcast
+from .history import History, ModelSample
 from .logs import LogRelay
+from .requestlog import RequestLog
 from .usage import UsageBoard
 
 log = logging.getLogger("llmgw.control")
@@ -52,6 +54,15 @@ class Controller:
         # Engine logs asked of agents for `llmgwctl logs` (see control.logs).
         self.logs = LogRelay()
         self.router = router
+        # The last requests the routers answered, and traffic over time built
+        # from them and from the fleet's status (the console's charts): both in
+        # memory, bounded (control.requestlog, control.history).
+        self.requests = RequestLog()
+        self.history = History()
+        self.requests.listeners.append(self.history.observe)
+        if router is not None:
+            router.set_request_sink(self.requests)
+        self._wall_clock = wall_clock
         # Files followed beside the catalog (the router's API key file): each
         # a `status()` with a WatcherStatus's fields, shown in status' `watchers`.
         self.followed: list[Callable[[], dict[str, Any]]] = []
@@ -173,11 +184,31 @@ class Controller:
             asyncio.create_task(self.watcher.run(stop, on_batch=self._reloaded), name="catalog-watcher"),
             asyncio.create_task(run_reconciler(self.reconciler, self.wake_event, stop, urgent=self.urgent_event,
                                                **({"tick": tick} if tick else {})), name="reconciler"),
+            asyncio.create_task(self._follow_history(stop), name="history"),
         ]
         try:
             await stop.wait()
         finally:
             await cancel_and_wait(*tasks)
+
+    async def _follow_history(self, stop: asyncio.Event) -> None:
+        while not await sleep_unless(self.history.interval, stop):
+            self.sample_history()
+
+    def sample_history(self) -> None:
+        """One point of the traffic history for every model and the fleet (the history loop's one pass)."""
+        fleet = self.reconciler.fleet_status()
+        # In flight per model: only replicas with requests on them are looked up (few, even at fleet size).
+        inflight: dict[str, int] = {}
+        records = self.reconciler.replicas
+        for rid, (_, n) in self.usage.usage_snapshot().items():
+            rec = records.get(rid) if n else None
+            if rec is not None:
+                inflight[rec.spec.model] = inflight.get(rec.spec.model, 0) + n
+        self.history.sample(self._wall_clock(), (
+            ModelSample(m.name, inflight.get(m.name, 0), m.desired, m.ready, m.load, m.target)
+            for m in fleet.models))
+        self.status_changed.bump()      # a new point: the console's stream sends it
 
     def state(self) -> ControlStatus:
         """Everything `status` shows, typed: the control metrics read this, the status JSON is its `to_dict`."""

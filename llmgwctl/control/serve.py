@@ -145,6 +145,14 @@ class Server:
         self.router_port = 0
         self.control_port = 0
 
+    def _router_url(self) -> str | None:
+        """Where this process's router listens, as the playground reaches it (None until it does)."""
+        if not self.router_port:
+            return None
+        host = self.cfg.listen[0]
+        host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+        return f"http://[{host}]:{self.router_port}" if ":" in host else f"http://{host}:{self.router_port}"
+
     def wake(self, model_name: str) -> None:
         """The router's Waker (built before the controller exists, so this forwards)."""
         self.controller.wake(model_name)
@@ -194,7 +202,8 @@ class Server:
                                          cors_origins=self.cfg.control_cors_origins,
                                          allowed_hosts=self.router.config.allowed_hosts,
                                          cors_option="--control-cors-origin")
-        runner = web.AppRunner(ControlAPI(self.controller, auth=auth, metrics=metrics, holds=held_at).app(browsers),
+        runner = web.AppRunner(ControlAPI(self.controller, auth=auth, metrics=metrics, holds=held_at,
+                                          router_url=self._router_url).app(browsers),
                                access_log=None, shutdown_timeout=0.5, **server_options())
         await runner.setup()
         json_errors(runner.server)      # aiohttp's own refusals and the unexpected, in JSON like the rest

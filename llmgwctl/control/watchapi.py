@@ -137,6 +137,9 @@ class RouterService:
             return _error(429, f"usage report: {exc}", kind="rate_limit_error")
         except ValueError as exc:       # UsageError, naming the field
             return _error(400, f"usage report: {exc}")
+        # The requests it answered since its last report, for the request log and the history
+        # (control.requestlog): taken after the usage, so a bad record loses only itself.
+        self.c.requests.take_reported(body.get("requests") if isinstance(body, dict) else None)
         return web.Response(status=204)
 
     async def wake(self, request: web.Request) -> web.Response:

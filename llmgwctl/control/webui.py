@@ -5,6 +5,11 @@
                                 no build step, nothing from another origin
     GET /api/v1/watch/status    Server-Sent Events: `event: status` with the status JSON, sent when
                                 what status shows changes, at most STATUS_MAX_RATE a second
+    GET /api/v1/watch/console   what the page follows: `event: summary` with the status' summary
+                                (control.summary: bounded at any fleet size), on the same terms,
+                                and `event: history` with the traffic history's new points
+                                (control.history; the first event the last hour; the first
+                                CHART_MODELS models by name)
 
 The page's files hold no data, so they are served without a token (the page
 must load to ask for one); everything it shows comes from the API with the
@@ -29,6 +34,8 @@ It must not know what status contains: the status says what only ages (`StatusVi
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -39,7 +46,7 @@ from .broadcast import Broadcast
 
 CONSOLE_DIR = Path(__file__).with_name("console")
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-         ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
+         ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml", ".txt": "text/plain; charset=utf-8"}
 # Only our own files run and load; no inline script, no framing (clickjacking),
 # no base-URI tricks. connect-src 'self' is the API the page reads.
 HEADERS = {
@@ -58,6 +65,16 @@ STATUS_MAX_RATE = 2.0
 # event announces, such as a node turning unreachable by time), and sent this
 # often anyway, so ages on the page are re-based and proxies see traffic.
 STATUS_RECHECK, STATUS_REFRESH = 5.0, 15.0
+# The console's summary costs the controller at most 1/SUMMARY_BUDGET of a
+# core: the next is built no sooner than this many times the last one took.
+# A small fleet's summary takes a millisecond (two a second, as ever); at
+# 20,000 replicas reading the status is tens of milliseconds, and a rollout
+# bumps the status many times a second, so it is the bound that holds there.
+# One summary serves every open page (built once per status change).
+SUMMARY_BUDGET = 20.0
+# Models whose history the stream carries (the first by name; the page charts as many): a point of
+# each is ~200 bytes, and the first event, the last hour of each, ~40 KB. The rest: /api/v1/history?model=.
+CHART_MODELS = 24
 
 
 class StatusView(Protocol):
@@ -73,18 +90,45 @@ class StatusView(Protocol):
     def unaged(self) -> Any: ...
 
 
+class SummaryView(Protocol):
+    """A summary of the status (control.summary): its JSON, and a key equal while only ages move."""
+
+    key: Any
+
+    def to_json(self) -> bytes: ...
+
+
+class HistoryView(Protocol):
+    """The traffic history (control.history): a version bumped per point, and its points after a time."""
+
+    version: int
+
+    def to_dict(self, model: str | None = None, since: float | None = None, first: int | None = None) -> dict[str, Any]: ...
+
+
 def _files() -> dict[str, tuple[bytes, str]]:
     out = {}
     for path in sorted(CONSOLE_DIR.iterdir()):
         if path.suffix in TYPES and path.is_file():
             out[path.name] = (path.read_bytes(), TYPES[path.suffix])
+    # The charting library and its licence, shipped beside the page (console/vendor/).
+    vendor = CONSOLE_DIR / "vendor"
+    if vendor.is_dir():
+        for path in sorted(vendor.iterdir()):
+            if path.suffix in TYPES and path.is_file():
+                out["vendor/" + path.name] = (path.read_bytes(), TYPES[path.suffix])
     return out
 
 
 class Console:
-    def __init__(self, status: Callable[[], StatusView], changed: Broadcast):
+    def __init__(self, status: Callable[[], StatusView], changed: Broadcast,
+                 summary: Callable[[], SummaryView] | None = None, history: HistoryView | None = None):
         self.status = status
         self.changed = changed
+        self.summary = summary
+        self.history = history
+        self._summary: tuple[int, float, SummaryView] | None = None     # (status version, when built, it)
+        self.summary_cost = 0.0     # seconds the last summary took to build
         self.files = _files()
         self.streams = 0        # status streams open now (for tests and a curious operator)
 
@@ -93,7 +137,10 @@ class Console:
         app.router.add_get("/ui", self.root)
         app.router.add_get("/ui/", self.file)
         app.router.add_get("/ui/{name}", self.file)
+        app.router.add_get("/ui/vendor/{vname}", self.file)
         app.router.add_get("/api/v1/watch/status", self.watch_status)
+        if self.summary is not None:
+            app.router.add_get("/api/v1/watch/console", self.watch_console)
 
     async def root(self, request: web.Request) -> web.Response:
         # Relative, so a console behind a proxy under a path prefix still lands on its own page.
@@ -101,7 +148,8 @@ class Console:
         raise web.HTTPFound("ui/")
 
     async def file(self, request: web.Request) -> web.Response:
-        name = request.match_info.get("name") or "index.html"
+        vname = request.match_info.get("vname")
+        name = ("vendor/" + vname) if vname else (request.match_info.get("name") or "index.html")
         found = self.files.get(name)
         if found is None:
             raise web.HTTPNotFound(text=f"no console file {name[:100]!r}")
@@ -130,6 +178,54 @@ class Console:
                 version = await self.changed.wait(version, STATUS_RECHECK)
         except (ConnectionResetError, ConnectionError):
             pass        # the page went away
+        finally:
+            self.streams -= 1
+        return resp
+
+    def _shared_summary(self, now: float) -> SummaryView:
+        """The summary of the status as it is, built once for every page that asks at one version."""
+        assert self.summary is not None
+        hit = self._summary
+        version = self.changed.version
+        if hit is not None and hit[0] == version and now - hit[1] < 1.0 / STATUS_MAX_RATE:
+            return hit[2]
+        started = time.perf_counter()
+        summary = self.summary()
+        self.summary_cost = time.perf_counter() - started
+        self._summary = (version, now, summary)
+        return summary
+
+    async def watch_console(self, request: web.Request) -> web.StreamResponse:
+        """The page's one stream: the summary when it changed (as `watch_status` sends the status), and the
+        history's new points as they are sampled -- each event bounded at any fleet size."""
+        assert self.summary is not None
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
+                                           "X-Accel-Buffering": "no"})
+        await resp.prepare(request)
+        loop = asyncio.get_running_loop()
+        self.streams += 1
+        last, sent_at, version, n = None, 0.0, None, 0
+        history, seen, since = self.history, -1, None
+        try:
+            while True:
+                summary = self._shared_summary(loop.time())
+                now = loop.time()
+                if summary.key != last or now - sent_at >= STATUS_REFRESH:
+                    n += 1
+                    await resp.write(b"id: %d\nevent: summary\ndata: %s\n\n" % (n, summary.to_json()))
+                    last, sent_at = summary.key, now
+                if history is not None and history.version != seen:
+                    seen = history.version
+                    doc = history.to_dict(since=since, first=CHART_MODELS)
+                    if doc["t"]:
+                        since = doc["t"][-1]
+                        n += 1
+                        await resp.write(b"id: %d\nevent: history\ndata: %s\n\n"
+                                         % (n, json.dumps(doc, separators=(",", ":")).encode()))
+                await asyncio.sleep(max(1.0 / STATUS_MAX_RATE, SUMMARY_BUDGET * self.summary_cost))
+                version = await self.changed.wait(version, STATUS_RECHECK)
+        except (ConnectionResetError, ConnectionError):
+            pass
         finally:
             self.streams -= 1
         return resp

@@ -3,16 +3,19 @@
 `Accounting.key` is the one place a request's key is looked up; `served`
 counts and logs a request an endpoint answered, `refuse` one the router
 answered itself. Each request is counted in the router's metrics (pre-bound
-children, see `llmgwctl.observability.metrics`) and, unless turned off,
-written as one line to the `llmgw.access` log.
+children, see `llmgwctl.observability.metrics`), unless turned off written
+as one line to the `llmgw.access` log, and, when a `RequestSink` is set (the
+controller's request log and history), handed to it as a `RequestRecord`.
 """
 from __future__ import annotations
 
+import json
 import logging
-from time import perf_counter
+from time import perf_counter, time
 
 from aiohttp import web
 
+from ..contracts.requestlog import MAX_ERROR, RequestRecord, RequestSink, cut
 from ..observability.metrics import RouterMetrics
 from . import auth as keyauth
 from .balancer import EndpointState
@@ -23,6 +26,8 @@ from .surface import Surface
 __all__ = ["Accounting"]
 
 access_log = logging.getLogger("llmgw.access")
+# What a 499 (nginx's "client closed request") means in the request log.
+_CLIENT_LEFT = "the client went away"
 
 
 class Accounting:
@@ -32,6 +37,8 @@ class Accounting:
         self._config = config
         self._metrics = metrics
         self._surface = surface      # where the API keys are (set_api_keys)
+        # Where each request goes once answered (Router.set_request_sink); None: nowhere.
+        self.sink: RequestSink | None = None
 
     def key(self, request: web.Request) -> keyauth.ApiKey | None:
         """The caller's API key; None when the router is open. Refused (401) when keys are on and it sent none of them.
@@ -59,6 +66,9 @@ class Accounting:
             metrics.key_used(call.api_key.name, status, usage)
         if self._config.access_log and access_log.isEnabledFor(logging.INFO):
             self._log_access(call, status, state.replica_id, elapsed, overhead, usage)
+        if self.sink is not None:
+            self._record(call, status, state.replica_id, elapsed, (first or now) - call.t0, usage,
+                         None if status < 400 else _CLIENT_LEFT if status == 499 else f"the engine answered {status}")
 
     def refuse(self, call: Call, resp: web.Response) -> web.Response:
         """Count and log a request answered without an endpoint (4xx, 5xx of the router's own)."""
@@ -68,7 +78,22 @@ class Accounting:
             metrics.key_used(call.api_key.name, resp.status, None)
         if self._config.access_log and access_log.isEnabledFor(logging.INFO):
             self._log_access(call, resp.status, "", perf_counter() - call.t0)
+        if self.sink is not None:
+            self._record(call, resp.status, "", perf_counter() - call.t0, None, None, _reason(resp))
         return resp
+
+    def _record(self, call: Call, status: int, replica: str, elapsed: float, ttft: float | None,
+                usage: tuple[int, int] | None, error: str | None) -> None:
+        assert self.sink is not None
+        tokens_in, tokens_out = usage if usage is not None else (None, None)
+        # The last replica of a stream cut and continued elsewhere is the one that finished it.
+        if call.continued:
+            replica = call.continued[-1][1]
+        self.sink.record(RequestRecord(
+            at=time(), id=call.rid, key=call.api_key.name if call.api_key is not None else None,
+            asked=cut(call.asked), model=call.model, status=status, path=cut(call.request.path),
+            stream=call.stream, ttft=ttft, duration=elapsed, tokens_in=tokens_in, tokens_out=tokens_out,
+            replica=replica, error=error))
 
     def _log_access(self, call: Call, status: int, endpoint: str, seconds: float,
                     overhead: float | None = None, usage: tuple[int, int] | None = None) -> None:
@@ -96,3 +121,20 @@ class Accounting:
                                **({"continued": [{"from": a, "to": b, "tokens": n} for a, b, n in call.continued]}
                                   if continued else {}),
                                **({"fallback_from": fallback} if fallback else {})})
+
+
+def _reason(resp: web.Response) -> str | None:
+    """The message of the router's own refusal (OpenAI-shaped JSON), for the request log; None for a 2xx/3xx."""
+    if resp.status < 400:
+        return None
+    if resp.status == 499:
+        return _CLIENT_LEFT
+    body = resp.body
+    if isinstance(body, bytes) and body[:1] == b"{":
+        try:
+            message = json.loads(body)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = None
+        if isinstance(message, str):
+            return cut(message, MAX_ERROR)
+    return f"HTTP {resp.status}"

@@ -58,7 +58,7 @@ class Call:
 
     __slots__ = ("request", "route", "t0", "api_key", "model", "view", "stream", "waited", "rid", "fwd", "early",
                  "chooser", "held", "body", "continued", "attempts", "fallback_from", "pinned", "response_id",
-                 "base")
+                 "base", "asked")
 
     def __init__(self, request: web.Request, route: routing.Route, t0: float, view: View):
         self.request = request
@@ -68,6 +68,7 @@ class Call:
         self.view = view
         self.api_key: keyauth.ApiKey | None = None     # None: not checked yet, or the router is open
         self.model = ""                         # the canonical name once resolved; "" is logged as "-"
+        self.asked = ""                         # the name the body gave (an alias, say), for the request log
         self.stream = False                     # the body asked for a stream ("stream": true)
         # Seconds spent waiting on others -- a cold wait, failed attempts, the
         # answering engine -- so the router's own time (its overhead) is the

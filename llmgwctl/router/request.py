@@ -265,6 +265,7 @@ class RequestPath:
             # Before any lookup, key pattern or "did you mean": no name is that long.
             raise Refused(errors.name_too_long(name, facts.model_chars))
         view = call.view
+        call.asked = name
         model = view.catalog.resolve(name)
         adapter = None
         if model is None:

@@ -25,7 +25,8 @@ The control plane meets it through narrow surfaces only:
 - `load_snapshot()`: each engine's latest fresh load reading, for the autoscaler;
 - `inflight_seconds()`: each replica's in-flight count integrated over time, for the autoscaler;
 - a `Waker` it calls when a request finds no ready replica;
-- `set_api_keys(keys)`: optional API keys (see `auth`), swapped whole like a catalog.
+- `set_api_keys(keys)`: optional API keys (see `auth`), swapped whole like a catalog;
+- `set_request_sink(sink)`: where each answered request goes as a `RequestRecord` (the request log).
 
 The input limits are in `limits` and `llmgwctl.httpserver`. It must not
 know about placement, agents or the reconciler.
@@ -42,7 +43,7 @@ from aiohttp import web
 from ..aio import cancel_and_wait
 from ..allocator import Trimmer
 from ..catalog import Catalog
-from ..contracts import Endpoint, LoadReading, ModelState, Usage
+from ..contracts import Endpoint, LoadReading, ModelState, RequestSink, Usage
 from ..httporigin import BrowserGuard
 from ..httpserver import ConnectionGuard, bound_port, json_errors, server_options
 from ..observability.metrics import RouterMetrics, RouterProbe
@@ -164,6 +165,10 @@ class Router:
     def set_api_keys(self, keys: keyauth.ApiKeys | None) -> None:
         """Require one of `keys` on every request from now on (None: no keys, the router is open)."""
         self.surface.set_api_keys(keys)
+
+    def set_request_sink(self, sink: RequestSink | None) -> None:
+        """Hand every request answered from now on to `sink` (the request log and history); None: to nothing."""
+        self.accounting.sink = sink
 
     def usage_snapshot(self) -> dict[str, Usage]:
         """{replica_id: (last use on the router's monotonic clock or None, requests in flight)}."""

@@ -31,7 +31,7 @@ from ..aio import cancel_and_wait, sleep_unless
 from .config import DEFAULTS, RouterConfig
 from .server import Router, start
 from .static import StaticSource
-from .watch import ControllerWaker, ControllerWatch, UsageReporter, WatchError
+from .watch import ControllerWaker, ControllerWatch, RequestOutbox, UsageReporter, WatchError
 
 log = logging.getLogger("llmgw.router")
 
@@ -56,7 +56,11 @@ async def run(host: str, port: int, *, endpoints_file: str | None = None, catalo
             if stop.is_set():
                 return
             tasks.append(loop.create_task(watch.run()))
-            tasks.append(loop.create_task(UsageReporter(router, watch, controller, session, token=token).run()))
+            # Its requests go to the controller's request log with its usage (the console shows them).
+            outbox = RequestOutbox()
+            router.set_request_sink(outbox)
+            tasks.append(loop.create_task(UsageReporter(router, watch, controller, session, token=token,
+                                                        outbox=outbox).run()))
         else:
             assert endpoints_file is not None and catalogs_dir is not None
             router = _static(endpoints_file, catalogs_dir, config, tasks, stop)

@@ -74,7 +74,8 @@ Usage (every USAGE_INTERVAL seconds), a `llmgwctl.contracts.UsageReport`::
     POST {controller}/api/v1/usage
     {"router": "<id, new per process>", "version": 42,          # the watch version this router has applied
      "replicas": {"r-7": {"idle_seconds": 3.2, "inflight": 1,   # idle_seconds null: never used
-                          "inflight_seconds": 812.4, "load": {...}}}}
+                          "inflight_seconds": 812.4, "load": {...}}},
+     "requests": [RequestRecord...]}                            # answered since the last report (contracts.requestlog)
     -> 204
 
 the standalone form of the in-process router's `usage_snapshot()`,
@@ -88,6 +89,7 @@ catalog, and reconnects with backoff.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import random
 import time
@@ -99,7 +101,7 @@ import aiohttp
 
 from ..backoff import Backoff
 from ..catalog import Catalog, CatalogError
-from ..contracts import Endpoint, ModelState, ModelStateError, RouterSink, UsageReport, UsageSource
+from ..contracts import Endpoint, ModelState, ModelStateError, RequestRecord, RouterSink, UsageReport, UsageSource
 from .errors import RouterError
 
 log = logging.getLogger("llmgw.router.watch")
@@ -282,13 +284,37 @@ class ControllerWaker:
 USAGE_INTERVAL = 2.0
 
 
+# Requests a router holds for its next usage report: at 500 requests a
+# second, two seconds' worth; past it the oldest go (the controller's log is a
+# view of the last requests, not their record: the access log is that).
+OUTBOX = 1000
+
+
+class RequestOutbox:
+    """A RequestSink that holds the requests this router answered until its next usage report takes them."""
+
+    def __init__(self, capacity: int = OUTBOX):
+        self._held: collections.deque[RequestRecord] = collections.deque(maxlen=capacity)
+
+    def record(self, rec: RequestRecord) -> None:
+        self._held.append(rec)
+
+    def take(self) -> list[RequestRecord]:
+        out = list(self._held)
+        self._held.clear()
+        return out
+
+
 class UsageReporter:
-    """Sends this router's usage to the controller: last use and in-flight count per replica."""
+    """Sends this router's usage to the controller: last use and in-flight count per replica, and
+    (with an outbox) the requests it answered since the last report, for the request log and history.
+    A report that does not arrive loses its requests: the controller's log shows a gap, never a double."""
 
     def __init__(self, source: UsageSource, watch: ControllerWatch, controller: str, session: aiohttp.ClientSession,
                  *, token: str | None = None, interval: float = USAGE_INTERVAL,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, outbox: RequestOutbox | None = None):
         self._source, self._watch = source, watch
+        self.outbox = outbox
         self._url = controller.rstrip("/") + "/api/v1/usage"
         self._session = session
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -304,7 +330,11 @@ class UsageReporter:
         busy = getattr(self._source, "inflight_seconds", None)
         report = UsageReport.of(self.router_id, self._watch.version, self._source.usage_snapshot(), self._clock(),
                                 loads() if loads is not None else None, busy() if busy is not None else None)
-        return report.to_dict()
+        doc = report.to_dict()
+        if self.outbox is not None:
+            # A controller from before the request log ignores the key.
+            doc["requests"] = [r.to_dict() for r in self.outbox.take()]
+        return doc
 
     async def report_once(self) -> bool:
         try:

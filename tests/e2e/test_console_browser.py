@@ -187,3 +187,144 @@ def test_console_asks_for_the_token_and_healthz_stays_open(tmp_path, browser, ar
         _shot(page, artifacts / "console-token.png")
     finally:
         fleet.close()
+
+
+TRAFFIC = """\
+apiVersion: llmgw/v1
+kind: Catalog
+models:
+  - name: chat-a
+    replicas: {min: 1, max: 3}
+    autoscale: {metric: inflight, target: 2, scale_down_window: 3s, max_step: 1}
+    profiles:
+      - {name: cpu, engine: fake, gpus: 0, args: ["--tokens-per-second", "40", "--startup-delay", "0.3"]}
+  - name: chat-b
+    aliases: [bee]
+    replicas: {min: 1, max: 2}
+    autoscale: {metric: inflight, target: 2, scale_down_window: 3s, max_step: 1}
+    profiles:
+      - {name: h100, engine: fake, gpus: 1, args: ["--tokens-per-second", "40", "--startup-delay", "0.3"]}
+"""
+# Streams held open on each model while the load lasts: twice the target, so each scales up.
+LOAD_STREAMS = 4
+LOAD_SECONDS = 60
+
+
+def _load(router: str, model: str, stop) -> list:
+    import threading
+
+    import requests
+
+    def client() -> None:
+        with requests.Session() as session:
+            while not stop.is_set():
+                try:
+                    with session.post(router + "/v1/chat/completions", stream=True, timeout=30, json={
+                            "model": model, "stream": True, "max_tokens": 60,
+                            "stream_options": {"include_usage": True},
+                            "messages": [{"role": "user", "content": "go"}]}) as resp:
+                        for _ in resp.iter_lines():
+                            if stop.is_set():
+                                break
+                except requests.RequestException:
+                    stop.wait(0.2)
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(LOAD_STREAMS)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_console_charts_the_load_streams_a_playground_answer_and_finds_it_in_the_request_log(
+        tmp_path, browser, artifacts):
+    """Load on two models rises and falls on their charts with the autoscaler's replicas; the playground
+    streams an answer from the fake engine through the router; the request log finds its request id."""
+    import threading
+    import time
+
+    import requests
+    from playwright.sync_api import expect
+
+    fleet = Fleet(tmp_path)
+    (fleet.catalogs / "traffic.yaml").write_text(TRAFFIC)
+    stop = threading.Event()
+    threads: list = []
+    try:
+        fleet.start_serve("--settle", "1", "--gpus", "2xH100-80GB")
+        wait_until(lambda: fleet.ready("chat-a") and fleet.ready("chat-b"), "both models ready")
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(fleet.control + "/ui/")
+        expect(page.locator("#connection")).to_have_text("live", timeout=WAIT_MS)
+        fleet_card = page.locator('.chart-card[data-chart="(fleet)"]')
+        expect(fleet_card).to_have_count(1, timeout=WAIT_MS)
+        assert page.locator(".chart-card canvas").count() >= 3, "uPlot drew no canvas"
+
+        # The load: both models, until each has scaled up and the charts hold points of it.
+        threads = _load(fleet.router, "chat-a", stop) + _load(fleet.router, "bee", stop)
+        card_a = page.locator('.chart-card[data-chart="chat-a"]')
+        card_b = page.locator('.chart-card[data-chart="chat-b"]')
+
+        def peaked(card, replicas):
+            return (float(card.get_attribute("data-peak-requests") or 0) > 0
+                    and float(card.get_attribute("data-peak-desired") or 0) >= replicas
+                    and int(card.get_attribute("data-points") or 0) >= 6)
+        # A minute of it, as an operator's dashboard would see a burst (the waits are bounds, not judgements).
+        minute = time.monotonic() + LOAD_SECONDS
+        wait_until(lambda: peaked(card_a, 2) and peaked(card_b, 2) and time.monotonic() >= minute,
+                   "a minute of load, both models' charts showing it and more replicas wanted", timeout=180)
+        _shot(page, artifacts / "console-traffic-load.png")
+        at_peak = int(card_a.get_attribute("data-points"))
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        # The fall: a point with no request after the load, and the autoscaler back at the minimum.
+        wait_until(lambda: card_a.get_attribute("data-last-requests") == "0"
+                   and card_b.get_attribute("data-last-requests") == "0", "the charts show the load's end",
+                   timeout=60)
+        wait_until(lambda: [m["desired"] for m in fleet.status()["models"]] == [1, 1], "back to one replica each",
+                   timeout=90)
+        # The page kept what it had and added the new points (the stream sends only those).
+        assert int(card_a.get_attribute("data-points")) > at_peak
+        history = requests.get(fleet.control + "/api/v1/history?model=chat-a", timeout=10).json()
+        assert int(card_a.get_attribute("data-points")) >= len(history["t"]) - 1
+        desired = [v for v in history["models"]["chat-a"]["desired"] if v is not None]
+        assert max(desired) >= 2 and desired[-1] <= max(desired), desired
+        assert max(v or 0 for v in history["models"]["chat-a"]["ttft_p99"]) > 0
+
+        # The GPU view: chat-b's replica on one of the two simulated H100s.
+        gpu_b = fleet.ready("chat-b")[0]["id"]
+        expect(page.locator("#gpu-nodes .gpu-node")).to_contain_text(gpu_b, timeout=WAIT_MS)
+        expect(page.locator("#gpu-nodes .gpu-node")).to_contain_text("the whole GPU")
+
+        # The playground: an answer streamed from the fake engine, through the router.
+        page.select_option("#pg-model", "chat-a")
+        page.fill("#pg-prompt", "Tell me something.")
+        page.click("#pg-send")
+        out = page.locator("#pg-output")
+        expect(out).to_have_attribute("data-state", "done", timeout=WAIT_MS)
+        assert len(out.inner_text().strip()) > 0, "the playground got no text"
+        expect(page.locator("#pg-stats")).to_contain_text("TTFT", timeout=WAIT_MS)
+        expect(page.locator("#pg-stats")).to_contain_text("tokens in")
+        rid = out.get_attribute("data-request-id")
+        assert rid and rid.startswith("console-")
+
+        # The request log: that request, found by its id, served by chat-a with its tokens.
+        page.fill("#rl-id", rid)
+        page.click("#rl-form button[type=submit]")
+        row = page.locator(f'#requests tr[data-request-id="{rid}"]')
+        expect(row).to_have_count(1, timeout=WAIT_MS)
+        expect(row).to_contain_text("chat-a")
+        expect(row.locator('td[data-label="Status"]')).to_have_text("200")
+        found = requests.get(fleet.control + "/api/v1/requests", params={"id": rid}, timeout=10).json()["requests"]
+        assert [r["id"] for r in found] == [rid] and found[0]["tokens_out"] > 0 and found[0]["replica"]
+        # The load's streams are there too, under the alias they asked for.
+        assert requests.get(fleet.control + "/api/v1/requests", params={"model": "bee", "limit": 1},
+                            timeout=10).json()["requests"][0]["asked"] == "bee"
+        _shot(page, artifacts / "console-traffic.png")
+        assert errors == [], errors
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        fleet.close()

@@ -84,3 +84,34 @@ def test_status_and_logs_show_why_a_replica_failed_and_follow_a_live_log(tmp_pat
         wait_until(lambda: fleet.status()["log_streams"] == 0, "the relay's stream closed after its reader left")
     finally:
         fleet.close()
+
+
+def test_logs_requests_prints_the_request_log_filtered_by_id_model_and_status(tmp_path):
+    import json
+
+    import requests
+
+    fleet = Fleet(tmp_path)
+    (fleet.catalogs / "models.yaml").write_text(CATALOG)
+    try:
+        fleet.start_serve("--settle", "1")
+        wait_until(lambda: fleet.ready("fake-chat"), "fake-chat ready")
+        ok = requests.post(fleet.router + "/v1/chat/completions", headers={"X-Request-Id": "cli-find-me"}, timeout=30,
+                           json={"model": "fake-chat", "messages": [{"role": "user", "content": "hi"}]})
+        assert ok.status_code == 200
+        assert fleet.chat("no-such-model").status_code == 404
+        found = _llmgwctl(fleet, "logs", "--requests", "--id", "cli-find-me", "-o", "json")
+        assert found.returncode == 0, found.stderr
+        (entry,) = json.loads(found.stdout)
+        assert entry["model"] == "fake-chat" and entry["status"] == 200 and entry["tokens_out"] > 0
+        table = _llmgwctl(fleet, "logs", "--requests", "--status", "4xx")
+        assert table.returncode == 0, table.stderr
+        assert "404" in table.stdout and "no-such-model" in table.stdout and "cli-find-me" not in table.stdout
+        by_model = _llmgwctl(fleet, "logs", "--requests", "--model", "fake-chat")
+        assert "cli-find-me" in by_model.stdout and "no-such-model" not in by_model.stdout
+        bad = _llmgwctl(fleet, "logs", "--requests", "--status", "nope")
+        assert bad.returncode == 1 and "status must be" in bad.stderr
+        usage = _llmgwctl(fleet, "logs", "--requests", "some-replica")
+        assert usage.returncode == 2
+    finally:
+        fleet.close()

@@ -45,6 +45,17 @@ def test_standalone_router_reports_usage_so_a_drain_waits_for_its_streams(fleet)
         "model": "going", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}).status_code == 200,
         "the standalone router serving")
     assert fleet.status()["routers"] == 1
+    # Its requests reach the controller's request log (the console's) with its usage reports.
+    assert requests.post(url + "/v1/chat/completions", timeout=10, headers={"X-Request-Id": "standalone-probe-1"},
+                         json={"model": "going", "messages": [{"role": "user", "content": "x"}],
+                               "max_tokens": 1}).status_code == 200
+
+    def logged():
+        found = requests.get(fleet.control + "/api/v1/requests", params={"id": "standalone-probe-1"}, timeout=10)
+        return found.json()["requests"]
+    wait_until(logged, "the standalone router's request in the controller's request log")
+    (entry,) = logged()
+    assert entry["model"] == "going" and entry["status"] == 200 and entry["replica"] == fleet.ready("going")[0]["id"]
     result = {}
 
     def stream():

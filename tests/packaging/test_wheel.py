@@ -49,9 +49,13 @@ def test_wheel_carries_schema_and_man_pages(wheel):
         section = page.rsplit(".", 1)[1]
         assert any(n.endswith(f".data/data/share/man/man{section}/{page}") for n in names), page
     assert any(n.endswith(".data/data/share/llmgw/schemas/catalog.schema.json") for n in names)
-    # The web console the control API serves: every file of it, or the page breaks.
-    for name in os.listdir(REPO / "llmgwctl" / "control" / "console"):
-        assert f"llmgwctl/control/console/{name}" in names, name
+    # The web console the control API serves: every file of it (its vendored charting library
+    # too), or the page breaks.
+    console = REPO / "llmgwctl" / "control" / "console"
+    for path in console.rglob("*"):
+        if path.is_file():
+            name = path.relative_to(console).as_posix()
+            assert f"llmgwctl/control/console/{name}" in names, name
 
 
 def test_installed_copy_validates_with_its_own_schema(wheel, tmp_path):

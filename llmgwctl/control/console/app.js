@@ -1,4 +1,5 @@
-// llmgw console: reads the control API, renders it, follows its status stream.
+// llmgw console: reads the control API, renders it, follows its stream (a summary of the
+// status and the traffic history's new points), charts the history with uPlot (vendor/).
 //
 // Rules this file keeps:
 // - Nothing from the API is ever parsed as HTML: every value goes in through
@@ -7,7 +8,10 @@
 // - The token (when the API wants one) lives in sessionStorage and is sent as
 //   an Authorization header by fetch, the status stream included (EventSource
 //   cannot send headers, so the stream is read from fetch's body).
-// - One stream, pushed by the server at most twice a second; no polling.
+// - One stream, pushed by the server at most twice a second; what it does not carry (the
+//   request log, the GPU view) is read on demand, at most once per REFRESH_MS while shown.
+// - The playground's prompt goes through the control API's relay to the router
+//   (control/playground.py says why); an API key typed for it stays in this tab.
 "use strict";
 
 const API = "../api/v1/";
@@ -17,6 +21,12 @@ const TOKEN_KEY = "llmgw.token";
 const RETRY_FIRST_MS = 1000, RETRY_CAP_MS = 30000;
 // Ages on the page (last seen, event times) are redrawn this often between pushes.
 const AGE_REDRAW_MS = 5000;
+// The request log and the GPU view are read again at most this often, when an update comes.
+const REFRESH_MS = 5000;
+const APIKEY_KEY = "llmgw.apikey";
+// Charts drawn at most for this many models (the fleet's chart always): a page, not a wall; the
+// stream carries the history of as many (control/webui.py, CHART_MODELS).
+const MAX_CHARTS = 24;
 
 const state = {
   status: null,          // the last status pushed
@@ -26,6 +36,10 @@ const state = {
   openLogs: new Set(),   // replicas whose log lines the reader opened: kept open across redraws
   retryMs: RETRY_FIRST_MS,
   controller: null,      // AbortController of the running stream
+  history: null,         // {interval, points, t: [], fleet: {FIELD: []}, models: {NAME: {FIELD: []}}}
+  charts: new Map(),     // name ("" for the fleet) -> {card, plots: [uPlot...]}
+  refreshed: { requests: 0, gpus: 0 },
+  playground: null,      // AbortController of the running prompt
 };
 
 // -- DOM helpers: text only ------------------------------------------------
@@ -104,7 +118,7 @@ async function api(path, init) {
 // Reads `text/event-stream` from fetch: each frame's `data:` lines joined, per the SSE format.
 async function follow() {
   state.controller = new AbortController();
-  const resp = await api("watch/status", { signal: state.controller.signal });
+  const resp = await api("watch/console", { signal: state.controller.signal });
   const reader = resp.body.getReader();
   const decoder = new TextDecoder();
   let buffer = "";
@@ -122,7 +136,8 @@ async function follow() {
         if (line.startsWith("event:")) event = line.slice(6).trim();
         else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
       }
-      if (event === "status" && data.length) onStatus(JSON.parse(data.join("\n")));
+      if ((event === "summary" || event === "status") && data.length) onStatus(JSON.parse(data.join("\n")));
+      else if (event === "history" && data.length) onHistory(JSON.parse(data.join("\n")));
     }
   }
 }
@@ -175,12 +190,37 @@ function render() {
   const cat = s.catalog;
   setText("catalog-version", "catalog " + cat.version + " · " + cat.models + " models"
           + (s.settled === false ? " · settling" : ""));
+  renderCounts(s);
   renderRejection(cat);
   renderModels(s.models);
+  more("models-more", s.models.length, s.models_total, "models (those needing attention, and with traffic, first)");
   renderReplicas(s.replicas);
+  more("replicas-more", s.replicas.length, s.replicas_total, "replicas (the ones not ready first)");
   renderNodes(s.nodes);
+  more("nodes-more", s.nodes.length, s.nodes_total, "nodes (unreachable and cordoned first)");
   renderEvents(s.events || []);
   renderCatalog(cat);
+  // Every model of the catalog in force, when it is loaded: the summary shows only some of a big one.
+  renderModelChoices(state.catalog && state.catalog.catalog ? state.catalog.catalog.models : s.models);
+  refreshRequests(false);
+  refreshGpus(false);
+}
+
+function more(id, shown, total, what) {
+  const hidden = total === undefined || total <= shown;
+  $(id).hidden = hidden;
+  if (!hidden) setText(id, "Showing " + shown + " of " + total + " " + what
+                      + "; llmgwctl status (--model NAME) lists them all.");
+}
+
+function renderCounts(s) {
+  const c = s.counts;
+  if (!c) { setText("counts", ""); return; }
+  const ready = (c.replicas || {}).ready || 0;
+  const replicas = Object.values(c.replicas || {}).reduce((a, b) => a + b, 0);
+  const nodes = Object.values(c.nodes || {}).reduce((a, b) => a + b, 0);
+  setText("counts", "· " + ready + " / " + replicas + " replicas ready · " + nodes + " nodes · "
+          + c.gpus_used + " / " + c.gpus + " GPUs used");
 }
 
 function renderRejection(cat) {
@@ -295,6 +335,313 @@ function renderCatalog(cat) {
   setText("catalog-json", state.catalog ? JSON.stringify(state.catalog.catalog, null, 2) : "(not loaded)");
 }
 
+
+// -- traffic history and its charts (uPlot) ---------------------------------------
+
+// The series of each chart: [field, label, colour, scale]. Rates per second, TTFT in ms.
+const CHARTS = [
+  { title: "Requests / s", series: [["requests", "requests/s", "#0969da", "y"], ["errors", "5xx/s", "#cf222e", "y"],
+                                    ["tokens_out", "tokens out/s", "#8250df", "tok"]] },
+  { title: "Time to first token", series: [["ttft_p50", "p50 ms", "#1a7f37", "y"], ["ttft_p99", "p99 ms", "#9a6700", "y"]] },
+  { title: "Replicas and load", series: [["desired", "desired", "#656d76", "y"], ["ready", "ready", "#1a7f37", "y"],
+                                         ["inflight", "in flight", "#0969da", "y"], ["load", "load", "#8250df", "y"],
+                                         ["target", "target / replica", "#9a6700", "y"]] },
+];
+const MS_FIELDS = new Set(["ttft_p50", "ttft_p99"]);
+
+function onHistory(doc) {
+  const h = state.history;
+  if (!h || doc.interval !== h.interval) {
+    // The first answer (the last hour), or a controller that samples otherwise now: taken whole.
+    state.history = { interval: doc.interval, points: doc.points, t: doc.t.slice(), fleet: doc.fleet, models: doc.models };
+  } else {
+    // New points only: any the page holds already (a reconnect's first answer) are skipped.
+    const last = h.t.length ? h.t[h.t.length - 1] : -Infinity;
+    let skip = 0;
+    while (skip < doc.t.length && doc.t[skip] <= last) skip++;
+    const n = h.t.length, add = doc.t.length - skip;
+    if (add <= 0) return;
+    const tail = (series) => Object.fromEntries(Object.entries(series).map(([f, col]) => [f, col.slice(skip)]));
+    h.t.push(...doc.t.slice(skip));
+    appendSeries(h.fleet, tail(doc.fleet), n, add);
+    for (const [name, series] of Object.entries(doc.models)) {
+      if (!h.models[name]) h.models[name] = {};
+      appendSeries(h.models[name], tail(series), n, add);
+    }
+    for (const [name, series] of Object.entries(h.models)) {
+      if (!doc.models[name]) appendSeries(series, {}, n, add);     // a model gone: gaps
+    }
+    const cut = h.t.length - h.points;
+    if (cut > 0) {
+      h.t.splice(0, cut);
+      for (const series of [h.fleet, ...Object.values(h.models)]) for (const col of Object.values(series)) col.splice(0, cut);
+    }
+  }
+  renderCharts();
+}
+
+function appendSeries(into, from, before, add) {
+  for (const [field, col] of Object.entries(from)) {
+    if (!into[field]) into[field] = new Array(before).fill(null);
+    into[field].push(...col);
+  }
+  for (const [field, col] of Object.entries(into)) {
+    if (!from[field]) for (let i = 0; i < add; i++) col.push(null);
+  }
+}
+
+function chartData(series, spec) {
+  const h = state.history;
+  return [h.t, ...spec.series.map(([field]) => {
+    const col = series[field] || [];
+    return MS_FIELDS.has(field) ? col.map((v) => (v === null || v === undefined ? null : v * 1000)) : col;
+  })];
+}
+
+function peak(col) {
+  let best = 0;
+  for (const v of col || []) if (v !== null && v > best) best = v;
+  return best;
+}
+
+function chartCard(name) {
+  let entry = state.charts.get(name);
+  if (entry) return entry;
+  const card = el("div", { class: "chart-card", "data-chart": name || "(fleet)" },
+    el("h3", {}, name ? el("span", { class: "mono" }, name) : "Fleet (every model)"));
+  const plots = [];
+  const width = Math.max(240, Math.min(420, ($("charts").clientWidth || 900) / 3 - 16));
+  for (const spec of CHARTS) {
+    const box = el("div", { class: "chart" });
+    card.appendChild(box);
+    if (typeof uPlot !== "function") { box.appendChild(el("p", { class: "error" }, "uPlot did not load")); continue; }
+    const opts = {
+      title: spec.title, width: width, height: 150,
+      scales: { x: { time: true }, tok: { auto: true } },
+      legend: { live: false },
+      series: [{}, ...spec.series.map(([, label, colour, scale]) => ({ label, stroke: colour, scale, width: 1.5,
+                                                                      spanGaps: false }))],
+      axes: [{ stroke: "#8d96a0" }, { scale: "y", stroke: "#8d96a0", size: 44 },
+             ...(spec.series.some((x) => x[3] === "tok") ? [{ scale: "tok", side: 1, stroke: "#8250df", grid: { show: false }, size: 44 }] : [])],
+    };
+    plots.push(new uPlot(opts, chartData({}, spec), box));
+  }
+  entry = { card, plots };
+  state.charts.set(name, entry);
+  return entry;
+}
+
+function renderCharts() {
+  const h = state.history;
+  if (!h) return;
+  setText("history-interval", String(h.interval));
+  $("no-history").hidden = h.t.length > 0;
+  const names = [""].concat(Object.keys(h.models).sort().slice(0, MAX_CHARTS));
+  const wanted = new Set(names);
+  for (const [name, entry] of state.charts) {
+    if (!wanted.has(name)) { entry.plots.forEach((p) => p.destroy()); entry.card.remove(); state.charts.delete(name); }
+  }
+  const box = $("charts");
+  names.forEach((name) => {
+    const entry = chartCard(name);
+    if (entry.card.parentNode !== box) box.appendChild(entry.card);
+    const series = name ? h.models[name] : h.fleet;
+    CHARTS.forEach((spec, i) => { if (entry.plots[i]) entry.plots[i].setData(chartData(series, spec)); });
+    // What a test (or a curious reader of the DOM) can check without reading a canvas.
+    const points = (series.requests || []).filter((v) => v !== null).length;
+    entry.card.setAttribute("data-points", String(points));
+    entry.card.setAttribute("data-peak-requests", String(peak(series.requests)));
+    entry.card.setAttribute("data-peak-desired", String(peak(series.desired)));
+    entry.card.setAttribute("data-peak-ready", String(peak(series.ready)));
+    entry.card.setAttribute("data-last-requests", String((series.requests || []).slice(-1)[0] ?? ""));
+  });
+}
+
+function resizeCharts() {
+  const width = Math.max(240, Math.min(420, ($("charts").clientWidth || 900) / 3 - 16));
+  for (const entry of state.charts.values()) entry.plots.forEach((p) => p.setSize({ width, height: 150 }));
+}
+
+// -- model choices (playground, request log filter) ---------------------------------
+
+function renderModelChoices(models) {
+  const names = models.map((m) => m.name);
+  const key = names.join("\n") + "|" + models.map((m) => (m.aliases || []).join(",")).join(";");
+  if (state.modelChoices === key) return;
+  state.modelChoices = key;
+  const pg = $("pg-model"), was = pg.value;
+  pg.replaceChildren(...models.flatMap((m) => [el("option", {}, m.name),
+    ...(m.aliases || []).map((a) => el("option", {}, a))]));
+  if (was && [...pg.options].some((o) => o.value === was)) pg.value = was;
+  const rl = $("rl-model"), had = rl.value;
+  rl.replaceChildren(el("option", {}, ""), ...names.map((n) => el("option", {}, n)));
+  rl.options[0].textContent = "all";
+  rl.options[0].value = "";
+  rl.value = had;
+}
+
+// -- request log ---------------------------------------------------------------------
+
+async function refreshRequests(now) {
+  const at = Date.now();
+  // A tab in the background reads nothing until it is looked at again.
+  if (!now && (at - state.refreshed.requests < REFRESH_MS || (document.hidden && state.refreshed.requests))) return;
+  state.refreshed.requests = at;
+  const q = new URLSearchParams({ limit: "50" });
+  if ($("rl-model").value) q.set("model", $("rl-model").value);
+  if ($("rl-status").value) q.set("status", $("rl-status").value);
+  if ($("rl-id").value.trim()) q.set("id", $("rl-id").value.trim());
+  let body;
+  try {
+    body = await (await api("requests?" + q.toString())).json();
+  } catch (err) {
+    setText("rl-summary", "cannot read the request log: " + (err && err.message || err));
+    return;
+  }
+  setText("rl-summary", body.requests.length + " shown · the last " + Math.min(body.total, body.capacity)
+          + " of " + body.total + " since start are kept");
+  $("no-requests").hidden = body.requests.length > 0;
+  const now_s = Date.now() / 1000;
+  replaceRows("requests", body.requests.map((r) => el("tr", { "data-request-id": r.id, "data-status": r.status },
+    el("td", { title: new Date(r.at * 1000).toISOString() }, ago(now_s - r.at)),
+    el("td", { class: "mono" }, r.id),
+    el("td", {}, r.key || "-"),
+    el("td", {}, r.model || "-", r.asked && r.asked !== r.model ? el("div", { class: "muted" }, "asked " + r.asked) : null),
+    el("td", {}, badge(String(r.status), r.status >= 500 ? "failed" : r.status >= 400 ? "starting" : "ready")),
+    el("td", {}, r.ttft === null ? "-" : Math.round(r.ttft * 1000) + " ms"),
+    el("td", {}, (r.tokens_in ?? "-") + " / " + (r.tokens_out ?? "-")),
+    el("td", {}, Math.round(r.duration * 1000) + " ms"),
+    el("td", { class: "mono" }, r.replica || "-"),
+    el("td", {}, r.error ? el("span", { class: "error" }, r.error) : ""),
+  )));
+}
+
+// -- GPU view --------------------------------------------------------------------------
+
+async function refreshGpus(now) {
+  const at = Date.now();
+  if (!now && (at - state.refreshed.gpus < REFRESH_MS || (document.hidden && state.refreshed.gpus))) return;
+  state.refreshed.gpus = at;
+  const q = new URLSearchParams({ limit: "50" });
+  if ($("gpu-node").value.trim()) q.set("node", $("gpu-node").value.trim());
+  let body;
+  try {
+    body = await (await api("gpus?" + q.toString())).json();
+  } catch (err) {
+    setText("gpu-summary", "cannot read the GPUs: " + (err && err.message || err));
+    return;
+  }
+  setText("gpu-summary", body.total ? "nodes with GPUs: " + body.total + (body.total > body.nodes.length
+          ? ", the first " + body.nodes.length + " shown" : "") : "no node reports a GPU");
+  $("gpu-nodes").replaceChildren(...body.nodes.map((n) => el("div", { class: "gpu-node", "data-node": n.name },
+    el("h3", {}, el("span", { class: "mono" }, n.name), " ", badge(n.state)),
+    ...n.gpus.map((g) => gpuRow(g)))));
+}
+
+function gpuRow(g) {
+  const total = g.memory_mib || 0;
+  const bar = el("div", { class: "gpu-bar", title: total ? mib(total) + " in all" : "memory unknown" });
+  const legend = [];
+  const add = (cls, size, label) => {
+    const seg = el("span", { class: "seg " + cls, title: label });
+    seg.style.width = total ? Math.min(100, (100 * size) / total).toFixed(2) + "%" : "0";
+    bar.appendChild(seg);
+    legend.push(el("li", {}, el("span", { class: "swatch " + cls }), label));
+  };
+  g.replicas.forEach((r, i) => add("r" + (i % 4), r.memory_mib,
+    r.id + " (" + r.model + ", " + r.state + "): " + (r.whole ? "the whole GPU" : mib(r.memory_mib))));
+  if (g.other_mib) add("other", g.other_mib, mib(g.other_mib) + " held outside llmgw");
+  const used = g.replicas.reduce((a, r) => a + r.memory_mib, 0) + (g.other_mib || 0);
+  return el("div", { class: "gpu", "data-gpu": g.index },
+    el("div", { class: "gpu-label" }, "GPU " + g.index + (g.name ? " " + g.name : "") + (total ? " · " + mib(total) : ""),
+       el("span", { class: "muted" }, " · " + (g.replicas.length ? mib(Math.min(used, total)) + " held" : "free"))),
+    bar, legend.length ? el("ul", { class: "plain legend" }, legend) : null);
+}
+
+// -- playground ----------------------------------------------------------------------
+
+function newRequestId() {
+  const bytes = new Uint8Array(8);
+  crypto.getRandomValues(bytes);
+  return "console-" + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+async function sendPrompt(ev) {
+  ev.preventDefault();
+  if (state.playground) return;
+  const out = $("pg-output");
+  const rid = newRequestId();
+  const key = $("pg-key").value.trim();
+  if (key) sessionStorage.setItem(APIKEY_KEY, key); else sessionStorage.removeItem(APIKEY_KEY);
+  const body = { model: $("pg-model").value, max_tokens: Number($("pg-max-tokens").value) || 128,
+                 messages: [{ role: "user", content: $("pg-prompt").value }] };
+  const hdrs = { ...headers(), "Content-Type": "application/json", "X-Request-Id": rid };
+  if (key) hdrs["X-Llmgw-Api-Key"] = key;
+  out.textContent = "";
+  out.dataset.state = "streaming";
+  out.dataset.requestId = rid;
+  const t0 = performance.now();
+  let ttft = null, chunks = 0, usage = null, replica = "";
+  const stats = () => setText("pg-stats", "request " + rid + (replica ? " · replica " + replica : "")
+    + " · TTFT " + (ttft === null ? "…" : Math.round(ttft) + " ms")
+    + " · " + (usage ? usage.prompt_tokens + " tokens in, " + usage.completion_tokens + " out" : chunks + " chunks")
+    + (ttft !== null && usage ? " · " + (usage.completion_tokens / Math.max(0.001, (performance.now() - t0) / 1000)).toFixed(1) + " tokens/s" : ""));
+  state.playground = new AbortController();
+  $("pg-send").disabled = true;
+  $("pg-stop").disabled = false;
+  stats();
+  try {
+    const resp = await fetch(API + "playground/chat", { method: "POST", headers: hdrs, body: JSON.stringify(body),
+                                                         cache: "no-store", signal: state.playground.signal });
+    replica = resp.headers.get("x-llmgw-replica") || "";
+    if (!resp.ok || !(resp.headers.get("Content-Type") || "").startsWith("text/event-stream")) {
+      const text = await resp.text();
+      let message = text;
+      try { message = JSON.parse(text).error.message; } catch (err) { /* not JSON: shown as it is */ }
+      out.dataset.state = "error";
+      out.textContent = "HTTP " + resp.status + ": " + message;
+      return;
+    }
+    const reader = resp.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true });
+      let cut;
+      while ((cut = buffer.indexOf("\n")) >= 0) {
+        const line = buffer.slice(0, cut).replace(/\r$/, "");
+        buffer = buffer.slice(cut + 1);
+        if (!line.startsWith("data:")) continue;
+        const data = line.slice(5).trim();
+        if (data === "[DONE]") continue;
+        let doc;
+        try { doc = JSON.parse(data); } catch (err) { continue; }
+        if (doc.error) { out.dataset.state = "error"; out.appendChild(el("span", { class: "error" }, "\n" + (doc.error.message || "error"))); continue; }
+        const text = doc.choices && doc.choices[0] && doc.choices[0].delta && doc.choices[0].delta.content;
+        if (text) {
+          if (ttft === null) ttft = performance.now() - t0;
+          chunks += 1;
+          out.appendChild(document.createTextNode(text));
+        }
+        if (doc.usage) usage = doc.usage;
+        stats();
+      }
+    }
+    if (out.dataset.state === "streaming") out.dataset.state = "done";
+  } catch (err) {
+    out.dataset.state = err && err.name === "AbortError" ? "stopped" : "error";
+    if (out.dataset.state === "error") out.appendChild(el("span", { class: "error" }, "\n" + String(err && err.message || err)));
+  } finally {
+    stats();
+    state.playground = null;
+    $("pg-send").disabled = false;
+    $("pg-stop").disabled = true;
+    refreshRequests(true);
+  }
+}
+
 // -- token -------------------------------------------------------------------
 
 function askToken(message) {
@@ -315,6 +662,7 @@ function setup() {
   $("forget-token").hidden = !sessionStorage.getItem(TOKEN_KEY);
   $("forget-token").addEventListener("click", () => {
     sessionStorage.removeItem(TOKEN_KEY);
+    sessionStorage.removeItem(APIKEY_KEY);
     if (state.controller) state.controller.abort();
     location.reload();
   });
@@ -326,6 +674,15 @@ function setup() {
     $("token-form").hidden = true;
     run();
   });
+  $("pg-key").value = sessionStorage.getItem(APIKEY_KEY) || "";
+  $("pg-form").addEventListener("submit", sendPrompt);
+  $("pg-stop").addEventListener("click", () => { if (state.playground) state.playground.abort(); });
+  $("rl-form").addEventListener("submit", (ev) => { ev.preventDefault(); refreshRequests(true); });
+  $("rl-model").addEventListener("change", () => refreshRequests(true));
+  $("rl-status").addEventListener("change", () => refreshRequests(true));
+  $("gpu-form").addEventListener("submit", (ev) => { ev.preventDefault(); refreshGpus(true); });
+  $("gpu-node").addEventListener("change", () => refreshGpus(true));
+  window.addEventListener("resize", resizeCharts);
   setInterval(render, AGE_REDRAW_MS);
   run();
 }
