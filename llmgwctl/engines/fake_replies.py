@@ -221,3 +221,7 @@ class Chunks:
 
     def usage(self, usage: dict[str, Any]) -> bytes:
         return self._event({"choices": [], "usage": usage})
+
+    def end(self, usage: dict[str, Any]) -> bytes:
+        """The stream's last bytes: its usage chunk when asked for (stream_options.include_usage), then [DONE]."""
+        return (self.usage(usage) if self.gen.include_usage else b"") + b"data: [DONE]\n\n"

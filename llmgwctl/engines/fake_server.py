@@ -3,7 +3,8 @@
 It is the GPU stand-in for every end-to-end test and benchmark, so what it owns
 is *being indistinguishable on the wire* where llmgw looks: the OpenAI routes
 (non-streaming and SSE streaming, in vLLM's exact chunk shapes; rerank, score
-and tokenize as vLLM serves them, fake_scoring.py), vLLM's error
+and tokenize as vLLM serves them, fake_scoring.py), Anthropic's Messages and
+count_tokens as vLLM serves them (fake_messages.py), vLLM's error
 shape, `/health` that stays 503 while "loading", and a `/metrics` page with
 vLLM's real family names and labels that reflects its real in-flight state
 (slots in use, requests queued beyond `--max-num-seqs`).
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import math
 import signal
@@ -39,7 +41,7 @@ from typing import Any
 from aiohttp import web
 
 from .. import aio
-from . import fake_faults, fake_metrics, fake_responses, fake_scoring
+from . import fake_faults, fake_messages, fake_metrics, fake_responses, fake_scoring
 from .fake_config import FakeConfig
 from .fake_load import Load, prompt_tokens_of
 from .fake_lora import AdapterError, FakeAdapters
@@ -109,12 +111,6 @@ class FakeEngine:
             raise BadRequest("request body must be a JSON object")
         return body
 
-    def check_model(self, body: dict[str, Any]) -> web.Response | None:
-        model = body.get("model", self.config.model)
-        if model != self.config.model and model not in self.adapters.loaded:
-            return error_response(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-        return None
-
     # -- handlers ----------------------------------------------------------
 
     async def health(self, request: web.Request) -> web.Response:
@@ -156,22 +152,29 @@ class FakeEngine:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, "text")
 
-    async def _gate(self, request: web.Request) -> dict[str, Any] | web.Response:
-        """Common checks: loading, body, model, injected failure. Returns the body, or the error to send."""
+    async def _gate(self, request: web.Request, anthropic: bool = False) -> dict[str, Any] | web.Response:
+        """Common checks: loading, body, model, injected failure. Returns the body, or the error to send.
+
+        `anthropic`: errors in Anthropic's shape, as vLLM's Messages routes translate theirs.
+        """
+        def error(status: int, message: str, type_: str, param: str | None = None) -> web.Response:
+            if anthropic:
+                return fake_messages.error_response(status, message, type_)
+            return error_response(status, message, type_, param)
+
         if self.unavailable.on:
             return fake_faults.unavailable()
         if not self.ready():
-            return error_response(503, "The engine is still loading the model.", "ServiceUnavailableError")
+            return error(503, "The engine is still loading the model.", "ServiceUnavailableError")
         try:
             body = await self.read_body(request)
         except BadRequest as exc:
-            return error_response(400, str(exc), "BadRequestError", exc.param)
-        wrong = self.check_model(body)
-        if wrong is not None:
-            return wrong
+            return error(400, str(exc), "BadRequestError", exc.param)
+        model = body.get("model", self.config.model)
+        if model != self.config.model and model not in self.adapters.loaded:
+            return error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
         if self.should_fail():
-            return error_response(500, f"injected failure (--fail-rate {self.config.fail_rate})",
-                                  "InternalServerError")
+            return error(500, f"injected failure (--fail-rate {self.config.fail_rate})", "InternalServerError")
         return body
 
     async def _complete(self, request: web.Request, kind: str) -> web.StreamResponse:
@@ -186,18 +189,52 @@ class FakeEngine:
         except BadRequest as exc:
             return error_response(400, str(exc), "BadRequestError", exc.param)
         prompt = prompt_tokens_of(body)
+        async with self._serving(served):
+            if gen.stream:
+                return await self._stream(request, gen, prompt, Chunks(gen, served))
+            return await self._whole(gen, prompt, served)
+
+    def _serving(self, served: str) -> contextlib.AbstractAsyncContextManager[object]:
+        """An adapter's request counted as running on it (vLLM's lora_requests_info); the base's: nothing."""
         if served != self.config.model:
-            async with self.adapters.using(served):
-                return await self._answer(request, gen, prompt, served)
-        return await self._answer(request, gen, prompt, served)
+            return self.adapters.using(served)
+        return contextlib.nullcontext()
 
-    async def _answer(self, request: web.Request, gen: Generation, prompt: list[str],
-                      served: str) -> web.StreamResponse:
-        if gen.stream:
-            return await self._stream(request, gen, prompt, served)
-        return await self._whole(gen, prompt, served)
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        """Anthropic's Messages, as vLLM serves it: the request made a chat one, the answer Anthropic's."""
+        body = await self._gate(request, anthropic=True)
+        if isinstance(body, web.Response):
+            return body
+        served = body.get("model", self.config.model)
+        try:
+            chat = fake_messages.as_chat(body)
+            gen = parse_generation(chat, "chat", model=served, replica=self.replica,
+                                   natural=self.config.default_max_tokens)
+        except BadRequest as exc:
+            return fake_messages.error_response(400, str(exc), "BadRequestError")
+        prompt = prompt_tokens_of(chat)
+        async with self._serving(served):
+            if gen.stream:
+                return await self._stream(request, gen, prompt, fake_messages.Events(gen, served))
+            await self._generate(gen, prompt)
+        return web.json_response(fake_messages.reply(gen, served),
+                                 headers={"X-Fake-Replica": self.replica}, dumps=_dumps)
 
-    async def _whole(self, gen: Generation, prompt: list[str], served: str) -> web.Response:
+    async def count_tokens(self, request: web.Request) -> web.Response:
+        """Anthropic's count_tokens: the prompt's tokens as a Messages request would count them."""
+        body = await self._gate(request, anthropic=True)
+        if isinstance(body, web.Response):
+            return body
+        try:
+            chat = fake_messages.as_chat(body, counting=True)
+            gen = parse_generation(chat, "chat", model=self.config.model, replica=self.replica, natural=0)
+        except BadRequest as exc:
+            return fake_messages.error_response(400, str(exc), "BadRequestError")
+        return web.json_response({"input_tokens": gen.prompt_tokens}, headers={"X-Fake-Replica": self.replica},
+                                 dumps=_dumps)
+
+    async def _generate(self, gen: Generation, prompt: list[str]) -> None:
+        """A whole (non-stream) generation's time and slot, counted as vLLM counts it."""
         async with self.load.running(len(prompt) + len(gen.tokens)):
             try:
                 await self.load.prefill(prompt)
@@ -206,6 +243,9 @@ class FakeEngine:
             except asyncio.CancelledError:
                 self.counters.abort()
                 raise
+
+    async def _whole(self, gen: Generation, prompt: list[str], served: str) -> web.Response:
+        await self._generate(gen, prompt)
         text = "".join(gen.tokens)
         usage = self._usage(gen)
         if gen.kind == "chat":
@@ -220,13 +260,12 @@ class FakeEngine:
         return web.json_response(reply, headers={"X-Fake-Replica": self.replica}, dumps=_dumps)
 
     async def _stream(self, request: web.Request, gen: Generation, prompt: list[str],
-                      served: str) -> web.StreamResponse:
+                      chunks: Chunks | fake_messages.Events) -> web.StreamResponse:
         # Headers go out before a slot is free, as vLLM's StreamingResponse does:
         # a queued stream is open (and counted as waiting) while it waits.
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                "Cache-Control": "no-cache", "X-Fake-Replica": self.replica})
         await response.prepare(request)
-        chunks = Chunks(gen, served)
         done = False
         last = len(gen.tokens) - 1
         try:
@@ -238,9 +277,7 @@ class FakeEngine:
                     await response.write(b"".join(chunks.token(i, last=(i == last)) for i in due))
                 if not gen.tokens:
                     await response.write(chunks.empty_finish())
-                if gen.include_usage:
-                    await response.write(chunks.usage(self._usage(gen)))
-                await response.write(b"data: [DONE]\n\n")
+                await response.write(chunks.end(self._usage(gen)))
                 done = True
                 self.counters.account(gen)
         except ConnectionResetError:
@@ -346,6 +383,8 @@ class FakeEngine:
         app.router.add_post("/tokenize", self.scoring(lambda body: fake_scoring.tokenize(body, length)))
         app.router.add_post("/detokenize", self.scoring(fake_scoring.detokenize))
         self.responses.install(app)
+        app.router.add_post("/v1/messages", self.messages)
+        app.router.add_post("/v1/messages/count_tokens", self.count_tokens)
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         if self.adapters.enabled:
             # Only with LoRA on, as vLLM opens them only then (and only with

@@ -49,7 +49,8 @@ class Accounting:
         keys = self._surface.keys
         if keys is None:
             return None
-        key = keys.lookup(request.headers.get("Authorization"))
+        headers = request.headers
+        key = keys.lookup(headers.get("Authorization"), headers.get("x-api-key"))
         if key is None:
             raise Refused(keyauth.unauthorized())
         return key
@@ -105,15 +106,20 @@ class Accounting:
         tokens_in, tokens_out = usage if usage is not None else (None, None)
         # A cut stream's hand-overs, only when there were any: FROM>TO@TOKENS sent at the cut.
         continued = ",".join(f"{a}>{b}@{n}" for a, b, n in call.continued)
+        # The name asked by, when it was an alias of `model` (the served name); a
+        # catalog name, never a client's unresolved string.
+        asked = call.echo_as or model
         # The model asked for, only when a fallback answered it (`model` is the one that did).
         fallback = call.fallback_from
-        access_log.info("%s %s %s %d model=%s endpoint=%s key=%s id=%s tokens=%s/%s attempts=%d %.1fms%s%s",
-                        request.remote, request.method, request.path, status, model or "-", endpoint or "-", name,
+        access_log.info("%s %s %s %d model=%s%s endpoint=%s key=%s id=%s tokens=%s/%s attempts=%d %.1fms%s%s",
+                        request.remote, request.method, request.path, status, model or "-",
+                        f" asked={asked}" if asked != model else "", endpoint or "-", name,
                         call.rid, "-" if tokens_in is None else tokens_in, "-" if tokens_out is None else tokens_out,
                         call.attempts, seconds * 1e3, f" continued={continued}" if continued else "",
                         f" fallback_from={fallback}" if fallback else "",
                         extra={"event": "access", "client": request.remote, "method": request.method,
-                               "path": request.path, "status": status, "model": model, "endpoint": endpoint,
+                               "path": request.path, "status": status, "model": model, "model_asked": asked,
+                               "endpoint": endpoint,
                                "key": name, "request_id": call.rid, "tokens_in": tokens_in,
                                "tokens_out": tokens_out, "attempts": call.attempts,
                                "duration_ms": round(seconds * 1e3, 3),

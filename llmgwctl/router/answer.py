@@ -7,10 +7,13 @@ else read whole up to `max_answer_bytes` and sent in one piece
 (`_pass_whole`). A stream opened early to keep a client company through a
 cold start (see conventions.held_for_cold_start) ends with the refusal or the
 engine's error as its last event (`refuse_in_stream`, `_pass_whole_in_stream`).
-Token counts are read off the bytes as they pass (`usage`); each answered
-request is counted once, in `Accounting.served`. A Responses answer's id
-(a whole answer's, or its stream's first event's) is told to `affinity`
-before it reaches the client. A chat stream whose engine
+Token counts are read off the bytes as they pass (`usage`, as the route
+reads its API's); a request by alias has the alias put back as the answer's
+`model`, in the bytes as they pass (`echo`); errors of the router's own take
+the route's shape (`shapes`). Each answered request is counted once, in
+`Accounting.served`. A Responses answer's id (a whole answer's, or its
+stream's first event's) is told to `affinity` before it reaches the client.
+A chat stream whose engine
 dies mid-way goes on from another replica where its model turned
 continuation on (`continuation`); any other ends with an error event.
 """
@@ -32,11 +35,11 @@ from .balancer import Balancer, EndpointState
 from .call import Call, Refused
 from .config import RouterConfig
 from .continuation import Continuation, Splice
+from .echo import Echo
 from .ejection import Ejector
 from .responses import FirstEvent, id_of_whole
 from .retry import ATTEMPTS_HEADER
 from .upstream import OutOfBounds, Response, UpstreamError
-from .usage import StreamUsage, usage_tokens
 
 __all__ = ["AnswerPath"]
 
@@ -118,7 +121,10 @@ class AnswerPath:
                 call.model, f"{state.replica_id} stopped mid-response: {exc or type(exc).__name__}")) from None
         call.waited += perf_counter() - r0
         self._balancer.succeeded(state)
-        usage = usage_tokens(data)
+        usage = call.route.usage.whole(data)
+        if call.echo_as and "Content-Encoding" not in headers:
+            # A compressed answer (the router asks for none) goes on as it came.
+            data = Echo(call.model, call.echo_as).whole(data)
         status = upstream.status
         if call.route.binds and 200 <= status < 300:
             self._affinity.learned(call, state, id_of_whole(data))
@@ -158,7 +164,9 @@ class AnswerPath:
         write = resp.write
         transport = request.transport
         first = 0.0
-        usage = StreamUsage()
+        usage = call.route.usage.stream()
+        # The alias the client asked by, put back in each event (echo.py); None: asked by the model's name.
+        echo = Echo(call.model, call.echo_as) if call.echo_as and "Content-Encoding" not in headers else None
         # Streams of a model with continuation on are read event by event
         # (continuation.Splice) when they may be continued; every other passes as bytes.
         splice = self.continuation.watch(call) if call.view.continuation else None
@@ -180,6 +188,10 @@ class AnswerPath:
                         if first_event is not None and not first_event.feed(chunk):
                             self._affinity.learned(call, state, first_event.response_id)
                             first_event = None
+                        if echo is not None:
+                            chunk = echo.chunk(chunk)
+                            if not chunk:
+                                continue
                         # A write can block only when it leaves the client's socket
                         # backlogged past the transport's high-water mark (64 KiB): a
                         # small chunk onto an empty backlog never does.
@@ -190,8 +202,12 @@ class AnswerPath:
                         if not first:
                             first = perf_counter()
                         usage.feed(chunk)
-                    if isinstance(splice, Splice) and (tail := splice.rest()):
+                    tail = splice.rest() if isinstance(splice, Splice) else b""
+                    if echo is not None:
+                        tail = echo.chunk(tail) + echo.rest() if tail else echo.rest()
+                    if tail:
                         await write(tail)
+                        usage.feed(tail)
                     await resp.write_eof()
                     break
                 except UpstreamError as exc:
@@ -209,7 +225,9 @@ class AnswerPath:
                     if splice is None:
                         log.warning("endpoint %s died mid-stream: %s", state.replica_id, failure)
                     try:
-                        await write(errors.stream_error_event(f"{state.replica_id}: {failure}"))
+                        held = echo.rest() if echo is not None else b""
+                        await write(held + errors.stream_error_event(f"{state.replica_id}: {failure}",
+                                                                     call.route.error_shape))
                         await resp.write_eof()
                     except ConnectionError:
                         pass
@@ -254,13 +272,14 @@ class AnswerPath:
     async def refuse_in_stream(self, call: Call, refusal: web.Response) -> web.StreamResponse:
         """A refusal (cold timeout, unplaceable, ...) for a stream whose 200 and headers are sent: its last event.
 
-        The OpenAI error body goes out as a `data:` event, which OpenAI SDKs
-        raise as an APIError; counted and logged under the refusal's status.
+        The error goes out as the route's shape has it (shapes.py): for
+        OpenAI's a `data:` event, which OpenAI SDKs raise as an APIError, for
+        Anthropic's an `event: error`; counted and logged under the refusal's status.
         """
         resp = call.early
-        assert resp is not None and isinstance(refusal.body, bytes)    # the caller checked; our refusals are JSON bytes
+        assert resp is not None    # the caller checked
         try:
-            await resp.write(b"data: " + refusal.body + b"\n\n")
+            await resp.write(call.route.error_shape.event(refusal))
             await resp.write_eof()
         except ConnectionError:
             pass
@@ -285,8 +304,8 @@ class AnswerPath:
         else:
             self._balancer.succeeded(state)
             detail = f"{state.replica_id} answered {upstream.status} without a stream"
-        event = (b"data: " + data.strip().replace(b"\n", b"") + b"\n\n" if data.lstrip().startswith(b'{"error"')
-                 else errors.stream_error_event(detail))
+        shape = call.route.error_shape
+        event = shape.engine_event(data) or errors.stream_error_event(detail, shape)
         resp = call.early
         assert resp is not None    # called only for a stream already opened for a cold start
         served = self._accounting.served

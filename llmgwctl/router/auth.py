@@ -11,7 +11,9 @@ force stay as they were (`KeyFileWatcher` says what else may be at the path):
         rpm: 600                      # requests per minute (a bucket of rpm, refilled rpm/60 a second)
 
 Clients send `Authorization: Bearer <key>` (what every OpenAI SDK sends as its
-api_key). The checks, in order:
+api_key) or `x-api-key: <key>` (what the `anthropic` SDK and Claude Code send);
+a request with an `Authorization` header is judged by it alone, so one
+request cannot offer two keys and be let in by either. The checks, in order:
 
 1. no key, or one not in the file -> 401, before the body is read;
 2. over its rate -> 429 with Retry-After (seconds until the bucket holds one
@@ -101,12 +103,21 @@ class ApiKeys:
     def names(self) -> list[str]:
         return sorted(k.name for k in self._by_digest.values())
 
-    def lookup(self, authorization: str | None) -> ApiKey | None:
-        """The key behind an `Authorization: Bearer ...` header value, or None."""
-        # The scheme is case-insensitive (RFC 9110 11.1): "bearer KEY" is "Bearer KEY".
-        if not authorization or authorization[:7].lower() != "bearer ":
+    def lookup(self, authorization: str | None, api_key: str | None = None) -> ApiKey | None:
+        """The key behind an `Authorization: Bearer ...` header value, else behind an `x-api-key` one; or None.
+
+        With an Authorization header the x-api-key is not looked at: it is
+        the header OpenAI clients send, and a key is one credential.
+        """
+        if authorization is not None:
+            # The scheme is case-insensitive (RFC 9110 11.1): "bearer KEY" is "Bearer KEY".
+            if authorization[:7].lower() != "bearer ":
+                return None
+            secret = authorization[7:].strip()
+        elif api_key is not None:
+            secret = api_key.strip()
+        else:
             return None
-        secret = authorization[7:].strip()
         if not secret:
             return None
         return self._by_digest.get(hashlib.sha256(secret.encode("utf-8", "surrogateescape")).hexdigest())
@@ -200,7 +211,8 @@ class Limiter:
 # -- the responses ------------------------------------------------------------------
 
 def unauthorized() -> Any:
-    return errors.response(401, "a valid API key is required: send it as 'Authorization: Bearer <key>'",
+    return errors.response(401, "a valid API key is required: send it as 'Authorization: Bearer <key>' "
+                           "(or 'x-api-key: <key>')",
                            "invalid_request_error", "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
 

@@ -58,7 +58,7 @@ class Call:
 
     __slots__ = ("request", "route", "t0", "api_key", "model", "view", "stream", "waited", "rid", "fwd", "early",
                  "chooser", "held", "body", "continued", "attempts", "fallback_from", "pinned", "response_id",
-                 "base", "asked")
+                 "base", "asked", "echo_as")
 
     def __init__(self, request: web.Request, route: routing.Route, t0: float, view: View):
         self.request = request
@@ -69,6 +69,8 @@ class Call:
         self.api_key: keyauth.ApiKey | None = None     # None: not checked yet, or the router is open
         self.model = ""                         # the canonical name once resolved; "" is logged as "-"
         self.asked = ""                         # the name the body gave (an alias, say), for the request log
+        # The alias the client named the model by, echoed in the answer (echo.py); "": none to echo.
+        self.echo_as = ""
         self.stream = False                     # the body asked for a stream ("stream": true)
         # Seconds spent waiting on others -- a cold wait, failed attempts, the
         # answering engine -- so the router's own time (its overhead) is the

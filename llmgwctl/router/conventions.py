@@ -2,8 +2,8 @@
 
 - every answer carries `X-Request-Id` (`stamp_request_id`, a response-prepare
   hook, so errors, streams and aiohttp's own answers on the app get it too);
-- a method a route does not take is 405 with `Allow` and an OpenAI-shaped body
-  (`method_not_allowed`), where aiohttp would say 404;
+- a method a route does not take is 405 with `Allow` and a body in the
+  route's error shape (`method_not_allowed`), where aiohttp would say 404;
 - a stream held for a cold start gets SSE comments every few seconds
   (`held_for_cold_start`), so neither the client nor a proxy between takes the
   silence for a dead connection.
@@ -61,17 +61,19 @@ _GET_PATHS = frozenset(("/v1/models", "/healthz", "/health", "/readyz", "/metric
 def method_not_allowed(request: web.Request, *, cors: bool) -> web.Response | None:
     """405 with Allow when `request`'s path is a route of the router's under another method; else None (a 404)."""
     path = request.path
+    route = routes.BY_PATH.get(routes.template_of(path))
     if path in _GET_PATHS or path.startswith("/v1/models/"):
         allow = "GET, HEAD"
-    elif routes.template_of(path) in routes.BY_PATH:
+    elif route is not None:
         # The routes the router proxies (routes.TABLE), a stored response's by its id.
-        allow = ", ".join(routes.BY_PATH[routes.template_of(path)].methods)
+        allow = ", ".join(route.methods)
     else:
         return None
     if cors:
         allow += ", OPTIONS"
-    return errors.response(405, f"{request.method} is not allowed on {errors.quote(path)}; it takes {allow}",
-                           "invalid_request_error", "method_not_allowed", headers={"Allow": allow})
+    refusal = errors.response(405, f"{request.method} is not allowed on {errors.quote(path)}; it takes {allow}",
+                              "invalid_request_error", "method_not_allowed", headers={"Allow": allow})
+    return route.error_shape.whole(refusal) if route is not None else refusal
 
 
 # -- a stream held for a cold start ------------------------------------------------------------

@@ -17,7 +17,9 @@ Exceptions, each defined beside the code that raises it:
 
 Responses: `{"error": {"message", "type", "code"}}`. Clients are OpenAI SDKs;
 they read `error.message` and raise by status, so every error the router
-itself produces goes through here. Errors an engine returns are passed
+itself produces goes through here; a route whose clients parse another
+shape (Anthropic's, on /v1/messages) passes it through its `shapes.Shape`
+on the way out. Errors an engine returns are passed
 through untouched: the router is transparent.
 """
 from __future__ import annotations
@@ -27,7 +29,8 @@ from collections.abc import Iterable
 
 from aiohttp import web
 
-from ..httpserver import error_body, error_response
+from ..httpserver import error_response
+from .shapes import OPENAI, Shape
 
 
 class RouterError(Exception):
@@ -192,11 +195,11 @@ def engine_out_of_bounds(model: str, replica: str, detail: str) -> web.Response:
 def not_found(path: str) -> web.Response:
     """404 for a route the router does not serve; `path` is the client's ("METHOD /path"), quoted shortened."""
     return response(404, f"no route for {path[:QUOTE_CHARS]}{'...' if len(path) > QUOTE_CHARS else ''}; "
-                    "the router serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses and /v1/models",
+                    "the router serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, "
+                    "/v1/messages, /v1/messages/count_tokens and /v1/models",
                     "invalid_request_error", "not_found")
 
 
-def stream_error_event(detail: str) -> bytes:
-    """The last SSE event of a stream whose engine died: OpenAI SDKs raise APIError on it instead of hanging."""
-    return (b"data: " + error_body(f"the engine stopped mid-stream: {detail}", "upstream_error",
-                                   "upstream_disconnected") + b"\n\n")
+def stream_error_event(detail: str, shape: Shape = OPENAI) -> bytes:
+    """The last SSE event of a stream whose engine died, in the route's `shape`: SDKs raise on it instead of hanging."""
+    return shape.stream_error(f"the engine stopped mid-stream: {detail}", "upstream_error", "upstream_disconnected")

@@ -155,10 +155,10 @@ class RequestPath:
                     raise Refused(keyauth.rate_limited(api_key, wait))
             return await steps(call)
         except Refused as refused:
-            response = route.error_shape(refused.response)
             if call.early is not None:
-                return await self._answer.refuse_in_stream(call, response)
-            return accounting.refuse(call, response)
+                return await self._answer.refuse_in_stream(call, refused.response)
+            # In the shape the route's clients parse (shapes.py): OpenAI's unless the route says.
+            return accounting.refuse(call, route.error_shape.whole(refused.response))
         except ClientGone:
             # Left while held for a cold start: a keep-alive comment found the connection closed.
             accounting.refuse(call, web.Response(status=499))
@@ -308,6 +308,10 @@ class RequestPath:
             call.chooser = self.policies.chooser(policy, served, facts.doc, call.request.headers, prompt=reader)
         if name != served:
             body = self._renamed(body, facts, route.model_key, served)
+            if not call.fallback_from:
+                # An alias: echoed back in the answer (echo.py). A fallback's
+                # answer names the model that gave it, as its headers do.
+                call.echo_as = name
         return body
 
     def _fall_back(self, call: Call, model: Model, chain: tuple[str, ...]) -> Model:
@@ -357,6 +361,9 @@ class RequestPath:
         self._metrics.fallbacks.labels(model.name, choice.model.name, choice.reason).inc()
         call.fallback_from = model.name
         call.model = choice.model.name
+        # A fallback's answer names the model that gave it, as its headers do,
+        # even when the request came by alias and was already set to echo it.
+        call.echo_as = ""
         return choice
 
     def _renamed(self, body: bytes, facts: jsonbody.Facts | None, key: str, name: str) -> bytes:

@@ -18,13 +18,19 @@ Each entry says, for its API:
   upstream's idle timer then runs);
 - `prompt`: how the prompt is read for prefix routing (`policies/prefix.py`); None:
   the pick is by load alone;
-- `error_shape`: the shape the router's own errors take on this route (today
-  every route answers in OpenAI's; another API's SDK parses its own);
+- `usage`: how its answers' token counts are read for metering (`usage.py`);
+- `error_shape`: the shape the router's own errors take on this route
+  (`shapes.py`: OpenAI's unless the route's SDK parses another, as the
+  `anthropic` SDK does on the Messages routes);
 - `binds`: whether the answer names a response the engine stored (its id),
   which later requests name (`previous_response_id` in the body): the
   router remembers the replica and sends those there (affinity.py);
 - `by_response`: the path names a stored response (`{id}`) instead of the
   body a model: routed to the replica that stored it, for the key that made it.
+
+The model's name goes both ways on every route: a request by alias reaches
+the engine under the canonical name (`model_key` rewritten), and the answer's
+`model` names the alias again (`echo.py`).
 
 Adding an API is adding an entry. A catalog-added route is an entry like
 embeddings' -- the model in the body, no stream timer, no prompt -- served
@@ -39,19 +45,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
-
 from ..catalog import Catalog
-from .policies.prefix import chat_prompt, completion_prompt, responses_prompt
+from . import usage as metering
+from .policies.prefix import chat_prompt, completion_prompt, messages_prompt, responses_prompt
+from .shapes import ANTHROPIC, OPENAI, Shape
 
 PromptReader = Callable[[Mapping[str, Any]], "str | None"]
-# The router's refusal (an OpenAI-shaped error) in the route's own shape.
-ErrorShape = Callable[[web.Response], web.Response]
-
-
-def openai_shape(refusal: web.Response) -> web.Response:
-    """OpenAI's error shape, which `errors` already builds: the refusal as it is."""
-    return refusal
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +62,8 @@ class Route:
     model_key: str = "model"
     streams: bool = False
     prompt: PromptReader | None = None
-    error_shape: ErrorShape = openai_shape
+    usage: metering.Reading = metering.OPENAI
+    error_shape: Shape = OPENAI
     binds: bool = False
     by_response: bool = False
     # Added by the catalog for some engines, not documented by llmgw: served
@@ -101,6 +101,10 @@ TABLE: tuple[Route, ...] = (
     Route("/v1/responses/{id}", methods=("GET", "DELETE"), streams=True, by_response=True),
     Route("/v1/responses/{id}/cancel", by_response=True),
     Route("/v1/responses/{id}/input_items", methods=("GET",), by_response=True),
+    # Anthropic Messages (vLLM, llama.cpp's server): the anthropic SDK and Claude Code.
+    Route("/v1/messages", streams=True, prompt=messages_prompt, usage=metering.MESSAGES, error_shape=ANTHROPIC),
+    # A count costs no generation: not metered.
+    Route("/v1/messages/count_tokens", usage=metering.NONE, error_shape=ANTHROPIC),
 )
 BY_PATH: Mapping[str, Route] = {r.path: r for r in TABLE}
 # The prefix every by-response route's path starts with; `{id}` is the segment after it.

@@ -28,7 +28,9 @@ def test_serve_answers_with_its_local_agent_and_stops_its_engines_on_ctrl_c(tmp_
         proc = fleet.controller
         wait_until(lambda: fleet.ready("fake-chat"), "the local agent's replica ready")
         reply = fleet.chat("default")
-        assert reply.status_code == 200 and reply.json()["model"] == "fake-chat"
+        # Asked by its alias, answered by fake-chat (its reply says so) under the alias asked.
+        assert reply.status_code == 200 and reply.json()["model"] == "default"
+        assert "model=fake-chat" in reply.json()["choices"][0]["message"]["content"]
         (replica,) = fleet.replicas()
         engine_pid = replica["pid"]
         assert engine_pid in fleet.marked_pids()

@@ -43,8 +43,11 @@ READY_TIMEOUT = 900.0
 REQUEST_TIMEOUT = 300.0
 pytestmark = pytest.mark.timeout(1800)
 SERVE_ARGS = ("--settle", "2", "--poll-interval", "0.5")
-# Long enough to be cut well inside; ignore_eos so it runs to the end.
-TOKENS = 160
+# Long enough to be cut well inside; ignore_eos so it runs to the end. A
+# short stream lost the race on a loaded CI machine: the engine had sent all
+# of it before the client (starved of CPU) had read KILL_AFTER chunks, so the
+# kill cut nothing and there was no hand-over to find.
+TOKENS = 600
 # Content chunks passed before the kill: well after the start, well before the end.
 KILL_AFTER = 30
 ASKED = [{"role": "user", "content": "Tell me a long story about a dragon who learns to bake bread."}]

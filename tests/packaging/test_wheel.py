@@ -178,7 +178,9 @@ def test_installed_serve_answers_a_chat_through_its_router(venv, tmp_path):
         assert proc.poll() is None, fleet.log("serve")[-3000:]
         reply = fleet.chat("default")
         assert reply.status_code == 200, reply.text
-        assert reply.json()["model"] == "wheel-chat" and reply.json()["choices"][0]["message"]["content"]
+        # Asked by alias: answered by wheel-chat, under the alias asked.
+        assert reply.json()["model"] == "default"
+        assert "model=wheel-chat" in reply.json()["choices"][0]["message"]["content"]
         # The engine the agent started is the installed copy's too.
         (replica,) = fleet.replicas()
         engine = Path(f"/proc/{replica['pid']}/cmdline").read_bytes().split(b"\0")

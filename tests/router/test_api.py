@@ -67,12 +67,14 @@ def test_streamed_bytes_pass_through_unchanged(setup):
     assert events(via_router.text) == events(direct.text) and len(events(direct.text)) == 9   # 8 tokens + [DONE]
 
 
-def test_alias_resolves_to_the_served_name(setup):
+def test_alias_resolves_to_the_served_name_and_is_echoed_back(setup):
     engine, rt, client = setup
     for alias in ("qwen", "default"):
         chat = client.chat.completions.create(model=alias, messages=[{"role": "user", "content": "a"}], max_tokens=2)
-        # The fake engine answers 404 for any name but its own: this reply proves the rewrite.
-        assert chat.model == MODEL
+        # The fake engine answers 404 for any name but its own, and says the name it was sent:
+        # this reply proves the rewrite; its `model` is the name the client asked for (echo.py).
+        assert f"model={MODEL}" in chat.choices[0].message.content
+        assert chat.model == alias
 
 
 def test_embeddings_and_other_post_routes(setup):

@@ -15,6 +15,7 @@ import requests
 from llmgwctl.catalog import Catalog, CatalogError, EngineSpec, Model, Profile, load_text
 from llmgwctl.contracts import Endpoint
 from llmgwctl.router import routes
+from llmgwctl.router.shapes import ANTHROPIC, OPENAI
 
 from .harness import make_router, wait_until
 
@@ -53,6 +54,8 @@ CASES = [
     ("DELETE", "/v1/responses/resp_x", MODEL, None, 404, False),
     ("POST", "/v1/responses/resp_x/cancel", MODEL, {}, 404, False),
     ("PUT", "/v1/responses/resp_x", MODEL, None, 405, False),
+    ("POST", "/v1/messages", MODEL + "-alias", {"max_tokens": 2, "messages": CHAT["messages"]}, 200, True),
+    ("POST", "/v1/messages/count_tokens", MODEL, {"messages": CHAT["messages"]}, 200, True),
     # Engine-admin routes: never reachable, whatever model the body names.
     ("POST", "/v1/load_lora_adapter", MODEL, {"lora_name": "x", "lora_path": "/etc"}, 404, False),
     ("POST", "/v1/unload_lora_adapter", MODEL, {"lora_name": "x"}, 404, False),
@@ -107,6 +110,7 @@ def test_a_route_is_proxied_only_when_the_table_or_the_catalog_has_it(served, me
     assert ("x-llmgw-replica" in r.headers) == reaches, r.headers
     if not reaches:
         error = r.json()["error"]
+        # The OpenAI shape: every route refused here is outside the Messages routes, which answer in Anthropic's.
         assert {"message", "type", "code"} <= set(error) and r.headers["Content-Type"].startswith("application/json")
         assert r.headers.get("X-Request-Id")
         # Nothing reached the engine: a sentinel request that does is the next line of its log.
@@ -130,15 +134,17 @@ def test_the_table_holds_the_documented_apis_and_no_admin_route():
     assert [r.path for r in routes.TABLE] == [
         "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/rerank", "/v2/rerank",
         "/v1/score", "/score", "/tokenize", "/detokenize", "/v1/responses", "/v1/responses/{id}",
-        "/v1/responses/{id}/cancel", "/v1/responses/{id}/input_items"]
+        "/v1/responses/{id}/cancel", "/v1/responses/{id}/input_items", "/v1/messages", "/v1/messages/count_tokens"]
     by_model = [r for r in routes.TABLE if not r.by_response]
     assert all(r.methods == ("POST",) and r.model_key == "model" for r in by_model)
     streams = {r.path for r in by_model if r.streams}
-    assert streams == {"/v1/chat/completions", "/v1/completions", "/v1/responses"}
-    chat, completions, *rest, responses = by_model
+    assert streams == {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"}
+    chat, completions, *rest, responses, messages, count = by_model
+    assert messages.prompt is not None and count.prompt is None
+    assert messages.error_shape is count.error_shape is ANTHROPIC
     assert chat.prompt is not None and chat.prompt({"messages": [{"role": "user", "content": "x"}]}) == "<|user|>\nx\n"
     assert completions.prompt is not None and completions.prompt({"prompt": "once"}) == "once"
-    assert all(r.prompt is None and r.error_shape is routes.openai_shape and not r.binds for r in rest)
+    assert all(r.prompt is None and r.error_shape is OPENAI and not r.binds for r in rest)
     # Responses: the instructions as a system message, then the input, as a chat's prompt reads.
     assert responses.prompt is not None and responses.binds
     assert responses.prompt({"instructions": "sys", "input": "x"}) == "<|system|>\nsys\n<|user|>\nx\n"

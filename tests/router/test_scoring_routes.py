@@ -40,8 +40,9 @@ def test_rerank_goes_to_the_model_the_body_names_at_each_path(served, path, mode
     assert r.status_code == 200, r.text
     assert r.headers["x-llmgw-replica"] == replica
     body = r.json()
-    # The engine saw the canonical name (it 404s any other) and ranked the two cat documents first.
-    assert body["model"] == (RERANKER if replica == "rr1" else CHATTY)
+    # The engine saw the canonical name (it 404s any other) and ranked the two cat documents first;
+    # the client hears back the name it asked for, alias or not.
+    assert body["model"] == model
     assert [x["index"] for x in body["results"]] == [2, 0]
     assert body["results"][0]["document"]["text"] == DOCS[2]
 

@@ -107,7 +107,7 @@ def test_cli_static_mode_serves_the_openai_client(engines, router_process, tmp_p
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=30)
     raw = client.chat.completions.with_raw_response.create(
         model="small", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
-    assert raw.headers["x-llmgw-replica"] == "g1" and raw.parse().model == "small-model"
+    assert raw.headers["x-llmgw-replica"] == "g1" and raw.parse().model == "small"  # the alias echoed
     text = "".join(c.choices[0].text for c in client.completions.create(
         model="small-model", prompt="x", max_tokens=3, stream=True) if c.choices)
     assert "replica=g1" in text
@@ -221,12 +221,12 @@ def test_cli_controller_mode_follows_the_watch_and_wakes_through_it(engines, rou
         plane.serve(catalog(("m", ("alias",)), ("cold", ())), NODE, [engine.endpoint()])
         proc, url = router_process("--controller", plane.url, "--cold-timeout", "0.5")
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=30)
-        assert client.completions.create(model="alias", prompt="x", max_tokens=2).model == "m"
+        assert client.completions.create(model="alias", prompt="x", max_tokens=2).model == "alias"  # the engine saw "m"
         with pytest.raises(openai.InternalServerError, match="starting"):
             client.completions.create(model="cold", prompt="x", max_tokens=2)
         wait_until(lambda: plane.wakes == ["cold"], what="the wake to reach the controller")
         # The controller goes away; the router keeps serving what it knew.
         plane.stop()
-        assert client.completions.create(model="alias", prompt="x", max_tokens=2).model == "m"
+        assert client.completions.create(model="alias", prompt="x", max_tokens=2).model == "alias"
     finally:
         plane.close()

@@ -160,6 +160,27 @@ def responses_prompt(doc: Mapping[str, Any]) -> str | None:
     return chat_prompt({"messages": messages})
 
 
+def messages_prompt(doc: Mapping[str, Any]) -> str | None:
+    """An Anthropic Messages request's prompt: `system` (a string or text blocks), then the messages as a chat's.
+
+    The engine's template puts the system prompt first, as one system
+    message (vLLM joins the blocks), so requests sharing a system prompt
+    share a leading string here too. Content blocks count by their text;
+    images and tool results add nothing, as in `chat_prompt`.
+    """
+    limit = MAX_BLOCKS * BLOCK_CHARS
+    system = doc.get("system")
+    if type(system) is list:
+        system = "".join(b.get("text", "") for b in system if type(b) is dict and type(b.get("text")) is str)
+    head = f"<|system|>\n{system}\n" if type(system) is str and system else ""
+    if len(head) >= limit:
+        return head[:limit]
+    chat = chat_prompt(doc)
+    if chat is None:
+        return head[:limit] if head else None
+    return (head + chat)[:limit]
+
+
 def completion_prompt(doc: Mapping[str, Any]) -> str | None:
     """A completion's prompt text (one string, or a list of one); None for token ids or a batch."""
     prompt = doc.get("prompt")
