@@ -58,6 +58,7 @@ from .coldstart import ColdStart, Waker
 from .config import DEFAULTS, RouterConfig
 from .conventions import stamp_request_id
 from .ejection import Ejector
+from .inflight import InFlight
 from .info import InfoRoutes
 from .limits import BodyBudget
 from .modelinfo import ModelInfo
@@ -93,8 +94,10 @@ class Router:
         self.ejector = Ejector(self.balancer, clock=clock,
                                on_eject=lambda code: self.metrics.endpoint_ejections.labels(code).inc())
         # ... and those whose engines stopped answering polls (config.eject_after).
-        self.outliers = Outliers(self.balancer, self.ejector, clock=clock, after=config.eject_after) \
-            if config.eject_after else None
+        # Requests in flight to an endpoint that stops answering move to another (inflight.py).
+        self.inflight = InFlight(self.balancer)
+        self.outliers = Outliers(self.balancer, self.ejector, clock=clock, after=config.eject_after,
+                                 on_wedged=self.inflight.abandon) if config.eject_after else None
         self.policies = Policies(self.balancer)
         self.cold = ColdStart(waker, max_waiting=config.cold_queue, timeout=config.cold_timeout, clock=clock)
         self._session: aiohttp.ClientSession | None = None     # the poller's
@@ -127,12 +130,14 @@ class Router:
                                  counted=lambda outcome: self.metrics.response_affinity.labels(outcome).inc())
         self.metrics.responses_kept.set_function(lambda: len(self.affinity.store))
         self.answer = AnswerPath(config, balancer=self.balancer, ejector=self.ejector, metrics=self.metrics,
-                                 accounting=self.accounting, trimmer=self.trimmer, affinity=self.affinity)
+                                 accounting=self.accounting, trimmer=self.trimmer, affinity=self.affinity,
+                                 inflight=self.inflight)
         self.requests = RequestPath(config, balancer=self.balancer, policies=self.policies, cold=self.cold,
                                     limiter=self.limiter, bodies=self.bodies, parser=self.parser,
                                     trimmer=self.trimmer,
                                     metrics=self.metrics, surface=self.surface, accounting=self.accounting,
-                                    answer=self.answer, info=self.info, affinity=self.affinity)
+                                    answer=self.answer, info=self.info, affinity=self.affinity,
+                                    inflight=self.inflight)
 
     # -- the control plane's side (see surface.py) ---------------------------------------
 
