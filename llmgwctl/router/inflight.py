@@ -119,9 +119,8 @@ class InFlight:
                 del self._streams[state]
 
     def abandon(self, state: EndpointState, why: str) -> tuple[int, int]:
-        """`state`'s engine does not answer and it left the routing: move what waits on it; return how
-        many requests waiting for headers and how many streams were moved."""
-        why = f"{state.replica_id} was ejected: {why}"
+        """`state`'s engine does not answer and it left the routing (`why`, a sentence naming it): move what
+        waits on it; return how many requests waiting for headers and how many streams were moved."""
         moved = 0
         waiting = self._waiting.get(state)
         if waiting:

@@ -92,6 +92,10 @@ class Outliers:
             log.info("endpoint %s answers again; back in routing", state.replica_id,
                      extra={"event": "endpoint-readmitted", "endpoint": state.replica_id, "reason": CODE})
 
+    def silent(self) -> dict[str, EndpointState]:
+        """{replica id: its state} for the endpoints whose last poll went unanswered."""
+        return {rid: seen[0] for rid, seen in self._misses.items()} if self._misses else {}
+
     def retain(self, listed: set[str]) -> None:
         """Forget the endpoints no longer listed."""
         for rid in [r for r in self._misses if r not in listed]:

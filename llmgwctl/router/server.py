@@ -53,7 +53,7 @@ from . import routes as routing
 from .accounting import Accounting
 from .affinity import Affinity
 from .answer import AnswerPath
-from .balancer import Balancer
+from .balancer import Balancer, EndpointState
 from .coldstart import ColdStart, Waker
 from .config import DEFAULTS, RouterConfig
 from .conventions import stamp_request_id
@@ -97,7 +97,7 @@ class Router:
         # Requests in flight to an endpoint that stops answering move to another (inflight.py).
         self.inflight = InFlight(self.balancer)
         self.outliers = Outliers(self.balancer, self.ejector, clock=clock, after=config.eject_after,
-                                 on_wedged=self.inflight.abandon) if config.eject_after else None
+                                 on_wedged=self._wedged) if config.eject_after else None
         self.policies = Policies(self.balancer)
         self.cold = ColdStart(waker, max_waiting=config.cold_queue, timeout=config.cold_timeout, clock=clock)
         self._session: aiohttp.ClientSession | None = None     # the poller's
@@ -143,11 +143,28 @@ class Router:
 
     def set_endpoints(self, endpoints: Iterable[Endpoint]) -> None:
         """Replace the whole list of ready endpoints. Call on the event loop, once per change (Surface.set_endpoints)."""
+        silent = self.outliers.silent() if self.outliers is not None else None
         self.surface.set_endpoints(endpoints)
+        if silent:
+            self._left_silent(silent)
 
     def change_endpoints(self, endpoints: tuple[Endpoint, ...], changed: Mapping[str, Endpoint | None]) -> None:
         """The list changed by `changed`; `endpoints` is the whole new list (Surface.change_endpoints)."""
+        silent = self.outliers.silent() if self.outliers is not None else None
         self.surface.change_endpoints(endpoints, changed)
+        if silent:
+            self._left_silent(silent)
+
+    def _wedged(self, state: EndpointState, reason: str) -> None:
+        self.inflight.abandon(state, f"{state.replica_id} was ejected: {reason}")
+
+    def _left_silent(self, silent: Mapping[str, EndpointState]) -> None:
+        """Endpoints that left the list while their polls went unanswered: taken out because their engine
+        stopped answering (its agent saw it first), so what waits on them moves (inflight.py). One that
+        answers its polls and leaves -- drained, scaled down -- keeps its requests until they finish."""
+        for rid, state in silent.items():
+            if self.balancer.state_of(rid) is not state:
+                self.inflight.abandon(state, f"{rid} left the routing while not answering the router's health probes")
 
     def set_model_states(self, states: Iterable[ModelState]) -> None:
         """Replace what the controller says about models without a ready replica (Surface.set_model_states)."""

@@ -8,7 +8,8 @@ from the other replica can only come from that move, never from the
 timeout. A stream that already sent bytes is continued elsewhere where the
 model has continuation on; one that may not be continued, a request with no
 attempt left, and requests on a replica that merely leaves the endpoint
-list (a drain) stay where they are.
+list while it answers (a drain) stay where they are; one withdrawn while
+its polls go unanswered (its agent saw it wedged first) moves.
 """
 from __future__ import annotations
 
@@ -125,6 +126,26 @@ def test_a_request_on_a_replica_that_leaves_the_list_gracefully_is_not_cut(engin
     assert r.headers["x-llmgw-replica"] == "a" and r.headers["x-llmgw-attempts"] == "1"
 
 
+def test_a_request_on_a_replica_withdrawn_while_it_does_not_answer_moves(engines, routers):
+    # The router's own ejection too slow to come first (eject_after): the controller withdraws the
+    # replica, as when its agent reported it unhealthy, while the router's polls of it go unanswered.
+    running, rt = _setup(engines, routers, eject_after=1000)
+    wedged = running["a"]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(_post, rt)
+        wait_until(lambda: _waiting_on(rt, "a") == 1, what="the request waiting on a")
+        os.kill(wedged.proc.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: "a" in rt.call(rt.router.outliers.silent), what="a poll of a unanswered",
+                       timeout=BOUND)
+            rt.set_endpoints([running["b"].endpoint()])
+            r = pending.result(timeout=BOUND * 2)
+        finally:
+            os.kill(wedged.proc.pid, signal.SIGCONT)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-llmgw-replica"] == "b" and r.headers["x-llmgw-attempts"] == "2"
+
+
 def _stream(rt):
     client = openai.OpenAI(base_url=rt.url + "/v1", api_key="unused", max_retries=0, timeout=BOUND * 2)
     return client.chat.completions.with_raw_response.create(
@@ -195,7 +216,7 @@ async def test_abandoned_while_waiting_raises_abandoned_and_another_cancel_still
     waiter = asyncio.ensure_future(inflight.headers(one, MODEL, (one,), never))
     await asyncio.sleep(0)
     assert inflight.waiting(one) == 1
-    assert inflight.abandon(one, "no answer") == (1, 0)
+    assert inflight.abandon(one, "r-1 was ejected: no answer") == (1, 0)
     with pytest.raises(Abandoned, match="r-1 was ejected: no answer"):
         await waiter
     assert inflight.waiting(one) == 0
@@ -215,7 +236,7 @@ async def test_a_request_with_nowhere_else_to_go_is_not_abandoned():
     # It tried r-2 already; r-1 is all that is left.
     waiter = asyncio.ensure_future(inflight.headers(one, MODEL, (two, one), sent))
     await asyncio.sleep(0)
-    assert inflight.abandon(one, "no answer") == (0, 0)
+    assert inflight.abandon(one, "r-1 was ejected: no answer") == (0, 0)
     sent.set_result("headers")
     assert await waiter == "headers"
     # And one whose only other replica is out of routing too.
@@ -223,6 +244,6 @@ async def test_a_request_with_nowhere_else_to_go_is_not_abandoned():
     sent = asyncio.get_running_loop().create_future()
     waiter = asyncio.ensure_future(inflight.headers(one, MODEL, (one,), sent))
     await asyncio.sleep(0)
-    assert inflight.abandon(one, "no answer") == (0, 0)
+    assert inflight.abandon(one, "r-1 was ejected: no answer") == (0, 0)
     sent.set_result("headers")
     assert await waiter == "headers"
