@@ -16,17 +16,10 @@ import time
 import requests
 
 from llmgwctl.engines import parse_load
-from tests.e2e.fleet import wait_until
+from tests.e2e.fleet import fake_catalog, wait_until
 
 # 40 tokens at 10 a second: the answer's headers come after 4 s, so the request is in flight when its engine stops.
-CATALOG = """\
-apiVersion: llmgw/v1
-kind: Catalog
-models:
-  - name: talk
-    replicas: 2
-    profiles: [{name: cpu, engine: fake, gpus: 0, args: ["--tokens-per-second", "10"]}]
-"""
+CATALOG = fake_catalog("talk", 2, "--tokens-per-second", "10")
 
 
 def _running(row) -> bool:
