@@ -228,7 +228,8 @@ class Router:
         # Before any handler: a web page of another site, or a Host a page could
         # have pointed here (DNS rebinding), spends no GPU time (see httporigin).
         browsers = BrowserGuard.for_bind(bind_host, server="router", cors_origins=cfg.cors_origins,
-                                         allowed_hosts=cfg.allowed_hosts, expose=CORS_EXPOSE)
+                                         allowed_hosts=cfg.allowed_hosts, expose=CORS_EXPOSE,
+                                         methods="GET, POST, DELETE, OPTIONS")
         app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[browsers.middleware()])
         app.router.add_get("/v1/models", info.models)
         app.router.add_get("/v1/models/{name:.+}", info.model)
