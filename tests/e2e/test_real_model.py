@@ -130,9 +130,12 @@ def test_chat_completion_comes_from_the_real_model(served, client):
     assert reply.model == MODEL                      # llama-server serves it under the catalog name
     assert 1 <= reply.usage.completion_tokens <= 8   # counted by the engine's tokenizer, not made up
     assert reply.usage.prompt_tokens > 5             # the chat template wrapped the message in SmolLM2's turns
-    # The fake model still answers under its aliases beside it.
-    fake = client.chat.completions.create(model="default", messages=[{"role": "user", "content": "hi"}])
-    assert fake.model == "fake-chat" and fake.choices[0].message.content
+    # The fake model still answers under its aliases beside it, the alias echoed back (issue 29);
+    # the fake engine, which 404s names it does not serve, was asked for fake-chat.
+    fake = client.chat.completions.with_raw_response.create(model="default",
+                                                            messages=[{"role": "user", "content": "hi"}])
+    assert fake.parse().model == "default" and fake.parse().choices[0].message.content
+    assert fake.headers["x-llmgw-replica"].startswith("fake-chat-")
 
 
 def test_streamed_chat_completion_comes_from_the_real_model(served, client):
