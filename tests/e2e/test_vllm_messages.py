@@ -67,3 +67,21 @@ def test_messages_create_on_vllm_answers_with_text_and_usage_under_the_alias(ser
     assert after.get("out", 0) - before.get("out", 0) == msg.usage.output_tokens
     served.say(f"vllm messages e2e: {msg.usage.input_tokens} in, {msg.usage.output_tokens} out: "
                f"{msg.content[0].text.strip()[:80]!r}")
+
+
+def test_a_messages_stream_on_vllm_has_the_sdks_events_under_the_alias(served):
+    client = anthropic.Anthropic(base_url=served.router, api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT)
+    with client.messages.stream(model=ALIAS, max_tokens=12,
+                                messages=[{"role": "user", "content": "Name a colour."}]) as stream:
+        pieces = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert pieces and "".join(pieces).strip()
+    assert final.model == ALIAS and final.stop_reason in ("end_turn", "max_tokens")
+    assert 1 <= final.usage.output_tokens <= 12
+    # The text the stream carried is the final message's, with nothing lost at the router.
+    assert final.content[0].type == "text" and final.content[0].text == "".join(pieces)
+    # vLLM's own /v1/messages/count_tokens, reached through the router by the alias too.
+    counted = client.messages.count_tokens(model=ALIAS, messages=[{"role": "user", "content": "Name a colour."}])
+    assert counted.input_tokens > 3
+    served.say(f"vllm messages e2e: streamed {len(pieces)} text deltas, {final.usage.output_tokens} tokens; "
+               f"count_tokens {counted.input_tokens}")
