@@ -22,6 +22,7 @@ from .durations import format_duration
 from .engine_env import env_refusal
 from .errors import CatalogError, Problem, format_path
 from .fallbacks import check_fallbacks
+from .multinode import DEFAULT_PARALLEL, check_multinode
 from .sizes import format_size_mib
 
 API_VERSION = "llmgw/v1"
@@ -193,6 +194,18 @@ class Profile:
     # one else shares them). Set: placement fits it into a GPU's free memory,
     # beside other replicas whose needs fit too.
     gpu_memory_mib: int | None = None
+    # Nodes one replica spans (`gpus` on each) and how the model is split
+    # across them, as written (None: DEFAULT_PARALLEL when nodes > 1); see
+    # multinode.py. Read `parallelism`, which resolves the default.
+    nodes: int = 1
+    parallel: str | None = None
+
+    @property
+    def parallelism(self) -> str | None:
+        """How a replica is split across its nodes, default resolved; None for a one-node profile."""
+        if self.nodes == 1:
+            return None
+        return self.parallel or DEFAULT_PARALLEL
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "engine": self.engine}
@@ -201,6 +214,11 @@ class Profile:
         if self.pool is not None:
             out["pool"] = self.pool
         out.update(gpus=self.gpus, priority=self.priority, weight=self.weight)
+        if self.nodes != 1:
+            # Only when written: a one-node catalog keeps its version.
+            out["nodes"] = self.nodes
+        if self.parallel is not None:
+            out["parallel"] = self.parallel
         if self.gpu_memory_mib is not None:
             out["gpu_memory"] = format_size_mib(self.gpu_memory_mib)
         if self.args:
@@ -536,6 +554,8 @@ def _check_model(model: Model, engines: Mapping[str, EngineSpec]) -> Iterable[Pr
         else:
             seen[profile.name] = i
         for path, message in _check_env(profile):
+            yield Problem(file, base + ("profiles", i) + path, message)
+        for path, message in check_multinode(profile):
             yield Problem(file, base + ("profiles", i) + path, message)
     for path, message in _check_lora(model):
         yield Problem(file, base + path, message)
