@@ -6,6 +6,11 @@ Once built nothing in it can change: every collection is a tuple or a read-only
 mapping, every class a frozen dataclass. What changes in a running llmgw is
 *which* catalog is current (see `live.py`), so a reader that took one catalog
 finishes its work against it even if a newer one is swapped in meanwhile.
+
+The rules one model keeps on its own are `modelrules`; the names of routing
+policies and LoRA engines it owns are re-exported here, being part of the
+model's vocabulary (`catalog.model.ROUTING_POLICIES` is what the router's
+registry test holds its names to).
 """
 from __future__ import annotations
 
@@ -16,22 +21,19 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from .bounds import MAX_REPLICAS, MAX_TOTAL_REPLICAS, check_numbers
+from .bounds import MAX_TOTAL_REPLICAS
 from .commands import check_engine
 from .durations import format_duration
-from .engine_env import env_refusal
 from .errors import CatalogError, Problem, format_path
 from .fallbacks import check_fallbacks
-from .multinode import DEFAULT_PARALLEL, check_multinode
+from .modelrules import LORA_ENGINES as LORA_ENGINES
+from .modelrules import ROUTING_POLICIES as ROUTING_POLICIES
+from .modelrules import check_model
+from .multinode import parallelism, written
 from .sizes import format_size_mib
 
 API_VERSION = "llmgw/v1"
 KIND = "Catalog"
-# How the router picks among a model's replicas: the labels of
-# llmgwctl.router.policies.Policy, the registry that implements them, which
-# this layer cannot import; tests/router/policies/test_registry.py holds this
-# tuple and the schema's enum to it. None in a Model means the router's default.
-ROUTING_POLICIES = ("round-robin", "least-load", "prefix", "session")
 # `continuation: true`'s hand-overs per stream: the first covers the replica
 # that died, a second one whose replacement died too (a node going down with
 # both); a stream cut three times has a model in trouble, and the client
@@ -194,18 +196,13 @@ class Profile:
     # one else shares them). Set: placement fits it into a GPU's free memory,
     # beside other replicas whose needs fit too.
     gpu_memory_mib: int | None = None
-    # Nodes one replica spans (`gpus` on each) and how the model is split
-    # across them, as written (None: DEFAULT_PARALLEL when nodes > 1); see
-    # multinode.py. Read `parallelism`, which resolves the default.
+    # Nodes a replica spans (`gpus` on each) and its split across them as written: multinode.py.
     nodes: int = 1
     parallel: str | None = None
 
     @property
     def parallelism(self) -> str | None:
-        """How a replica is split across its nodes, default resolved; None for a one-node profile."""
-        if self.nodes == 1:
-            return None
-        return self.parallel or DEFAULT_PARALLEL
+        return parallelism(self)        # the split with its default resolved; None on one node
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "engine": self.engine}
@@ -214,11 +211,7 @@ class Profile:
         if self.pool is not None:
             out["pool"] = self.pool
         out.update(gpus=self.gpus, priority=self.priority, weight=self.weight)
-        if self.nodes != 1:
-            # Only when written: a one-node catalog keeps its version.
-            out["nodes"] = self.nodes
-        if self.parallel is not None:
-            out["parallel"] = self.parallel
+        out.update(written(self))
         if self.gpu_memory_mib is not None:
             out["gpu_memory"] = format_size_mib(self.gpu_memory_mib)
         if self.args:
@@ -228,12 +221,6 @@ class Profile:
         return out
 
 
-# Engines whose replicas can serve LoRA adapters beside their base model:
-# vLLM loads and unloads them at run time (--enable-lora and its
-# /v1/load_lora_adapter route), and the fake engine mimics it. llama.cpp's
-# server takes --lora only at launch, which would make every adapter edit a
-# restart of the base; it is refused until the driver can do better.
-LORA_ENGINES = ("vllm", "fake")
 # What `lora:` defaults to when a model has adapters and does not say:
 # - max_loras 4: vLLM's own default is 1, which makes every batch mixing two
 #   adapters wait for a swap; each slot reserves max_rank-sized weights for
@@ -241,15 +228,6 @@ LORA_ENGINES = ("vllm", "fake")
 # - max_rank 16: vLLM's default, and what PEFT's fine-tunes commonly use (8 or
 #   16); a bigger adapter is refused by the engine with the reason, shown in status.
 LORA_DEFAULTS = (4, 16)
-# Bounds: vLLM allocates max_loras x max_rank per layer up front, so a typo
-# of 10,000 slots is an engine that never starts; 256 slots and rank 512 are
-# past what any GPU's memory holds for a real model.
-MAX_LORA_SLOTS = 256
-# vLLM takes only these ranks for --max-lora-rank (its LoRAConfig's list).
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-# Adapters one model may name: each is a load call per replica per change, and
-# a name in the router's index.
-MAX_ADAPTERS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,7 +388,7 @@ class Catalog:
         first_use: dict[str, tuple[str, tuple[str | int, ...], str]] = {}
         total = 0
         for model in models:
-            problems.extend(_check_model(model, all_engines))
+            problems.extend(check_model(model, all_engines))
             if isinstance(model.replicas.max, int) and not isinstance(model.replicas.max, bool):
                 total += model.replicas.max
                 if total > MAX_TOTAL_REPLICAS:
@@ -509,7 +487,7 @@ def _names_of(model: Model) -> Iterator[tuple[str, str, tuple[str | int, ...], A
     yield model.name, "name", ("name",), None
     seen = {model.name}
     for i, alias in enumerate(model.aliases):
-        # A repeat inside the model itself is reported once, by _check_model.
+        # A repeat inside the model itself is reported once, by modelrules.check_model.
         if alias not in seen:
             seen.add(alias)
             yield alias, "alias", ("aliases", i), None
@@ -520,80 +498,3 @@ def _names_of(model: Model) -> Iterator[tuple[str, str, tuple[str | int, ...], A
             if alias not in mine:
                 mine.add(alias)
                 yield alias, "adapter alias", ("adapters", j, "aliases", i), adapter
-
-
-
-def _check_model(model: Model, engines: Mapping[str, EngineSpec]) -> Iterable[Problem]:
-    file, base = model.origin.file, model.origin.path
-    for path, message in check_numbers(model):
-        yield Problem(file, base + path, message)
-    if isinstance(model.replicas.min, int) and isinstance(model.replicas.max, int) \
-            and model.replicas.min > model.replicas.max:
-        yield Problem(file, base + ("replicas",), f"min ({model.replicas.min}) is greater than max ({model.replicas.max})")
-    listed: set[str] = set()   # a set: `in aliases[:i]` was quadratic in a model's aliases
-    for i, alias in enumerate(model.aliases):
-        if alias == model.name:
-            yield Problem(file, base + ("aliases", i), f"alias {alias!r} repeats the model's own name; remove it")
-        elif alias in listed:
-            yield Problem(file, base + ("aliases", i), f"alias {alias!r} is listed twice")
-        listed.add(alias)
-    if model.routing is not None and model.routing not in ROUTING_POLICIES:
-        yield Problem(file, base + ("routing",),
-                      f"{model.routing!r} is not one of {', '.join(ROUTING_POLICIES)}")
-    if not model.profiles:
-        yield Problem(file, base + ("profiles",), "a model needs at least one profile")
-    seen: dict[str, int] = {}
-    known = ", ".join(sorted(engines))
-    for i, profile in enumerate(model.profiles):
-        if profile.engine not in engines:
-            yield Problem(file, base + ("profiles", i, "engine"), f"{profile.engine!r} is not one of {known}")
-        if profile.name in seen:
-            yield Problem(file, base + ("profiles", i, "name"),
-                          f"profile name {profile.name!r} is already used by profiles[{seen[profile.name]}]; "
-                          "give each profile of a model its own name (an unnamed profile is named after its engine)")
-        else:
-            seen[profile.name] = i
-        for path, message in _check_env(profile):
-            yield Problem(file, base + ("profiles", i) + path, message)
-        for path, message in check_multinode(profile):
-            yield Problem(file, base + ("profiles", i) + path, message)
-    for path, message in _check_lora(model):
-        yield Problem(file, base + path, message)
-
-
-def _check_lora(model: Model) -> Iterable[tuple[tuple[str | int, ...], str]]:
-    """Adapters only on a base whose every profile can serve them, with bounded slots, ranks and counts."""
-    if model.lora is not None:
-        if not (isinstance(model.lora.max_loras, int) and 1 <= model.lora.max_loras <= MAX_LORA_SLOTS):
-            yield ("lora", "max_loras"), f"expected an integer from 1 to {MAX_LORA_SLOTS}, got {model.lora.max_loras!r}"
-        if model.lora.max_rank not in LORA_RANKS or isinstance(model.lora.max_rank, bool):
-            yield ("lora", "max_rank"), (f"{model.lora.max_rank!r} is not a rank vLLM takes "
-                                         f"({', '.join(map(str, LORA_RANKS))})")
-    if model.lora_slots is None:
-        return
-    if len(model.adapters) > MAX_ADAPTERS:
-        yield ("adapters",), f"has {len(model.adapters)} adapters; at most {MAX_ADAPTERS} per model"
-    for i, profile in enumerate(model.profiles):
-        if profile.engine not in LORA_ENGINES:
-            yield ("profiles", i, "engine"), (
-                f"engine {profile.engine!r} cannot serve LoRA adapters, which this model has "
-                f"(engines that can: {', '.join(LORA_ENGINES)}); give the adapters a base whose profiles all can")
-    for j, adapter in enumerate(model.adapters):
-        if adapter.replicas is not None and (isinstance(adapter.replicas, bool) or not isinstance(adapter.replicas, int)
-                                             or not 1 <= adapter.replicas <= MAX_REPLICAS):
-            yield ("adapters", j, "replicas"), f"expected all or an integer from 1 to {MAX_REPLICAS}, got {adapter.replicas!r}"
-        listed: set[str] = set()
-        for i, alias in enumerate(adapter.aliases):
-            if alias == adapter.name:
-                yield ("adapters", j, "aliases", i), f"alias {alias!r} repeats the adapter's own name; remove it"
-            elif alias in listed:
-                yield ("adapters", j, "aliases", i), f"alias {alias!r} is listed twice"
-            listed.add(alias)
-
-
-def _check_env(profile: Profile) -> Iterable[tuple[tuple[str | int, ...], str]]:
-    """No env key that loads code into the engine (engine_env.py): the catalog describes models, not node code."""
-    for key in profile.env:
-        why = env_refusal(key)
-        if why:
-            yield ("env", key), why

@@ -14,7 +14,7 @@ Imports nothing of ours but the model's types, and those only to name them.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .model import Profile
@@ -43,6 +43,21 @@ MAX_NODES = 64
 # catalog-defined engine's command template has no rank or head to fill in,
 # and llama.cpp's RPC backend is not a rendezvous llmgw can drive.
 MULTI_NODE_ENGINES = ("vllm", "fake")
+
+
+def parallelism(profile: Profile) -> str | None:
+    """How a replica of `profile` is split across its nodes, the default resolved; None on one node."""
+    return None if profile.nodes == 1 else profile.parallel or DEFAULT_PARALLEL
+
+
+def written(profile: Profile) -> dict[str, Any]:
+    """The fields as `Profile.to_dict` writes them: only when not the default, so a one-node catalog keeps its version."""
+    out: dict[str, Any] = {}
+    if profile.nodes != 1:
+        out["nodes"] = profile.nodes
+    if profile.parallel is not None:
+        out["parallel"] = profile.parallel
+    return out
 
 
 def check_multinode(profile: Profile) -> Iterable[tuple[tuple[str | int, ...], str]]:

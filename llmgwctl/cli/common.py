@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 if TYPE_CHECKING:
+    import requests
+
     from ..agent.ports import PortRange as Range
 
     # click is generic in the value a type converts to from 8.3 on; setup.cfg
@@ -110,6 +112,23 @@ def controller_headers() -> dict[str, str]:
         except OSError as exc:
             raise click.ClickException(f"LLMGW_TOKEN_FILE={path}: cannot read: {exc.strerror or exc}") from None
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def unreachable(controller: str, exc: Exception) -> click.ClickException:
+    """The error of a call that got no answer from the controller: what to check, the exception's name only."""
+    return click.ClickException(f"cannot reach the controller at {controller}: {exc.__class__.__name__}; "
+                                "is `llmgwctl serve` running? (--controller or $LLMGW_CONTROLLER)")
+
+
+def refused(resp: requests.Response) -> click.ClickException:
+    """The error of an answer that is not what was asked for: the control API's own message, else its text's start."""
+    from .output import visible
+
+    try:
+        message = resp.json()["error"]["message"]   # a missing or odd field: the except below
+    except (ValueError, KeyError, TypeError):
+        message = resp.text[:300]
+    return click.ClickException(visible(f"{message} (HTTP {resp.status_code})"))
 
 
 # The data plane's knobs, the same on `llmgwctl router` and on the router inside

@@ -9,7 +9,7 @@ from urllib.parse import quote
 
 import click
 
-from .common import controller_headers, controller_option
+from .common import controller_headers, controller_option, refused, unreachable
 from .output import FORMATS, dump, echo, table, visible
 
 # Without -f the controller answers within its own limits (10 s for the agent's
@@ -61,14 +61,9 @@ def command(replica: str | None, follow: bool, tail: int, request_log: bool, mod
         resp = requests.get(url, params=params, headers=controller_headers(), stream=True,
                             timeout=(10, FOLLOW_READ_TIMEOUT if follow else READ_TIMEOUT))
     except requests.RequestException as exc:
-        raise click.ClickException(f"cannot reach the controller at {controller}: {exc.__class__.__name__}; "
-                                   "is `llmgwctl serve` running? (--controller or $LLMGW_CONTROLLER)") from None
+        raise unreachable(controller, exc) from None
     if resp.status_code != 200:
-        try:
-            message = resp.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = resp.text[:300]
-        raise click.ClickException(visible(f"{message} (HTTP {resp.status_code})"))
+        raise refused(resp)
     try:
         for raw in resp.iter_lines():
             if not raw:
@@ -102,14 +97,9 @@ def _requests(controller: str, model: str | None, status: str | None, request_id
         resp = requests.get(controller.rstrip("/") + "/api/v1/requests", params=params, headers=controller_headers(),
                             timeout=READ_TIMEOUT)
     except requests.RequestException as exc:
-        raise click.ClickException(f"cannot reach the controller at {controller}: {exc.__class__.__name__}; "
-                                   "is `llmgwctl serve` running? (--controller or $LLMGW_CONTROLLER)") from None
+        raise unreachable(controller, exc) from None
     if resp.status_code != 200:
-        try:
-            message = resp.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = resp.text[:300]
-        raise click.ClickException(visible(f"{message} (HTTP {resp.status_code})"))
+        raise refused(resp)
     body = resp.json()
     if fmt != "table":
         echo(dump(body["requests"], fmt))

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from .common import controller_headers, controller_option
+from .common import controller_headers, controller_option, refused, unreachable
 from .output import visible
 
 # A drain's answer comes at once (the work is the reconciler's); what takes
@@ -35,18 +35,13 @@ def _call(method: str, controller: str, path: str) -> dict[str, Any]:
         resp = requests.request(method, url, headers={**controller_headers(), "Content-Type": "application/json"},
                                 data=b"{}" if method == "POST" else None, timeout=REQUEST_TIMEOUT)
     except requests.RequestException as exc:
-        raise click.ClickException(f"cannot reach the controller at {controller}: {exc.__class__.__name__}; "
-                                   "is `llmgwctl serve` running? (--controller or $LLMGW_CONTROLLER)") from None
+        raise unreachable(controller, exc) from None
     try:
         body = resp.json()
     except ValueError:
         body = None
     if resp.status_code != 200 or not isinstance(body, dict):
-        try:
-            message = body["error"]["message"]   # a missing or odd field: the except below
-        except (KeyError, TypeError):
-            message = resp.text[:300]
-        raise click.ClickException(visible(f"{message} (HTTP {resp.status_code})"))
+        raise refused(resp)
     return body
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from .common import controller_headers, controller_option
+from .common import controller_headers, controller_option, unreachable
 from .output import cleaned, dump, echo, table, visible
 
 
@@ -213,8 +213,7 @@ def fetch(controller: str, model: str | None = None) -> dict[str, Any]:
         resp = requests.get(controller.rstrip("/") + "/api/v1/status", timeout=10, headers=controller_headers(),
                             params={"model": model} if model else None)
     except requests.RequestException as exc:
-        raise click.ClickException(f"cannot reach the controller at {controller}: {exc.__class__.__name__}; "
-                                   "is `llmgwctl serve` running? (--controller or $LLMGW_CONTROLLER)") from None
+        raise unreachable(controller, exc) from None
     if resp.status_code != 200:
         raise click.ClickException(visible(f"{controller} answered HTTP {resp.status_code}: {resp.text[:300]}"))
     status: dict[str, Any] = resp.json()   # the controller's status document (contracts.status)

@@ -12,9 +12,11 @@ replicas whose report says it is loaded and whose spec still wants it.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 # What an agent reports of an adapter. `loading` also covers waiting for the
 # engine to be ready; `failed` waits out a back-off before the next try.
@@ -61,16 +63,19 @@ class AdapterStatus:
 
 
 def adapter_specs(raw: Any) -> tuple[AdapterSpec, ...]:
-    if not raw:
-        return ()
-    if not isinstance(raw, (list, tuple)):
-        raise ValueError(f"adapters must be a list, got {type(raw).__name__}")
-    return tuple(AdapterSpec.from_dict(a) for a in raw)
+    """A desired replica's `adapters`, as the controller sent them."""
+    return _listed(raw, AdapterSpec.from_dict)
 
 
 def adapter_statuses(raw: Any) -> tuple[AdapterStatus, ...]:
+    """A reported replica's `adapters`, as its agent sent them."""
+    return _listed(raw, AdapterStatus.from_dict)
+
+
+def _listed(raw: Any, parse: Callable[[Mapping[str, Any]], _T]) -> tuple[_T, ...]:
+    """A document's `adapters` list, each entry through `parse`; absent or empty: none. ValueError for any other shape."""
     if not raw:
         return ()
     if not isinstance(raw, (list, tuple)):
         raise ValueError(f"adapters must be a list, got {type(raw).__name__}")
-    return tuple(AdapterStatus.from_dict(a) for a in raw)
+    return tuple(parse(a) for a in raw)

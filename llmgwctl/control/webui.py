@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -156,31 +156,40 @@ class Console:
         body, kind = found
         return web.Response(body=body, headers={"Content-Type": kind, **HEADERS})
 
-    async def watch_status(self, request: web.Request) -> web.StreamResponse:
+    async def _stream(self, request: web.Request,
+                      events: Callable[[web.StreamResponse], Awaitable[None]]) -> web.StreamResponse:
+        """An event stream to the page that `events` writes, counted in `streams` while open; the page going
+        away ends it quietly."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
                                            # nginx would buffer the stream otherwise
                                            "X-Accel-Buffering": "no"})
         await resp.prepare(request)
-        loop = asyncio.get_running_loop()
         self.streams += 1
-        last, sent_at, version, n = None, 0.0, None, 0
         try:
-            while True:
-                status = self.status()
-                key = status.unaged()
-                now = loop.time()
-                if key != last or now - sent_at >= STATUS_REFRESH:
-                    n += 1
-                    # One line of compact JSON: no newline can end the event early.
-                    await resp.write(b"id: %d\nevent: status\ndata: %s\n\n" % (n, status.to_json()))
-                    last, sent_at = key, now
-                await asyncio.sleep(1.0 / STATUS_MAX_RATE)
-                version = await self.changed.wait(version, STATUS_RECHECK)
+            await events(resp)
         except (ConnectionResetError, ConnectionError):
             pass        # the page went away
         finally:
             self.streams -= 1
         return resp
+
+    async def watch_status(self, request: web.Request) -> web.StreamResponse:
+        return await self._stream(request, self._status_events)
+
+    async def _status_events(self, resp: web.StreamResponse) -> None:
+        loop = asyncio.get_running_loop()
+        last, sent_at, version, n = None, 0.0, None, 0
+        while True:
+            status = self.status()
+            key = status.unaged()
+            now = loop.time()
+            if key != last or now - sent_at >= STATUS_REFRESH:
+                n += 1
+                # One line of compact JSON: no newline can end the event early.
+                await resp.write(b"id: %d\nevent: status\ndata: %s\n\n" % (n, status.to_json()))
+                last, sent_at = key, now
+            await asyncio.sleep(1.0 / STATUS_MAX_RATE)
+            version = await self.changed.wait(version, STATUS_RECHECK)
 
     def _shared_summary(self, now: float) -> SummaryView:
         """The summary of the status as it is, built once for every page that asks at one version."""
@@ -199,33 +208,26 @@ class Console:
         """The page's one stream: the summary when it changed (as `watch_status` sends the status), and the
         history's new points as they are sampled -- each event bounded at any fleet size."""
         assert self.summary is not None
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
-                                           "X-Accel-Buffering": "no"})
-        await resp.prepare(request)
+        return await self._stream(request, self._console_events)
+
+    async def _console_events(self, resp: web.StreamResponse) -> None:
         loop = asyncio.get_running_loop()
-        self.streams += 1
         last, sent_at, version, n = None, 0.0, None, 0
         history, seen, since = self.history, -1, None
-        try:
-            while True:
-                summary = self._shared_summary(loop.time())
-                now = loop.time()
-                if summary.key != last or now - sent_at >= STATUS_REFRESH:
+        while True:
+            summary = self._shared_summary(loop.time())
+            now = loop.time()
+            if summary.key != last or now - sent_at >= STATUS_REFRESH:
+                n += 1
+                await resp.write(b"id: %d\nevent: summary\ndata: %s\n\n" % (n, summary.to_json()))
+                last, sent_at = summary.key, now
+            if history is not None and history.version != seen:
+                seen = history.version
+                doc = history.to_dict(since=since, first=CHART_MODELS)
+                if doc["t"]:
+                    since = doc["t"][-1]
                     n += 1
-                    await resp.write(b"id: %d\nevent: summary\ndata: %s\n\n" % (n, summary.to_json()))
-                    last, sent_at = summary.key, now
-                if history is not None and history.version != seen:
-                    seen = history.version
-                    doc = history.to_dict(since=since, first=CHART_MODELS)
-                    if doc["t"]:
-                        since = doc["t"][-1]
-                        n += 1
-                        await resp.write(b"id: %d\nevent: history\ndata: %s\n\n"
-                                         % (n, json.dumps(doc, separators=(",", ":")).encode()))
-                await asyncio.sleep(max(1.0 / STATUS_MAX_RATE, SUMMARY_BUDGET * self.summary_cost))
-                version = await self.changed.wait(version, STATUS_RECHECK)
-        except (ConnectionResetError, ConnectionError):
-            pass
-        finally:
-            self.streams -= 1
-        return resp
+                    await resp.write(b"id: %d\nevent: history\ndata: %s\n\n"
+                                     % (n, json.dumps(doc, separators=(",", ":")).encode()))
+            await asyncio.sleep(max(1.0 / STATUS_MAX_RATE, SUMMARY_BUDGET * self.summary_cost))
+            version = await self.changed.wait(version, STATUS_RECHECK)

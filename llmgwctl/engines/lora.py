@@ -11,13 +11,13 @@ flags and speaks the same routes.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
 from ..contracts import ReplicaSpec
 from .base import samples
 from .errors import LaunchError
+from .pkgsource import resolve_in_package
 
 _INFO = "vllm:lora_requests_info"
 
@@ -49,20 +49,7 @@ def resolve_source(source: str) -> str:
     looked for. Anything else is a hub id, which vLLM downloads itself.
     """
     if source.startswith("pkg:"):
-        package, _, inner = source[4:].partition("/")
-        if not package or not inner:
-            raise LaunchError(f"adapter source {source!r}: expected pkg:PACKAGE/DIR")
-        try:
-            found = importlib.util.find_spec(package)
-        except (ImportError, ValueError):
-            found = None
-        if found is None or not found.submodule_search_locations:
-            raise LaunchError(f"adapter source {source!r}: Python package {package!r} is not installed on this node")
-        for location in found.submodule_search_locations:
-            path = Path(location) / inner
-            if path.is_dir():
-                return str(path)
-        raise LaunchError(f"adapter source {source!r}: package {package!r} has no directory {inner!r}")
+        return str(resolve_in_package(source, "adapter source", "pkg:PACKAGE/DIR", "directory"))
     if source.startswith(("/", ".", "~")):
         path = Path(os.path.expanduser(source)).absolute()
         if not path.is_dir():

@@ -304,18 +304,9 @@ class Balancer:
         if not tiers:
             return None
         now = self._clock()
-        first_usable = None
-        for tier in tiers:
-            usable = [st for st in tier if st.ejected_until <= now and st not in exclude]
-            if not usable:
-                continue
-            if first_usable is None:
-                first_usable = usable
-            roomy = [st for st in usable if self._has_room(st, now)]
-            if roomy:
-                return self._two_choices(roomy, now) if chooser is None else chooser.choose(roomy, now)
-        if first_usable is not None:
-            return self._two_choices(first_usable, now) if chooser is None else chooser.choose(first_usable, now)
+        candidates, _ = self._candidates(tiers, exclude, now)
+        if candidates is not None:
+            return self._two_choices(candidates, now) if chooser is None else chooser.choose(candidates, now)
         # Everything is ejected: the soonest to come back is the best guess.
         rest = [st for tier in tiers for st in tier if st not in exclude]
         return min(rest, key=lambda st: st.ejected_until) if rest else None
@@ -327,19 +318,34 @@ class Balancer:
         tiers = self._tiers.get(model)
         if not tiers:
             return None
-        now = self._clock()
-        usable = False
+        candidates, roomy = self._candidates(tiers, (), self._clock())
+        return None if candidates is None else roomy
+
+    def _candidates(self, tiers: Tiers, exclude: tuple[EndpointState, ...],
+                    now: float) -> tuple[list[EndpointState] | None, bool]:
+        """What a pick chooses among, and whether they have room: the usable endpoints (not ejected, not
+        excluded) with a free slot of the best tier that has any, else the best tier's usable ones; None
+        when none is usable. One walk for `pick` and `room`, so the two judge alike."""
+        first_usable = None
         for tier in tiers:
-            for st in tier:
-                if st.ejected_until <= now:
-                    if self._has_room(st, now):
-                        return True
-                    usable = True
-        return False if usable else None
+            usable = [st for st in tier if st.ejected_until <= now and st not in exclude]
+            if not usable:
+                continue
+            if first_usable is None:
+                first_usable = usable
+            roomy = [st for st in usable if self._has_room(st, now)]
+            if roomy:
+                return roomy, True
+        return first_usable, False
 
     def has_other(self, model: str, exclude: tuple[EndpointState, ...]) -> bool:
         """Whether a pick for `model` excluding `exclude` would find an endpoint (ejected ones count, as in `pick`)."""
         return any(st not in exclude for tier in self._tiers.get(model, ()) for st in tier)
+
+    def has_usable(self, model: str, exclude: tuple[EndpointState, ...]) -> bool:
+        """Whether `model` has an endpoint not in `exclude` that is in routing now (not ejected)."""
+        now = self._clock()
+        return any(st.ejected_until <= now and st not in exclude for tier in self._tiers.get(model, ()) for st in tier)
 
     def _has_room(self, st: EndpointState, now: float) -> bool:
         """Whether a request sent now would find a free slot: the load as `busy` counts it, below the
@@ -440,7 +446,9 @@ class Balancer:
         """
         state.failures += 1
         duration: float = min(self._eject_base * 2 ** (state.failures - 1), self._eject_max)
-        state.ejected_until = self._clock() + duration
+        # Never shorter than an ejection already in force: a request failing on
+        # a replica held out until it answers (outlier.py) must not let it back.
+        state.ejected_until = max(state.ejected_until, self._clock() + duration)
         return duration
 
     def keep_out(self, state: EndpointState, until: float) -> None:
