@@ -274,6 +274,7 @@ def _profile(raw: Mapping[str, Any], i: int = 0) -> Profile:
         gpu_memory_mib=memory,
         name=raw.get("name") or raw["engine"], engine=raw["engine"], pool=raw.get("pool"), source=raw.get("source"),
         gpus=raw.get("gpus", 1), priority=raw.get("priority", 0), weight=float(raw.get("weight", 1.0)),
+        nodes=raw.get("nodes", 1), parallel=raw.get("parallel"),
         args=tuple(_scalar(a) for a in raw.get("args") or ()),
         env=MappingProxyType({k: _scalar(v) for k, v in (raw.get("env") or {}).items()}),
     )

@@ -29,6 +29,7 @@ from .fallbacks import check_fallbacks
 from .modelrules import LORA_ENGINES as LORA_ENGINES
 from .modelrules import ROUTING_POLICIES as ROUTING_POLICIES
 from .modelrules import check_model
+from .multinode import parallelism, written
 from .sizes import format_size_mib
 
 API_VERSION = "llmgw/v1"
@@ -195,6 +196,13 @@ class Profile:
     # one else shares them). Set: placement fits it into a GPU's free memory,
     # beside other replicas whose needs fit too.
     gpu_memory_mib: int | None = None
+    # Nodes a replica spans (`gpus` on each) and its split across them as written: multinode.py.
+    nodes: int = 1
+    parallel: str | None = None
+
+    @property
+    def parallelism(self) -> str | None:
+        return parallelism(self)        # the split with its default resolved; None on one node
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "engine": self.engine}
@@ -203,6 +211,7 @@ class Profile:
         if self.pool is not None:
             out["pool"] = self.pool
         out.update(gpus=self.gpus, priority=self.priority, weight=self.weight)
+        out.update(written(self))
         if self.gpu_memory_mib is not None:
             out["gpu_memory"] = format_size_mib(self.gpu_memory_mib)
         if self.args:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from .bounds import MAX_REPLICAS, check_numbers
 from .engine_env import env_refusal
 from .errors import Problem
+from .multinode import check_multinode
 
 if TYPE_CHECKING:
     from .model import EngineSpec, Model, Profile
@@ -68,6 +69,8 @@ def check_model(model: Model, engines: Mapping[str, EngineSpec]) -> Iterable[Pro
         else:
             seen[profile.name] = i
         for path, message in _check_env(profile):
+            yield Problem(file, base + ("profiles", i) + path, message)
+        for path, message in check_multinode(profile):
             yield Problem(file, base + ("profiles", i) + path, message)
     for path, message in _check_lora(model):
         yield Problem(file, base + path, message)

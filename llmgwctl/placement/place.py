@@ -219,6 +219,9 @@ def _place_one(share: Share, fleet: Fleet, starts: list[Assignment]) -> bool:
     ranked = share.ranked
     while share.next_profile < len(ranked):
         profile = ranked[share.next_profile]
+        if profile.nodes != 1:
+            share.next_profile += 1         # a group of nodes: not placed yet (see reasons.SPANS_NODES)
+            continue
         memory = profile.gpu_memory_mib or 0
         node = fleet.pick(profile.pool, profile.engine, profile.gpus, share.spread, memory)
         if node is not None:
@@ -245,6 +248,8 @@ def _back_to_best(tiers: Sequence[Share], fleet: Fleet, movable: Container[str] 
         for profile in share.ranked[:worst_rank]:
             if profile.priority == share.ranked[worst_rank].priority:
                 break                       # equal priority is not better, only written earlier
+            if profile.nodes != 1:
+                continue
             memory = profile.gpu_memory_mib or 0
             node = fleet.pick(profile.pool, profile.engine, profile.gpus, share.spread, memory)
             if node is not None:
@@ -281,6 +286,6 @@ def _make_room(share: Share, fleet: Fleet, going: Container[str]) -> Stop | None
         if replica.replica_id in going:
             continue
         freed = fleet.free_count(replica.node) + len(replica.gpu_indices) if replica.node in fleet else -1
-        if any(freed >= p.gpus and fleet.can_host(replica.node, p.pool, p.engine) for p in ranked):
+        if any(freed >= p.gpus and p.nodes == 1 and fleet.can_host(replica.node, p.pool, p.engine) for p in ranked):
             return Stop(replica.replica_id, REPLACED_NO_ROOM)
     return None

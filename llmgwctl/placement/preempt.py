@@ -157,7 +157,7 @@ class Preemption:
         for _ in range(short):
             found = None
             for profile in share.ranked:
-                if profile.gpus:
+                if profile.gpus and profile.nodes == 1:
                     found = self._victims_for(share.model.priority, profile)
                     if found is not None:
                         break

@@ -38,6 +38,12 @@ from .model import Assignment, Running
 # for the models holding a pool's GPUs: the three biggest holders are the ones
 # worth acting on.
 NAMES_SHOWN = 3
+# A profile with nodes: 2 or more is valid in the catalog (catalog/multinode.py)
+# but placement does not yet place a replica as a group across nodes; it must
+# never run on one node instead, so it is skipped and said to be unplaceable,
+# permanently: only a change to the catalog (or to llmgw) helps.
+SPANS_NODES = ("spans {nodes} nodes, and placing one replica across several nodes is not built yet; "
+               "give the model a profile with nodes: 1 to run it meanwhile")
 
 
 class Explainer:
@@ -77,6 +83,8 @@ class Explainer:
         return self._fleet_reason
 
     def _clause(self, profile: Profile) -> tuple[str, bool]:
+        if profile.nodes != 1:
+            return SPANS_NODES.format(nodes=profile.nodes), True
         key = (profile.pool, profile.engine, profile.gpus, profile.gpu_memory_mib or 0)
         clause = self._clauses.get(key)
         if clause is None:
