@@ -206,8 +206,13 @@ class BrowserGuard:
 
     def __init__(self, *, server: str, cors_origins: Iterable[str] = (), allowed_hosts: Iterable[str] = (),
                  check_host: bool = True, expose: str = "X-Request-Id, Retry-After",
+                 methods: str = "GET, POST, OPTIONS",
                  cors_option: str = "--cors-origin", host_option: str = "--allowed-host"):
         self.server = server
+        # What a preflight allows: the methods the server's routes take (the
+        # router's DELETE /v1/responses/{id} among them), so a browser client
+        # of an allowed origin can call every route it could call without CORS.
+        self.methods = methods
         self.cors = Origins(cors_origins)
         self.hosts = AllowedHosts(allowed_hosts)
         self.check_host = check_host
@@ -304,9 +309,9 @@ class BrowserGuard:
                 or not self.cors.allows(origin):
             # Not a preflight (or one from our own origin, which browsers never send):
             # a plain OPTIONS, answered with what the server takes.
-            return web.Response(status=204, headers={"Allow": "GET, HEAD, POST, OPTIONS"})
+            return web.Response(status=204, headers={"Allow": "HEAD, " + self.methods})
         headers = {"Access-Control-Allow-Origin": "*" if self.cors.any else origin,
-                   "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+                   "Access-Control-Allow-Methods": self.methods,
                    "Access-Control-Max-Age": PREFLIGHT_MAX_AGE}
         if not self.cors.any:
             headers["Vary"] = "Origin"

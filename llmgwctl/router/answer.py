@@ -37,6 +37,7 @@ from .config import RouterConfig
 from .continuation import Continuation, Splice
 from .echo import Echo
 from .ejection import Ejector
+from .inflight import InFlight
 from .responses import FirstEvent, id_of_whole
 from .retry import ATTEMPTS_HEADER
 from .upstream import OutOfBounds, Response, UpstreamError
@@ -55,7 +56,7 @@ class AnswerPath:
     """An engine's answer, its headers in, passed back to the client: whole, streamed, or as a stream's last event."""
 
     def __init__(self, config: RouterConfig, *, balancer: Balancer, ejector: Ejector, metrics: RouterMetrics,
-                 accounting: Accounting, trimmer: Trimmer, affinity: Affinity):
+                 accounting: Accounting, trimmer: Trimmer, affinity: Affinity, inflight: InFlight):
         self._config = config
         self._trimmer = trimmer
         # Told the id of each response an engine stored (a route that `binds`), and by which replica.
@@ -66,6 +67,8 @@ class AnswerPath:
         self._accounting = accounting
         # Cut chat streams continued on another replica, for the models that ask (continuation.py).
         self.continuation = Continuation(config, balancer=balancer, metrics=metrics)
+        # Such a stream, cut loose from a replica that stops answering, is continued at once (inflight.py).
+        self._inflight = inflight
 
     async def respond(self, call: Call, upstream: Response, state: EndpointState) -> web.StreamResponse:
         """Pass the engine's answer on: an event stream as it arrives, anything else whole (up to max_answer_bytes).
@@ -171,6 +174,9 @@ class AnswerPath:
         # (continuation.Splice) when they may be continued; every other passes as bytes.
         splice = self.continuation.watch(call) if call.view.continuation else None
         feed = splice.feed if isinstance(splice, Splice) else None
+        movable = self._inflight if isinstance(splice, Splice) else None
+        if movable is not None:
+            movable.stream(state, upstream)
         parts = upstream.chunks()
         # A Responses stream names its response in its first event: remembered
         # before that event is passed on, so a request naming it finds it.
@@ -216,10 +222,14 @@ class AnswerPath:
                     # another replica where the model allows it, else the stream
                     # ends with an error event, which OpenAI SDKs raise, instead of a hang.
                     self._balancer.eject(state)
+                    if movable is not None:
+                        movable.stream_done(state, upstream)
                     failure = f"{exc or type(exc).__name__}"
                     resumed = None if splice is None else await self.continuation.resume(call, splice, state, failure)
                     if resumed is not None:
                         upstream, state = resumed
+                        if movable is not None:
+                            movable.stream(state, upstream)
                         parts = upstream.chunks()
                         continue
                     if splice is None:
@@ -242,6 +252,8 @@ class AnswerPath:
             served(call, state, 499, first, overhead, usage.usage)
             raise
         finally:
+            if movable is not None:
+                movable.stream_done(state, upstream)
             if isinstance(splice, Splice):
                 self.continuation.close(splice)
         served(call, state, status, first, overhead, usage.usage)

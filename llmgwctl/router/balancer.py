@@ -342,6 +342,11 @@ class Balancer:
         """Whether a pick for `model` excluding `exclude` would find an endpoint (ejected ones count, as in `pick`)."""
         return any(st not in exclude for tier in self._tiers.get(model, ()) for st in tier)
 
+    def has_usable(self, model: str, exclude: tuple[EndpointState, ...]) -> bool:
+        """Whether `model` has an endpoint not in `exclude` that is in routing now (not ejected)."""
+        now = self._clock()
+        return any(st.ejected_until <= now and st not in exclude for tier in self._tiers.get(model, ()) for st in tier)
+
     def _has_room(self, st: EndpointState, now: float) -> bool:
         """Whether a request sent now would find a free slot: the load as `busy` counts it, below the
         count the engine was last seen full at. A reading that showed it full stops counting as
@@ -441,7 +446,9 @@ class Balancer:
         """
         state.failures += 1
         duration: float = min(self._eject_base * 2 ** (state.failures - 1), self._eject_max)
-        state.ejected_until = self._clock() + duration
+        # Never shorter than an ejection already in force: a request failing on
+        # a replica held out until it answers (outlier.py) must not let it back.
+        state.ejected_until = max(state.ejected_until, self._clock() + duration)
         return duration
 
     def keep_out(self, state: EndpointState, until: float) -> None:

@@ -15,7 +15,9 @@ an engine that keeps wedging serves less and less.
 
 It decides; `Ejector` holds the ejection and says why (status rows and the
 `llmgw_router_endpoint_ejected` gauge, reason `no_answer`). It must not know
-about HTTP: the poller tells it an endpoint missed or answered.
+about HTTP: the poller tells it an endpoint missed or answered, and it tells
+`on_wedged` each endpoint it ejects, so the requests already waiting there
+move to another replica (inflight.py) rather than wait out their timeouts.
 """
 from __future__ import annotations
 
@@ -51,9 +53,12 @@ class Outliers:
     """Consecutive missed polls per endpoint; `missed()` and `answered()` are the poller's to call."""
 
     def __init__(self, balancer: Balancer, ejector: Ejector, *, clock: Callable[[], float] = time.monotonic,
-                 after: int = EJECT_AFTER, base: float = BASE, cap: float = CAP):
+                 after: int = EJECT_AFTER, base: float = BASE, cap: float = CAP,
+                 on_wedged: Callable[[EndpointState, str], object] = lambda state, reason: None):
         self._balancer, self._ejector, self._clock = balancer, ejector, clock
         self.after, self.base, self.cap = after, base, cap     # misses that eject; the back-off
+        # Told each endpoint this ejects, and why: the requests in flight to it move (inflight.py).
+        self._on_wedged = on_wedged
         # replica id -> (its state, misses in a row, when the first of them was)
         self._misses: dict[str, tuple[EndpointState, int, float]] = {}
 
@@ -76,6 +81,7 @@ class Outliers:
         ejection = self._ejector.eject(state, CODE, reason, base=self.base, cap=self.cap, until_answered=True)
         log.warning("endpoint %s: %s; out of routing until it answers", state.replica_id, reason,
                     extra={"event": "endpoint-ejected", "endpoint": state.replica_id, "reason": CODE})
+        self._on_wedged(state, reason)
         return ejection
 
     def answered(self, state: EndpointState) -> None:
@@ -85,6 +91,10 @@ class Outliers:
         if self._ejector.answered(state):
             log.info("endpoint %s answers again; back in routing", state.replica_id,
                      extra={"event": "endpoint-readmitted", "endpoint": state.replica_id, "reason": CODE})
+
+    def silent(self) -> dict[str, EndpointState]:
+        """{replica id: its state} for the endpoints whose last poll went unanswered."""
+        return {rid: seen[0] for rid, seen in self._misses.items()} if self._misses else {}
 
     def retain(self, listed: set[str]) -> None:
         """Forget the endpoints no longer listed."""

@@ -43,6 +43,7 @@ from .coldstart import ColdStart, ColdTimeout, QueueFull
 from .config import RouterConfig
 from .conventions import ClientGone, held_for_cold_start
 from .fallback import DOWN, Choice, Fallbacks
+from .inflight import Abandoned, InFlight
 from .info import InfoRoutes
 from .limits import BodyBudget, BudgetFull, PathError, check_target
 from .policies import Policies
@@ -64,7 +65,7 @@ class RequestPath:
     def __init__(self, config: RouterConfig, *, balancer: Balancer, policies: Policies, cold: ColdStart,
                  limiter: keyauth.Limiter, bodies: BodyBudget, parser: jsonbody.OffLoop, trimmer: Trimmer,
                  metrics: RouterMetrics, surface: Surface, accounting: Accounting, answer: AnswerPath,
-                 info: InfoRoutes, affinity: Affinity):
+                 info: InfoRoutes, affinity: Affinity, inflight: InFlight):
         self._config = config
         self._balancer = balancer
         self.policies = policies
@@ -86,6 +87,7 @@ class RequestPath:
         # Which model answers a request whose own has no replica that can (fallback.py).
         self._fallbacks = Fallbacks(balancer)
         self._affinity = affinity   # which replica stored a response a request names
+        self._inflight = inflight   # moves a request off a replica that stops answering (inflight.py)
         # Requests' connections to engines (see upstream.py): made by the Router as the app starts.
         self.pool: Pool | None = None
 
@@ -504,7 +506,8 @@ class RequestPath:
         balancer = self._balancer
         balancer.started(state)
         try:
-            upstream = await self._send(call, state, body)
+            # With an attempt left, it may move while it waits (inflight.py).
+            upstream = await self._send(call, state, body, (*tried, state) if attempts.left > 0 else None)
             if isinstance(upstream, Failure):
                 return upstream
             try:
@@ -537,21 +540,31 @@ class RequestPath:
         return Failure(state.replica_id, f"answered {upstream.status}" + (f": {text}" if text else ""),
                        Failure.REFUSED)
 
-    async def _send(self, call: Call, state: EndpointState, body: bytes) -> Response | Failure:
+    async def _send(self, call: Call, state: EndpointState, body: bytes,
+                    movable: tuple[EndpointState, ...] | None = None) -> Response | Failure:
         """The request sent to `state`, once its answer's headers are in; or (a Failure) why they did not come.
 
         Each failure here came before any byte of an answer: the replica is
         ejected for a while (its engine is down, wedged or lost the
-        request), and the request may go elsewhere (retry.py).
+        request), and the request may go elsewhere (retry.py). `movable`:
+        the endpoints tried, `state` among them, when the request may leave
+        `state` for another while it waits, should `state` stop answering
+        (inflight.py); None: it waits for its headers here whatever happens.
         """
         pool = self.pool
         assert pool is not None     # made as the app starts, which aiohttp runs before it serves a request
         idle_timeout = (self._config.upstream_idle_timeout or None) if call.stream else None
         up0 = perf_counter()
+        sent = pool.post(state.endpoint.url, call.request.raw_path, body, idle_timeout=idle_timeout,
+                         headers=call.fwd, method=call.request.method.encode() if call.route.by_response else b"POST")
         try:
-            upstream = await pool.post(state.endpoint.url, call.request.raw_path, body, idle_timeout=idle_timeout,
-                                       headers=call.fwd,
-                                       method=call.request.method.encode() if call.route.by_response else b"POST")
+            upstream = await (sent if movable is None else self._inflight.headers(state, call.model, movable, sent))
+        except Abandoned as exc:
+            # Already out of routing, held until it answers: no ejection of ours.
+            call.waited += perf_counter() - up0
+            log.warning("endpoint %s stopped answering while a request waited on it, trying another: %s",
+                        state.replica_id, exc)
+            return Failure(state.replica_id, str(exc), Failure.ABANDONED)
         except UpstreamError as exc:
             if not retryable(exc):
                 raise

@@ -8,6 +8,8 @@ that cannot have put a byte of an answer in front of the client:
     no complete headers in time (or, for a stream, silence before them) UpstreamTimeout from `post`
     an answer of 502 or 503 from the engine (a proxy in front of it
     that lost it, an engine overloaded or still loading)               `RETRY_STATUSES`
+    the replica ejected for not answering while the headers were
+    awaited (a wedged engine; moved at once, inflight.py)              `Failure.ABANDONED`
 
 Not after the answer path took the engine's answer: from then on the client
 may have bytes of it (a stream's headers go out as soon as the engine's come
@@ -74,6 +76,9 @@ class Failure:
     HEADERS_CUT = "headers_cut"
     # An answer of 502 or 503 (`RETRY_STATUSES`).
     REFUSED = "refused"
+    # Its replica left the routing for not answering while the headers were
+    # awaited (router/inflight.py): moved at once, not after the headers timeout.
+    ABANDONED = "abandoned"
 
     def __init__(self, replica: str, reason: str, kind: str):
         self.replica = replica

@@ -53,11 +53,12 @@ from . import routes as routing
 from .accounting import Accounting
 from .affinity import Affinity
 from .answer import AnswerPath
-from .balancer import Balancer
+from .balancer import Balancer, EndpointState
 from .coldstart import ColdStart, Waker
 from .config import DEFAULTS, RouterConfig
 from .conventions import stamp_request_id
 from .ejection import Ejector
+from .inflight import InFlight
 from .info import InfoRoutes
 from .limits import BodyBudget
 from .modelinfo import ModelInfo
@@ -93,8 +94,10 @@ class Router:
         self.ejector = Ejector(self.balancer, clock=clock,
                                on_eject=lambda code: self.metrics.endpoint_ejections.labels(code).inc())
         # ... and those whose engines stopped answering polls (config.eject_after).
-        self.outliers = Outliers(self.balancer, self.ejector, clock=clock, after=config.eject_after) \
-            if config.eject_after else None
+        # Requests in flight to an endpoint that stops answering move to another (inflight.py).
+        self.inflight = InFlight(self.balancer)
+        self.outliers = Outliers(self.balancer, self.ejector, clock=clock, after=config.eject_after,
+                                 on_wedged=self._wedged) if config.eject_after else None
         self.policies = Policies(self.balancer)
         self.cold = ColdStart(waker, max_waiting=config.cold_queue, timeout=config.cold_timeout, clock=clock)
         self._session: aiohttp.ClientSession | None = None     # the poller's
@@ -127,22 +130,41 @@ class Router:
                                  counted=lambda outcome: self.metrics.response_affinity.labels(outcome).inc())
         self.metrics.responses_kept.set_function(lambda: len(self.affinity.store))
         self.answer = AnswerPath(config, balancer=self.balancer, ejector=self.ejector, metrics=self.metrics,
-                                 accounting=self.accounting, trimmer=self.trimmer, affinity=self.affinity)
+                                 accounting=self.accounting, trimmer=self.trimmer, affinity=self.affinity,
+                                 inflight=self.inflight)
         self.requests = RequestPath(config, balancer=self.balancer, policies=self.policies, cold=self.cold,
                                     limiter=self.limiter, bodies=self.bodies, parser=self.parser,
                                     trimmer=self.trimmer,
                                     metrics=self.metrics, surface=self.surface, accounting=self.accounting,
-                                    answer=self.answer, info=self.info, affinity=self.affinity)
+                                    answer=self.answer, info=self.info, affinity=self.affinity,
+                                    inflight=self.inflight)
 
     # -- the control plane's side (see surface.py) ---------------------------------------
 
     def set_endpoints(self, endpoints: Iterable[Endpoint]) -> None:
         """Replace the whole list of ready endpoints. Call on the event loop, once per change (Surface.set_endpoints)."""
+        silent = self.outliers.silent() if self.outliers is not None else None
         self.surface.set_endpoints(endpoints)
+        if silent:
+            self._left_silent(silent)
 
     def change_endpoints(self, endpoints: tuple[Endpoint, ...], changed: Mapping[str, Endpoint | None]) -> None:
         """The list changed by `changed`; `endpoints` is the whole new list (Surface.change_endpoints)."""
+        silent = self.outliers.silent() if self.outliers is not None else None
         self.surface.change_endpoints(endpoints, changed)
+        if silent:
+            self._left_silent(silent)
+
+    def _wedged(self, state: EndpointState, reason: str) -> None:
+        self.inflight.abandon(state, f"{state.replica_id} was ejected: {reason}")
+
+    def _left_silent(self, silent: Mapping[str, EndpointState]) -> None:
+        """Endpoints that left the list while their polls went unanswered: taken out because their engine
+        stopped answering (its agent saw it first), so what waits on them moves (inflight.py). One that
+        answers its polls and leaves -- drained, scaled down -- keeps its requests until they finish."""
+        for rid, state in silent.items():
+            if self.balancer.state_of(rid) is not state:
+                self.inflight.abandon(state, f"{rid} left the routing while not answering the router's health probes")
 
     def set_model_states(self, states: Iterable[ModelState]) -> None:
         """Replace what the controller says about models without a ready replica (Surface.set_model_states)."""
@@ -206,7 +228,8 @@ class Router:
         # Before any handler: a web page of another site, or a Host a page could
         # have pointed here (DNS rebinding), spends no GPU time (see httporigin).
         browsers = BrowserGuard.for_bind(bind_host, server="router", cors_origins=cfg.cors_origins,
-                                         allowed_hosts=cfg.allowed_hosts, expose=CORS_EXPOSE)
+                                         allowed_hosts=cfg.allowed_hosts, expose=CORS_EXPOSE,
+                                         methods="GET, POST, DELETE, OPTIONS")
         app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[browsers.middleware()])
         app.router.add_get("/v1/models", info.models)
         app.router.add_get("/v1/models/{name:.+}", info.model)

@@ -50,6 +50,13 @@ def write_secret(path: Path, text: str) -> Path:
     return path
 
 
+def fake_catalog(model: str, replicas: int, *args: str) -> str:
+    """A catalog of one model of `replicas` fake-engine replicas on CPU, each run with `args`."""
+    flags = ", ".join(f"'{a}'" for a in args)
+    return (f"apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n  - name: {model}\n    replicas: {replicas}\n"
+            f"    profiles: [{{name: cpu, engine: fake, gpus: 0, args: [{flags}]}}]\n")
+
+
 class Fleet:
     def __init__(self, root: Path, command: Sequence[str] = (sys.executable, "-m", "llmgwctl"),
                  environ: Mapping[str, str] | None = None):

@@ -60,10 +60,14 @@ def test_adapters_are_loaded_by_edits_routed_to_holders_and_unloaded_without_res
         answers = [fleet.chat("sql", content=f"question {i}") for i in range(20)]
         assert {answered_by(a) for a in answers} == {holder}
         # The engine got the adapter's name (an alias is renamed), and answers as it: not as the base.
+        # The client hears back the alias it asked by (issue 29's echo).
         by_alias = fleet.chat("sql-lora", content="same prompt")
+        by_name = fleet.chat("sql", content="same prompt")
         base = fleet.chat("base", content="same prompt")
-        assert by_alias.json()["model"] == "sql" and base.json()["model"] == "base"
-        assert by_alias.json()["choices"][0]["message"]["content"] != base.json()["choices"][0]["message"]["content"]
+        assert by_alias.json()["model"] == "sql-lora" and base.json()["model"] == "base"
+        text = by_alias.json()["choices"][0]["message"]["content"]
+        assert text == by_name.json()["choices"][0]["message"]["content"]
+        assert text != base.json()["choices"][0]["message"]["content"]
 
         # /v1/models lists it with its parent; the engine's load route is not the client's.
         listed = {m["id"]: m for m in requests.get(fleet.router + "/v1/models", timeout=10).json()["data"]}

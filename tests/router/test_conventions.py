@@ -156,6 +156,21 @@ def test_cors_preflight_and_answers_for_the_named_origins_only(engines, routers)
     assert r.status_code == 204 and r.headers["Access-Control-Allow-Origin"] == "*"
 
 
+def test_an_allowed_page_may_delete_a_stored_response_through_cors(engines, routers):
+    """DELETE /v1/responses/{id} is a route the router takes: a preflight allows it, and the call reaches it."""
+    engine = engines(MODEL, "conv-cors-delete")
+    rt = routers(make_router(catalog((MODEL, ())), cors_origins=("https://app.example",)))
+    rt.set_endpoints([engine.endpoint()])
+    page = {"Origin": "https://app.example"}
+    r = requests.options(rt.url + "/v1/responses/resp_x", timeout=10,
+                         headers={**page, "Access-Control-Request-Method": "DELETE"})
+    assert r.status_code == 204 and "DELETE" in r.headers["Access-Control-Allow-Methods"].split(", ")
+    # Not the browser guard's 403: the router's own answer for a response it never stored.
+    r = requests.delete(rt.url + "/v1/responses/resp_x", headers=page, timeout=10)
+    assert r.status_code == 404 and r.headers["Access-Control-Allow-Origin"] == "https://app.example"
+    assert r.json()["error"]["code"] != "cors_origin_not_allowed"
+
+
 def test_a_stream_held_for_a_cold_start_gets_comments_and_the_openai_sdk_parses_it(engines, routers):
     waker = StartingWaker(engines)
     rt = routers(make_router(catalog((MODEL, ())), waker=waker, cold_timeout=30, cold_keepalive=0.2))
