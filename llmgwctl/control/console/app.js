@@ -115,10 +115,10 @@ async function api(path, init) {
   return resp;
 }
 
-// Reads `text/event-stream` from fetch: each frame's `data:` lines joined, per the SSE format.
-async function follow() {
-  state.controller = new AbortController();
-  const resp = await api("watch/console", { signal: state.controller.signal });
+// Reads `text/event-stream` from a fetch's body: one { event, data } per frame, its `data:` lines joined,
+// per the SSE format; frames without data are passed over. The console's stream and the playground's
+// answer both read through it.
+async function* events(resp) {
   const reader = resp.body.getReader();
   const decoder = new TextDecoder();
   let buffer = "";
@@ -136,9 +136,17 @@ async function follow() {
         if (line.startsWith("event:")) event = line.slice(6).trim();
         else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
       }
-      if ((event === "summary" || event === "status") && data.length) onStatus(JSON.parse(data.join("\n")));
-      else if (event === "history" && data.length) onHistory(JSON.parse(data.join("\n")));
+      if (data.length) yield { event, data: data.join("\n") };
     }
+  }
+}
+
+async function follow() {
+  state.controller = new AbortController();
+  const resp = await api("watch/console", { signal: state.controller.signal });
+  for await (const { event, data } of events(resp)) {
+    if (event === "summary" || event === "status") onStatus(JSON.parse(data));
+    else if (event === "history") onHistory(JSON.parse(data));
   }
 }
 
@@ -602,32 +610,19 @@ async function sendPrompt(ev) {
       out.textContent = "HTTP " + resp.status + ": " + message;
       return;
     }
-    const reader = resp.body.getReader();
-    const decoder = new TextDecoder();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += decoder.decode(value, { stream: true });
-      let cut;
-      while ((cut = buffer.indexOf("\n")) >= 0) {
-        const line = buffer.slice(0, cut).replace(/\r$/, "");
-        buffer = buffer.slice(cut + 1);
-        if (!line.startsWith("data:")) continue;
-        const data = line.slice(5).trim();
-        if (data === "[DONE]") continue;
-        let doc;
-        try { doc = JSON.parse(data); } catch (err) { continue; }
-        if (doc.error) { out.dataset.state = "error"; out.appendChild(el("span", { class: "error" }, "\n" + (doc.error.message || "error"))); continue; }
-        const text = doc.choices && doc.choices[0] && doc.choices[0].delta && doc.choices[0].delta.content;
-        if (text) {
-          if (ttft === null) ttft = performance.now() - t0;
-          chunks += 1;
-          out.appendChild(document.createTextNode(text));
-        }
-        if (doc.usage) usage = doc.usage;
-        stats();
+    for await (const { data } of events(resp)) {
+      if (data.trim() === "[DONE]") continue;
+      let doc;
+      try { doc = JSON.parse(data); } catch (err) { continue; }
+      if (doc.error) { out.dataset.state = "error"; out.appendChild(el("span", { class: "error" }, "\n" + (doc.error.message || "error"))); continue; }
+      const text = doc.choices && doc.choices[0] && doc.choices[0].delta && doc.choices[0].delta.content;
+      if (text) {
+        if (ttft === null) ttft = performance.now() - t0;
+        chunks += 1;
+        out.appendChild(document.createTextNode(text));
       }
+      if (doc.usage) usage = doc.usage;
+      stats();
     }
     if (out.dataset.state === "streaming") out.dataset.state = "done";
   } catch (err) {
