@@ -10,6 +10,7 @@ the agent protocol and the control API have always sent.
     states     ReplicaState, the one enum of a replica's life
     adapters   AdapterSpec (controller -> agent), AdapterStatus (agent -> controller): LoRA adapters on a replica
     spec       ReplicaSpec (controller -> agent), LoadReading (engine -> router)
+    group      GroupSlot (controller -> agent, in a spec): a member's place in a replica spanning nodes
     endpoint   Endpoint (reconciler / static file / watch -> router)
     modelstate ModelState, ModelCondition (reconciler / watch -> router: starting, or cannot be placed and why)
     sink       RouterSink, what every source of endpoints, model states and catalogs pushes a router
@@ -29,6 +30,7 @@ from .adapters import ADAPTER_STATES, AdapterSpec, AdapterStatus
 from .claims import UNBOUNDED, NodeClaims
 from .endpoint import Endpoint
 from .errors import ContractError, EndpointError, ModelStateError, ReportError, UsageError
+from .group import GroupSlot
 from .modelstate import ModelCondition, ModelState
 from .report import AgentReport, CpuCapacity, EngineAvailability, Gpu, ReportedReplica
 from .requestlog import RequestRecord, RequestSink
@@ -52,7 +54,7 @@ from .usage import ConcurrencySource, LoadSource, Usage, UsageReport, UsageSnaps
 __all__ = [
     "ADAPTER_STATES", "AdapterSpec", "AdapterStatus",
     "AGENT_STATES", "AgentReport", "CatalogStatus", "ConcurrencySource", "ContractError", "ControlStatus", "Endpoint", "EndpointError",
-    "CpuCapacity", "EngineAvailability", "Event", "FleetStatus", "Gpu", "GpuStatus", "LoadReading", "LoadSource", "ModelCondition", "ModelState",
+    "CpuCapacity", "EngineAvailability", "Event", "FleetStatus", "Gpu", "GroupSlot", "GpuStatus", "LoadReading", "LoadSource", "ModelCondition", "ModelState",
     "ModelStateError", "ModelStatus", "NodeClaims", "NodeStatus", "UNBOUNDED",
     "ReplicaSpec", "ReplicaState", "RequestRecord", "RequestSink", "ReplicaStatus", "ReportError", "ReportedReplica", "RouterSink", "Scheduling", "Usage", "UsageError",
     "UsageReport", "UsageSnapshot", "UsageSource", "WatcherStatus",

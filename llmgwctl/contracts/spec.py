@@ -19,6 +19,7 @@ from typing import Any
 
 from ..catalog import EngineSpec, Model, Profile
 from .adapters import AdapterSpec, adapter_specs
+from .group import GroupSlot, group_slot
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,10 @@ class ReplicaSpec:
     # The adapters the controller placed on this replica (contracts.adapters).
     # Not in the hash: the agent loads and unloads them on the running engine.
     adapters: tuple[AdapterSpec, ...] = ()
+    # Set for a member of a replica spanning nodes (contracts.group): its rank,
+    # the group's size and how it is split, the head's address and ports. Its
+    # size and parallel are in the hash; the rest placement chose.
+    group: GroupSlot | None = None
     # `spec_hash`, computed on first use: the controller compares every desired
     # replica's hash on every pass, and a JSON dump + sha256 per replica per
     # pass was most of a pass over a big fleet. Not a field anything compares.
@@ -57,8 +62,10 @@ class ReplicaSpec:
 
     @classmethod
     def for_profile(cls, replica_id: str, model: Model, profile: Profile, engine: EngineSpec,
-                    gpu_indices: Sequence[int] = (), gpu_memory_share: float | None = None) -> ReplicaSpec:
+                    gpu_indices: Sequence[int] = (), gpu_memory_share: float | None = None,
+                    group: GroupSlot | None = None) -> ReplicaSpec:
         return cls(
+            group=group,
             gpu_memory_mib=profile.gpu_memory_mib or 0, gpu_memory_share=gpu_memory_share,
             id=replica_id, model=model.name, profile=profile.name, engine=profile.engine,
             source=profile.source or model.source or model.name, gpus=profile.gpus, args=tuple(profile.args),
@@ -87,6 +94,9 @@ class ReplicaSpec:
         if self.lora_slots:
             # The same: only a model with adapters has it.
             shape["lora"] = [self.lora_slots, self.lora_rank]
+        if self.group is not None:
+            # The same: only a member of a group spanning nodes has it.
+            shape["group"] = [self.group.size, self.group.parallel]
         return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
@@ -98,6 +108,7 @@ class ReplicaSpec:
             "gpu_memory_mib": self.gpu_memory_mib, "gpu_memory_share": self.gpu_memory_share,
             **({"lora_slots": self.lora_slots, "lora_rank": self.lora_rank} if self.lora_slots else {}),
             **({"adapters": [a.to_dict() for a in self.adapters]} if self.adapters else {}),
+            **({"group": self.group.to_dict()} if self.group is not None else {}),
         }
 
     @classmethod
@@ -114,6 +125,7 @@ class ReplicaSpec:
             gpu_memory_share=None if data.get("gpu_memory_share") is None else float(data["gpu_memory_share"]),
             lora_slots=int(data.get("lora_slots") or 0), lora_rank=int(data.get("lora_rank") or 0),
             adapters=adapter_specs(data.get("adapters")),
+            group=group_slot(data.get("group")),
         )
 
 

@@ -47,6 +47,13 @@ class Running:
     # the first ones drain.
     leaving: bool = False
     memory_mib: int = 0                   # declared per GPU (a shared GPU); 0: it holds its GPUs whole
+    # A member of a replica spanning nodes (a profile with nodes > 1): the
+    # group's id (its head's replica id) and this member's rank, 0 for the
+    # head. A group counts as one replica of its model, and is stopped whole
+    # (a stop names its head); its workers hold their nodes' GPUs as any
+    # replica does. None for a replica on one node.
+    group: str | None = None
+    rank: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +67,10 @@ class Assignment:
     # Set when this start moves the model back to a better profile: the id of
     # the fallback replica it is to replace once it is ready (a surge).
     replaces: str | None = None
+    # For a profile spanning nodes: the other members' (node, GPU indices), for
+    # ranks 1, 2, ... in order; `node` and `gpu_indices` are the head's (rank 0).
+    # All members are placed at once or none is. Empty on one node.
+    members: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
