@@ -58,6 +58,7 @@ from ..placement import Unplaceable, place
 from .adapters import AdapterPlacer
 from .adoption import Adoption
 from .desired import DesiredStore
+from .groups import GroupKeeper
 from .incremental import IncrementalMismatch, checked
 from .maintenance import SURGE_WAIT, Maintenance
 from .placement_input import PlacementInput, SpecHashes, profile_of
@@ -157,10 +158,12 @@ class Reconciler:
                                  replace_after=replace_after)
         self.placement_input = PlacementInput(self.replicas, inventory, self.adoption.forgotten, hashes)
         self.adoption.draining = self.placement_input.draining
-        self.planner = Planner(self.replicas, self.event, move_every=move_every, drain_grace=drain_grace)
+        self.groups = GroupKeeper(self.replicas, inventory, self.event, clock)
+        self.planner = Planner(self.replicas, self.event, move_every=move_every, drain_grace=drain_grace,
+                               groups=self.groups)
         self.maintenance = Maintenance(self.replicas, self.placement_input.cordoned, self.placement_input.draining,
                                        self.event, surge_wait=surge_wait)
-        self.publisher = Publisher(self.replicas, inventory, desired, on_change=on_change)
+        self.publisher = Publisher(self.replicas, inventory, desired, on_change=on_change, whole=self.groups.whole)
         self.adapters = AdapterPlacer(self.replicas)
         if endpoints:
             self.publisher.sinks.append(endpoints)
@@ -281,12 +284,14 @@ class Reconciler:
             self.adoption.merge(catalog, now, self.settled)
             self.adoption.lost_nodes(now)
             self._settle(now)
+            self.groups.step(now, self.settled)
             if self.settled:
                 usage = dict(self.usage.usage_snapshot()) if self.usage else {}
                 self.scaling.read(now)
                 wanted = self._plan(catalog, now, usage)
                 self.maintenance.step(wanted, now)
                 self.planner.drain(now, usage)
+                self.groups.step(now, self.settled)     # a head the drain stopped takes its workers now
                 # After the plan: its new replicas get their adapters in the specs they start with.
                 self.adapters.place(catalog)
         finally:
@@ -310,11 +315,24 @@ class Reconciler:
 
     def _plan(self, catalog: Catalog, now: float, usage: UsageSnapshot) -> dict[str, int]:
         wanted = self.scaling.wanted(catalog, now, usage, self.replicas)
+        self._hold_failed_groups(catalog, wanted, now)
         self.adoption.trim(catalog, wanted, now)
         running, views = self.placement_input.build(catalog)
         self.planner.plan(catalog, now, wanted, running, views)
         self.publisher.derive_model_states(catalog, self.planner.unplaceable_detail)
         return wanted
+
+    def _hold_failed_groups(self, catalog: Catalog, wanted: dict[str, int], now: float) -> None:
+        """A model whose group just failed gets no new group until its back-off is over (groups.GroupKeeper):
+        it wants only the groups it has."""
+        if not self.replicas.groups:
+            return
+        for name, want in wanted.items():
+            if self.groups.held(name, now):
+                have = sum(1 for gid in self.replicas.groups
+                           if (head := self.replicas.get(gid)) is not None and head.spec.model == name
+                           and head.state not in (ReplicaState.DRAINING, ReplicaState.STOPPING))
+                wanted[name] = min(want, have)
 
     def pass_failed(self, exc: BaseException) -> None:
         """A pass raised: count it and say so (the supervised loop calls this and goes on).

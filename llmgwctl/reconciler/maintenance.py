@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ..contracts import ReplicaState, Scheduling
-from .records import Records, Replica
+from .records import Records, Replica, is_worker
 
 # How long a drain waits for a replacement to become ready before taking the
 # node's replica out anyway: a large model's cold start (its weights read and
@@ -155,8 +155,8 @@ class Maintenance:
             return
         ready = coming = 0
         for rec in self.records.values():
-            if rec.spec.model != model or rec.node in self._draining:
-                continue
+            if rec.spec.model != model or rec.node in self._draining or is_worker(rec.spec):
+                continue        # a group counts once, as its head
             ready += rec.state == ReplicaState.READY
             coming += rec.state in _COMING
         if late or coming == 0:
