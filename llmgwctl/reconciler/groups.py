@@ -23,7 +23,7 @@ makes them one replica:
   are done; a worker that is drained (its node cordoned for maintenance)
   drains its head.
 - **Rendezvous ports** (`ports`): chosen by the controller, before any member
-  starts, from GROUP_PORTS on the head's node, none held by another group
+  starts, from GROUP_PORTS on the head's host, none held by another group
   headed there.
 
 It must not know HTTP or processes: it reads and writes records, and is told
@@ -158,11 +158,14 @@ class GroupKeeper:
                                     f"stopped, placed again in {wait:.0f} s")
 
     def ports(self, node: str, group: str, count: int) -> tuple[int, ...]:
-        """`count` rendezvous ports on `node` for a new group `group`, none held by a group headed there."""
+        """`count` rendezvous ports on `node` for a new group `group`, none held by a group headed on its
+        host (several nodes may share one: agents on one machine, each with some of its GPUs)."""
+        host = self.host_of(node)
         held: set[int] = set()
-        for rec in self.records.on_node.get(node, {}).values():
-            slot = rec.spec.group
-            if slot is not None and slot.rank == 0:
+        for gid in self.records.groups:
+            head = self.records.get(gid)
+            slot = head.spec.group if head is not None else None
+            if slot is not None and slot.head_host == host:
                 held.update((slot.port, slot.rpc_port))
         # From a point the id chooses, so two controllers' (or a restarted
         # one's) groups on one node seldom start at the same port.
