@@ -66,6 +66,9 @@ class GroupKeeper:
         # Per model: the back-off of its failing groups, and until when it holds new ones.
         self._backoff: dict[str, Backoff] = {}
         self._held_until: dict[str, float] = {}
+        # Groups stopped for a failure, until their last member is gone: failed
+        # once (a member on a lost node is marked lost again on every pass).
+        self._failed: set[str] = set()
 
     def whole(self, head: Replica) -> bool:
         """Whether `head`'s group may take traffic: every member there and ready on a reachable node."""
@@ -96,11 +99,13 @@ class GroupKeeper:
     def step(self, now: float, settled: bool) -> None:
         """Every group: stopped whole when a member broke, its workers stopped with a head that stops."""
         records = self.records
+        if self._failed:
+            self._failed &= records.groups.keys()
         if not records.groups:
             return
         for group in list(records.groups):
             members = records.members(group)
-            if not members:
+            if not members or group in self._failed:
                 continue
             slot = members[0].spec.group
             assert slot is not None     # indexed under a group only when its spec has one
@@ -145,6 +150,7 @@ class GroupKeeper:
 
     def _fail(self, slot: GroupSlot, members: list[Replica], why: str, now: float) -> None:
         model = members[0].spec.model
+        self._failed.add(slot.group)
         for m in members:
             if m.state is not ReplicaState.STOPPING:
                 m.state, m.drain_reason, m.ready_since = ReplicaState.STOPPING, f"group failed: {why}", None
