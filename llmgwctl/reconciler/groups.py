@@ -81,10 +81,13 @@ class GroupKeeper:
         for member in members:
             if member.state is not ReplicaState.READY:
                 return False
-            node = self.inventory.get(member.node)
-            if node is None or not node.reachable:
+            if not self._reachable(member.node):
                 return False
         return True
+
+    def _reachable(self, node: str) -> bool:
+        known = self.inventory.get(node)
+        return known is not None and known.reachable
 
     def held(self, model: str, now: float) -> float:
         """Seconds left before `model` may have a new group placed (0: it may now)."""
@@ -105,7 +108,14 @@ class GroupKeeper:
             return
         for group in list(records.groups):
             members = records.members(group)
-            if not members or group in self._failed:
+            if not members:
+                continue
+            if group in self._failed:
+                # What is left of it goes too: a member whose node comes back
+                # still running it (lost meanwhile, so marked lost, not stopping).
+                for m in members:
+                    if m.state is ReplicaState.LOST and self._reachable(m.node):
+                        m.state = ReplicaState.STOPPING
                 continue
             slot = members[0].spec.group
             assert slot is not None     # indexed under a group only when its spec has one
