@@ -112,9 +112,9 @@ class GroupKeeper:
                 continue
             if group in self._failed:
                 # What is left of it goes too: a member whose node comes back
-                # still running it (lost meanwhile, so marked lost, not stopping).
+                # still running it (it was lost, not stopping, meanwhile).
                 for m in members:
-                    if m.state is ReplicaState.LOST and self._reachable(m.node):
+                    if m.state is not ReplicaState.STOPPING and self._reachable(m.node):
                         m.state = ReplicaState.STOPPING
                 continue
             slot = members[0].spec.group
