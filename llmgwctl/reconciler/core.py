@@ -365,7 +365,10 @@ class Reconciler:
         stale = [r for r in running if not r.current and not r.leaving and (m := catalog.resolve(r.model)) is not None
                  and m.name == r.model and profile_of(m, r.profile) is not None]
         return {
-            "start": [{"model": a.model, "profile": a.profile, "node": a.node, "gpus": list(a.gpu_indices)} for a in plan.start],
+            "start": [{"model": a.model, "profile": a.profile, "node": a.node, "gpus": list(a.gpu_indices),
+                       # A replica spanning nodes: its other members, rank 1 first.
+                       **({"members": [{"node": n, "gpus": list(g)} for n, g in a.members]} if a.members else {})}
+                      for a in plan.start],
             "stop": [{"id": s.replica_id, "model": by_id[s.replica_id].model if s.replica_id in by_id else "",
                       "reason": s.reason} for s in plan.stop],
             "replace": [{"id": r.replica_id, "model": r.model, "profile": r.profile, "node": r.node} for r in stale],
