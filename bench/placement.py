@@ -216,6 +216,26 @@ def timed(fn: Callable[[], T], repeat: int) -> tuple[float, T]:
     return min(best, time.perf_counter() - start), result
 
 
+def case(n_nodes: int, n_models: int, seed: int) -> tuple[list[NodeView], Catalog, dict[str, int]]:
+    """The fleet, the catalog and the wanted counts of one row of the first table."""
+    rng = random.Random(seed)
+    nodes, cat = fleet(n_nodes, rng), catalog(n_models, rng)
+    return nodes, cat, {m.name: rng.randint(m.replicas.min, m.replicas.max) for m in cat.models}
+
+
+def full_and_noop(cat: Catalog, nodes: list[NodeView], wanted: dict[str, int], repeat: int,
+                  label: str) -> tuple[float, Plan, list[Running], float] | None:
+    """(full pass time, its plan, what runs once it is applied, no-op pass time), or None if the no-op plan was not empty."""
+    full_s, plan = timed(partial(place, cat, nodes, [], wanted), repeat)
+    running = applied(plan, [], cat)
+    noop_s, again = timed(partial(place, cat, reported(nodes, running), running, wanted), repeat)
+    if again.start or again.stop:
+        print(f"BUG: the no-op pass {label} was not empty: {len(again.start)} starts, {len(again.stop)} stops",
+              file=sys.stderr)
+        return None
+    return full_s, plan, running, noop_s
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     # Best of 5: the dev machine is two shared cores, and the minimum is the
@@ -227,17 +247,11 @@ def main() -> int:
     began = time.perf_counter()
     rows = []
     for n_nodes, n_models in SIZES:
-        rng = random.Random(args.seed)
-        nodes, cat = fleet(n_nodes, rng), catalog(n_models, rng)
-        wanted = {m.name: rng.randint(m.replicas.min, m.replicas.max) for m in cat.models}
-        full_s, plan = timed(partial(place, cat, nodes, [], wanted), args.repeat)
-        running = applied(plan, [], cat)
-        after = reported(nodes, running)
-        noop_s, again = timed(partial(place, cat, after, running, wanted), args.repeat)
-        if again.start or again.stop:
-            print(f"BUG: the no-op pass at {n_nodes} nodes was not empty: "
-                  f"{len(again.start)} starts, {len(again.stop)} stops", file=sys.stderr)
+        nodes, cat, wanted = case(n_nodes, n_models, args.seed)
+        passes = full_and_noop(cat, nodes, wanted, args.repeat, f"at {n_nodes} nodes")
+        if passes is None:
             return 1
+        full_s, plan, running, noop_s = passes
         floor_s, _ = timed(partial(floor, nodes, running), args.repeat)
         # Once: it is the slow one, and its spread is small next to the ratio it shows.
         scan_s, _ = timed(partial(scan, cat, nodes, wanted), 1)
@@ -300,21 +314,15 @@ def gangs(args: argparse.Namespace) -> int:
     n_nodes, n_models = SIZES[-1]
     rows = []
     for label, with_gangs in (("today's catalog", False), (f"+ {GANG_MODELS} gang models", True)):
-        rng = random.Random(args.seed)
-        nodes, cat = fleet(n_nodes, rng), catalog(n_models, rng)
-        wanted = {m.name: rng.randint(m.replicas.min, m.replicas.max) for m in cat.models}
+        nodes, cat, wanted = case(n_nodes, n_models, args.seed)
         if with_gangs:
             extra = gang_models(random.Random(args.seed + 1))
             cat = Catalog((*cat.models, *extra))
             wanted.update({m.name: 1 + i % 2 for i, m in enumerate(extra)})
-        full_s, plan = timed(partial(place, cat, nodes, [], wanted), args.repeat)
-        running = applied(plan, [], cat)
-        after = reported(nodes, running)
-        noop_s, again = timed(partial(place, cat, after, running, wanted), args.repeat)
-        if again.start or again.stop:
-            print(f"BUG: the no-op pass with {label} was not empty: {len(again.start)} starts, "
-                  f"{len(again.stop)} stops", file=sys.stderr)
+        passes = full_and_noop(cat, nodes, wanted, args.repeat, f"with {label}")
+        if passes is None:
             return 1
+        full_s, plan, running, noop_s = passes
         groups = [a for a in plan.start if a.members]
         if with_gangs and not groups:
             print("BUG: no gang model was placed", file=sys.stderr)
