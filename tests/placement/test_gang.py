@@ -1,10 +1,15 @@
-"""Gang placement: a replica spanning nodes placed all or nothing, counted as one replica, stopped by its head's id."""
+"""Gang placement: a replica spanning nodes placed all or nothing, counted as one replica, stopped by its head's id;
+and over random small fleets, every group on distinct qualifying nodes, no GPU twice, and the passes settle."""
+from collections import Counter
 from dataclasses import replace
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from llmgwctl.catalog import Profile
 from llmgwctl.placement import MODEL_LEFT, SCALED_DOWN, Running, Stop, place
 
-from .helpers import catalog, model, node, profile, replica
+from .helpers import apply, catalog, model, node, profile, replica
 
 
 def gang(nodes: int = 2, gpus: int = 8, name: str = "gang", priority: int = 20, pool: str = "h100") -> Profile:
@@ -193,3 +198,61 @@ def test_the_same_input_gives_the_same_plan_whatever_the_order_of_the_nodes():
     assert sum(1 for a in plans[0].start if a.members) == 5
     for a in plans[0].start:
         assert len({a.node, *(m for m, _ in a.members)}) == 1 + len(a.members)    # distinct nodes
+
+
+@st.composite
+def gang_situations(draw):
+    """Up to 6 nodes, models mixing groups of 2-3 nodes with one-node profiles, some groups already running."""
+    nodes = [node(f"n{i}", gpus=draw(st.integers(0, 4)), pools=draw(st.sampled_from((("h100",), ("h100", "x")))),
+                  schedulable=draw(st.integers(0, 5)) > 0) for i in range(draw(st.integers(0, 6)))]
+    models = []
+    for m in range(draw(st.integers(1, 3))):
+        profiles = [gang(nodes=draw(st.integers(2, 3)), gpus=draw(st.integers(0, 3)), name="g",
+                         priority=draw(st.integers(0, 3)), pool=draw(st.sampled_from(("h100", "x"))))]
+        if draw(st.booleans()):
+            profiles.append(profile("one", gpus=draw(st.integers(0, 2)), priority=draw(st.integers(0, 3))))
+        lo = draw(st.integers(0, 2))
+        models.append(replace(model(f"m{m}", *profiles, lo=lo, hi=lo + draw(st.integers(0, 1))),
+                              priority=draw(st.sampled_from((0, 0, 5)))))
+    return catalog(*models), nodes
+
+
+def check_groups(cat, nodes, running, plan):
+    by_name = {n.name: n for n in nodes}
+    profiles = {(m.name, p.name): p for m in cat.models for p in m.profiles}
+    for a in plan.start:
+        p = profiles[(a.model, a.profile)]
+        where = [(a.node, a.gpu_indices), *a.members]
+        assert len(where) == p.nodes and len({n for n, _ in where}) == p.nodes       # all of it, distinct nodes
+        for name, gpus in where:
+            assert by_name[name].schedulable and p.pool in by_name[name].pools and len(gpus) == p.gpus
+    after = apply(plan, running, cat)
+    held = Counter((r.node, g) for r in after for g in r.gpu_indices)
+    assert all(n == 1 for n in held.values()), held                                  # no GPU twice
+    ids = {r.replica_id for r in running}
+    groups = {r.group for r in running if r.group is not None}
+    stopped = [s.replica_id for s in plan.stop]
+    assert len(stopped) == len(set(stopped)) and set(stopped) <= ids | groups
+    assert not any(r.rank and r.replica_id in stopped for r in running)                # never a worker alone
+    gone = {r.replica_id for r in running if r.replica_id in stopped or r.group in stopped}
+    assert set(plan.keep) == ids - gone
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(gang_situations())
+def test_groups_fill_settle_and_count_once(situation):
+    cat, nodes = situation
+    running: list[Running] = []
+    plan = place(cat, nodes, running, {})
+    for _ in range(4):
+        check_groups(cat, nodes, running, plan)
+        if not plan.start and not plan.stop:
+            break
+        running = [replace(r, ready=True) for r in apply(plan, running, cat)]
+        plan = place(cat, nodes, running, {})
+    assert plan.start == () and plan.stop == ()
+    # Each model runs its minimum if it fits, counting a group once.
+    heads = Counter(r.model for r in running if r.rank == 0)
+    short = Counter(u.model for u in plan.unplaceable)
+    for m in cat.models:
+        assert heads[m.name] + short[m.name] == m.replicas.min
