@@ -3,6 +3,9 @@
 `short_of_min` says how many replicas a model may preempt for; one
 `Preemption` per pass chooses the victims, node by node (`_NodeRoom` is one
 node's GPUs as it sees them), and says in the model's note what it waits for.
+A group spanning nodes (`gang`) may be a victim, whole: a stop names its id,
+and every member's GPUs, on every member's node, count as coming free. A
+group with a lost member is never one (that member's GPUs do not come free).
 """
 from __future__ import annotations
 
@@ -129,17 +132,30 @@ class Preemption:
         stopping = {s.replica_id for s in stops}
         self.leaving = {r.replica_id for r in running if r.leaving or r.replica_id in stopping}
         self.existing: dict[str, list[Running]] = defaultdict(list)
+        # A group (see `gang`) goes whole: stopping it (by its id) frees every member's
+        # GPUs on every member's node, and one member leaving is the group leaving.
+        self.members: dict[str, list[Running]] = defaultdict(list)
         for r in running:
             if r.node in fleet:
                 self.existing[r.node].append(r)
+            if r.group is not None:
+                self.members[r.group].append(r)
+        unstoppable: set[str] = set()
+        for group, members in self.members.items():
+            if group in stopping or any(m.replica_id in self.leaving for m in members):
+                self.leaving.update(m.replica_id for m in members)
+            if any(m.lost or m.node not in fleet for m in members):
+                unstoppable.add(group)      # a lost member holds its GPUs whatever the others do
         above_min: set[str] = set()
         for share in shares.values():
             order = stop_order(share.current, share.rank)
             above_min.update(r.replica_id for r in order[:max(0, len(order) - share.model.replicas.min)])
+        if self.members:                    # a group's members are above its model's minimum if the group is
+            above_min.update(m.replica_id for group, ms in self.members.items() if group in above_min for m in ms)
         self.priority = {r.replica_id: shares[r.model].model.priority if r.model in shares else -(1 << 62)
                          for r in running}
         # Lost replicas hold their GPUs (nobody can stop them), so they are never victims.
-        order = [r for r in running if r.node in fleet and not r.lost]
+        order = [r for r in running if r.node in fleet and not r.lost and r.group not in unstoppable]
         order.sort(key=lambda r: id_key(r.replica_id), reverse=True)   # once per replica, then stable sorts
         order.sort(key=lambda r: (r.replica_id not in self.leaving, self.priority[r.replica_id],
                                   r.replica_id not in above_min, serving(r)))
@@ -157,6 +173,7 @@ class Preemption:
         for _ in range(short):
             found = None
             for profile in share.ranked:
+                # Room is made on one node; a group needs it on several at once, so it does not preempt.
                 if profile.gpus and profile.nodes == 1:
                     found = self._victims_for(share.model.priority, profile)
                     if found is not None:
@@ -165,9 +182,12 @@ class Preemption:
                 break
             node, (fresh, victims) = found
             self.leaving.update(v.replica_id for v in fresh)
-            p = share.model.priority
             for v in fresh:
-                stops.append(Stop(v.replica_id, f"preempted by {share.model.name} (priority {p}) to place its "
+                if v.group is not None:     # its other members' room is coming free too
+                    self.leaving.update(m.replica_id for m in self.members[v.group])
+            p = share.model.priority
+            for rid in dict.fromkeys(_stopped(v) for v in fresh):
+                stops.append(Stop(rid, f"preempted by {share.model.name} (priority {p}) to place its "
                                                 f"minimum of {share.model.replicas.min}", preempted_by=share.model.name))
             names = _names(self.shares, victims or fresh)
             notes.append(f"preempting {names} on {node}" if fresh else f"waiting for {names} to leave {node}")
@@ -234,10 +254,16 @@ class Preemption:
 def _names(shares: Mapping[str, Share], victims: list[Running]) -> str:
     by_model: dict[str, list[str]] = {}
     for v in victims:
-        by_model.setdefault(v.model, []).append(v.replica_id)
+        by_model.setdefault(v.model, []).append(_stopped(v))
     parts = []
     for model, ids in by_model.items():
+        ids = list(dict.fromkeys(ids))
         share = shares.get(model)
         prio = f"priority {share.model.priority}, " if share is not None else ""
         parts.append(f"{model} ({prio}{', '.join(ids)})")
     return ", ".join(parts)
+
+
+def _stopped(victim: Running) -> str:
+    """The id a stop of `victim` names: a group member's is its group's (the reconciler stops every member)."""
+    return victim.replica_id if victim.group is None else victim.group
