@@ -315,24 +315,35 @@ class Reconciler:
 
     def _plan(self, catalog: Catalog, now: float, usage: UsageSnapshot) -> dict[str, int]:
         wanted = self.scaling.wanted(catalog, now, usage, self.replicas)
-        self._hold_failed_groups(catalog, wanted, now)
+        held = self._hold_failed_groups(wanted, now)
         self.adoption.trim(catalog, wanted, now)
         running, views = self.placement_input.build(catalog)
         self.planner.plan(catalog, now, wanted, running, views)
+        for name, why in held.items():
+            # Said where a model that waits for room is: in status, and to the router (it waits, not 503s).
+            if name not in self.planner.unplaceable_detail:
+                self.planner.unplaceable[name] = why
+                self.planner.unplaceable_detail[name] = Unplaceable(name, why, permanent=False)
         self.publisher.derive_model_states(catalog, self.planner.unplaceable_detail)
         return wanted
 
-    def _hold_failed_groups(self, catalog: Catalog, wanted: dict[str, int], now: float) -> None:
+    def _hold_failed_groups(self, wanted: dict[str, int], now: float) -> dict[str, str]:
         """A model whose group just failed gets no new group until its back-off is over (groups.GroupKeeper):
-        it wants only the groups it has."""
-        if not self.replicas.groups:
-            return
+        it wants only the groups it has. Returns why, for each model held short of what it wants."""
+        if not self.groups.holding:
+            return {}
+        held = {}
         for name, want in wanted.items():
-            if self.groups.held(name, now):
+            wait = self.groups.held(name, now)
+            if wait:
                 have = sum(1 for gid in self.replicas.groups
                            if (head := self.replicas.get(gid)) is not None and head.spec.model == name
                            and head.state not in (ReplicaState.DRAINING, ReplicaState.STOPPING))
-                wanted[name] = min(want, have)
+                if have < want:
+                    wanted[name] = have
+                    held[name] = (f"its group failed (see the group-failed event); placed again after a "
+                                  f"back-off of {self.groups.backoff_of(name):.0f} s")
+        return held
 
     def pass_failed(self, exc: BaseException) -> None:
         """A pass raised: count it and say so (the supervised loop calls this and goes on).

@@ -66,6 +66,7 @@ class GroupKeeper:
         # Per model: the back-off of its failing groups, and until when it holds new ones.
         self._backoff: dict[str, Backoff] = {}
         self._held_until: dict[str, float] = {}
+        self._held_for: dict[str, float] = {}     # the back-off each held model waits out
         # Groups stopped for a failure, until their last member is gone: failed
         # once (a member on a lost node is marked lost again on every pass).
         self._failed: set[str] = set()
@@ -88,6 +89,15 @@ class GroupKeeper:
     def _reachable(self, node: str) -> bool:
         known = self.inventory.get(node)
         return known is not None and known.reachable
+
+    @property
+    def holding(self) -> bool:
+        """Whether any model may be held back (`held`): a cheap look for every pass."""
+        return bool(self._held_until)
+
+    def backoff_of(self, model: str) -> float:
+        """The back-off `model`'s last group failure set (0 if none)."""
+        return self._held_for.get(model, 0.0)
 
     def held(self, model: str, now: float) -> float:
         """Seconds left before `model` may have a new group placed (0: it may now)."""
@@ -170,6 +180,7 @@ class GroupKeeper:
                                                      jitter=0.0, clock=self._clock)
         wait = backoff.failure()
         self._held_until[model] = now + wait
+        self._held_for[model] = wait
         self._event("group-failed", f"{slot.group} ({model}, a group of {slot.size}): {why}; every member "
                                     f"stopped, placed again in {wait:.0f} s")
 

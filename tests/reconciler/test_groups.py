@@ -8,7 +8,8 @@ over HTTP).
 from __future__ import annotations
 
 from llmgwctl.contracts import ReplicaState
-from llmgwctl.reconciler import Reconciler
+from llmgwctl.inventory import Inventory
+from llmgwctl.reconciler import DesiredStore, Reconciler
 from llmgwctl.reconciler.groups import BACKOFF_INITIAL, GROUP_PORTS
 
 from .test_reconciler import World, catalog, run_report
@@ -106,6 +107,7 @@ def test_a_failed_member_stops_the_whole_group_which_is_placed_again_after_a_bac
     # The agents stop them; nothing new is placed until the back-off is over.
     w.follow_all(rounds=1)
     assert not any(r.spec.group.group == head.spec.id for r in w.rec.replicas.values())
+    assert "back-off" in w.rec.unplaceable["big"], "status says why nothing is placed yet"
     assert w.rec.replicas == {} or all(r.created >= failed[0].at + BACKOFF_INITIAL for r in w.rec.replicas.values())
     for _ in range(int(BACKOFF_INITIAL) + 2):
         w.step()
@@ -136,6 +138,8 @@ def test_a_restarted_controller_adopts_a_whole_group_and_stops_a_partial_one():
     # A new controller; the half model's worker's node never reports again.
     w.alive.discard(half_worker.node)
     w.running[half_worker.node].pop(half_worker.spec.id)
+    # Its inventory starts empty: it knows only what agents report to it.
+    w.inventory, w.desired = Inventory(clock=w.clock, unreachable_after=15), DesiredStore()
     w.rec = Reconciler(w.live, w.inventory, w.desired, endpoints=w.sink, usage=w.usage, clock=w.clock,
                        wall_clock=w.clock, settle=5, drain_grace=30, replace_after=60)
     for _ in range(8):
