@@ -14,7 +14,6 @@ import os
 import signal
 
 import aiohttp
-import pytest
 
 from llmgwctl.agent import FAILED, READY, STARTING, PortRange
 from llmgwctl.agent.members import WORKER_SETTLE
@@ -29,17 +28,6 @@ def members(rendezvous: int, size: int = 2) -> list[ReplicaSpec]:
                        port=rendezvous) for rank in range(size)]
     return [ReplicaSpec(id=s.member_id(s.rank), model="m", profile="p", engine="fake", source="m", gpus=0,
                         group=s) for s in slots]
-
-
-@pytest.fixture
-def groups():
-    pgids: list[int] = []
-    yield pgids
-    for pgid in pgids:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 class Probes:
@@ -94,16 +82,22 @@ async def test_a_worker_is_ready_without_a_probe_and_reported_with_no_url(tmp_pa
         await agent.close()
 
 
+async def whole_group(agent, specs, groups):
+    """Start `specs` (a head and its worker) on `agent` and pass until the head is ready: (head, worker)."""
+    agent.set_desired(specs)
+    await agent.reconcile_once()
+    head, worker = agent.replicas["g-1"], agent.replicas["g-1-r1"]
+    groups.extend([head.pgid, worker.pgid])
+    await until_state(agent, "g-1", READY, "the head ready once its worker joined")
+    return head, worker
+
+
 async def test_a_dead_worker_fails_its_group_and_both_restart_with_backoff(tmp_path, port_range, groups):
     clock = FakeClock()
     head_spec, worker_spec = members(PortRange.parse(port_range).low)
     async with aiohttp.ClientSession() as session:
         agent = make_agent(tmp_path, port_range, session, clock, gpus=())
-        agent.set_desired([head_spec, worker_spec])
-        await agent.reconcile_once()
-        head, worker = agent.replicas["g-1"], agent.replicas["g-1-r1"]
-        groups.extend([head.pgid, worker.pgid])
-        await until_state(agent, "g-1", READY, "the head ready")
+        head, worker = await whole_group(agent, [head_spec, worker_spec], groups)
         first = (head.pid, worker.pid)
 
         os.kill(worker.pid, signal.SIGKILL)
@@ -126,10 +120,7 @@ async def test_an_agent_restart_adopts_both_members(tmp_path, port_range, groups
     head_spec, worker_spec = members(PortRange.parse(port_range).low)
     async with aiohttp.ClientSession() as session:
         agent = make_agent(tmp_path, port_range, session, clock, gpus=())
-        agent.set_desired([head_spec, worker_spec])
-        await agent.reconcile_once()
-        groups.extend([agent.replicas["g-1"].pgid, agent.replicas["g-1-r1"].pgid])
-        await until_state(agent, "g-1", READY, "the head ready")
+        await whole_group(agent, [head_spec, worker_spec], groups)
         pids = {rid: r.pid for rid, r in agent.replicas.items()}
         await agent.close()
         saved = json.loads((tmp_path / "replicas.json").read_text())["replicas"]
