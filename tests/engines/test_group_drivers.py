@@ -76,6 +76,13 @@ def test_a_cpu_member_runs_one_rank_with_the_cpu_defaults():
     assert got[-4:] == ("--headless", "--kv-cache-memory-bytes", "4G", "--enforce-eager")
 
 
+def test_a_cpu_pipeline_stage_is_compiled_not_eager():
+    # vLLM's CPU runner allocates a later stage's activation buffer only in its warm-up, which eager mode skips.
+    for rank in (0, 1):
+        got = argv(VllmDriver(module="no_such_vllm_module"), member("pipeline", rank, gpus=0))
+        assert "--enforce-eager" not in got and got[got.index("--kv-cache-memory-bytes") + 1] == "4G"
+
+
 def test_the_profiles_args_come_last_so_they_win_as_on_one_node(vllm_here):
     got = argv(vllm_here, member("pipeline", 0, args=["--tensor-parallel-size", "4"]))
     assert got[-2:] == ("--tensor-parallel-size", "4")
