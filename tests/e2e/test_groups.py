@@ -52,9 +52,13 @@ def fleet(tmp_path_factory):
         fleet.close_checked()
 
 
+SIZE = {"big": 2, "wide": 3}
+
+
 def group_row(fleet, model):
+    """The model's one group, when every member is there and ready; else None."""
     rows = [r for r in fleet.replicas(model) if r["state"] == "ready"
-            and len(r.get("members", ())) >= 2 and all(m["state"] == "ready" for m in r["members"])]
+            and len(r.get("members", ())) == SIZE[model] and all(m["state"] == "ready" for m in r["members"])]
     return rows[0] if len(rows) == 1 else None
 
 
