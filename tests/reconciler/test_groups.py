@@ -173,3 +173,22 @@ def test_a_model_that_needs_more_nodes_than_the_fleet_has_starts_nothing():
     w.step()
     assert w.rec.replicas == {}
     assert "big" in w.rec.unplaceable
+
+
+def test_draining_a_workers_node_moves_the_whole_group_surge_first():
+    w = world(gang())
+    w.step()
+    w.follow_all()
+    old = next(r for r in w.rec.replicas.values() if r.spec.group.rank == 0)
+    worker = w.rec.replicas[f"{old.spec.id}-r1"]
+    assert w.rec.drain(worker.node)
+    w.step()
+    new = [r for r in w.rec.replicas.values() if r.spec.group.group != old.spec.id]
+    assert len(new) == 2 and worker.node not in {r.node for r in new}, "a new group placed off the draining node"
+    assert old.state == ReplicaState.READY and w.rec.endpoints, "the old group serves until the new one does"
+    w.follow_all()
+    w.follow_all()
+    eps = {ep.replica_id for ep in w.rec.endpoints}
+    assert eps == {next(r.spec.id for r in new if r.spec.group.rank == 0)}
+    assert old.spec.id not in w.rec.replicas and worker.spec.id not in w.rec.replicas, "the old group stopped whole"
+    assert not any(e.kind == "group-failed" for e in w.rec.events), "a drain is not a failure"
