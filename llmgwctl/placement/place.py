@@ -43,7 +43,9 @@ The rules, in the order one pass applies them:
    never preempt. Room already coming free (replicas leaving) is counted
    first, so a preemptor waits for its victims to drain instead of choosing
    more; and since higher priorities fill first (rule 6), the freed room goes
-   to the preemptor, not back to its victims.
+   to the preemptor, not back to its victims. Whole GPUs already free that a
+   preemptor counts on beside its victims' are taken for it for the rest of
+   the pass, so a surge (rule 8) cannot take them and be preempted in turn.
 8. Back to the best profile: a model with everything it wants, all serving,
    that runs a replica on a fallback (not its best-ranked profile) gets one
    replica on a better profile if one fits now (a surge; rule 4 stops the

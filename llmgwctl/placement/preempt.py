@@ -221,14 +221,12 @@ class Preemption:
         chosen, so a group short of one node stops nobody.
         """
         fleet, gpus, need = self.fleet, profile.gpus, profile.nodes
-        free: list[str] = []
-        for name in fleet.in_pool(profile.pool):
-            if len(free) == need:
-                break
-            if (name not in self.promised and fleet.free_count(name) >= gpus and fleet.slots[name] > 0
-                    and fleet.can_host(name, profile.pool, profile.engine)
-                    and (name not in self.rooms or self.rooms[name].fits(gpus, 0, set()) is not None)):
-                free.append(name)
+        # Best-fit, then the name, as `Fleet.pick` would choose them: not the inventory's order.
+        free = [name for _, name in sorted(
+            (fleet.free_count(name), name) for name in fleet.in_pool(profile.pool)
+            if name not in self.promised and fleet.free_count(name) >= gpus and fleet.slots[name] > 0
+            and fleet.can_host(name, profile.pool, profile.engine)
+            and (name not in self.rooms or self.rooms[name].fits(gpus, 0, set()) is not None))][:need]
         seen = set(free)
         freeing: list[str] = []
         for candidate in self.order:
@@ -265,11 +263,12 @@ class Preemption:
         return found
 
     def _keep(self, name: str, indices: list[int]) -> None:
-        """Keep a group's room on `name` for it: its GPUs free now are taken from the fleet for the rest of the pass.
+        """Keep a preemptor's room on `name` for it: its GPUs free now are taken from the fleet for the rest of the pass.
 
         Not only claimed here: else a surge later in the pass (rule 8) takes
-        them, the group preempts that surge next pass, the next surge takes
-        the room it freed, and the two chase each other round the fleet.
+        them, the preemptor preempts that surge next pass, the next surge
+        takes the room it freed, and the two chase each other for ever (the
+        gang property test found it, for groups and one-node preemptors alike).
         """
         self.promised.add(name)
         free = set(self.fleet.free[name])
@@ -295,6 +294,8 @@ class Preemption:
                     if chosen is not None:
                         self.cursor[shape] = i      # this node may fit another one
                         self._going(chosen[0])
+                        if not memory:              # a shared GPU's free part is not one to take whole
+                            self._keep(node, chosen[2])
                         return [(node, chosen[:2])]
                 short_nodes.add(node)
             i += 1

@@ -242,6 +242,21 @@ def test_the_free_node_a_preempting_group_counts_on_is_not_taken_by_a_surge_in_t
     assert (start.model, start.node, start.members) == ("m0", "n0", (("n2", (2,)),))
 
 
+def test_a_one_node_preemptor_keeps_the_free_gpu_it_counts_on_from_a_surge_too():
+    # The same chase with m0's one-node fallback preempting f4 and counting on n3's free GPU 3.
+    m0 = replace(model("m0", gang(gpus=0, name="g", priority=0), profile("one", gpus=2, priority=0), lo=1, hi=1),
+                 priority=1)
+    fill = model("fill", profile("one", gpus=1), gang(gpus=1, priority=5), lo=0, hi=8)
+    cat = catalog(m0, fill)
+    nodes = [node("n0", gpus=1, schedulable=False), node("n1", gpus=1, schedulable=False), node("n3", gpus=4)]
+    running = [*members("fg", "fill", ("n0", "n1"), gpus=(0,), ready=True),
+               *(replica(f"f{g + 2}", "fill", "n3", gpus=(g,), profile="one", ready=True) for g in range(3))]
+    plan = place(cat, nodes, running, {"fill": 4})
+    assert [s.replica_id for s in plan.stop] == ["f4"] and plan.start == ()
+    (start,) = place(cat, nodes, [r for r in running if r.replica_id != "f4"], {"fill": 4}).start
+    assert (start.model, start.node, start.gpu_indices) == ("m0", "n3", (2, 3))
+
+
 def test_the_same_input_gives_the_same_plan_whatever_the_order_of_the_nodes():
     cat = catalog(model("big", gang(nodes=3, gpus=2), lo=3, hi=3), model("two", gang(gpus=4), lo=2, hi=2),
                   model("one", profile("p", gpus=2), lo=4, hi=4))
@@ -249,6 +264,14 @@ def test_the_same_input_gives_the_same_plan_whatever_the_order_of_the_nodes():
     running = [replica("r1", "one", "n4", gpus=(0, 1), profile="p", ready=True)]
     plans = [place(cat, order, running, {}) for order in (nodes, nodes[::-1], nodes[3:] + nodes[:3])]
     assert plans[0] == plans[1] == plans[2]
+    # Preempting too: a priority-5 group of 3 nodes on a fleet full of priority-0 replicas but for two nodes.
+    low = replace(model("low", profile("p", gpus=4), lo=0, hi=20), priority=0)
+    high = replace(model("high", gang(nodes=3, gpus=4), lo=1, hi=1), priority=5)
+    fleet = [node(f"n{i}") for i in range(6)]
+    full = [replica(f"l{i}{h}", "low", f"n{i}", gpus=tuple(range(4 * h, 4 * h + 4)), profile="p", ready=True)
+            for i in range(2, 6) for h in (0, 1)]
+    pre = [place(catalog(low, high), order, full, {"low": 8}) for order in (fleet, fleet[::-1])]
+    assert pre[0] == pre[1] and [s.replica_id for s in pre[0].stop] == ["l51"]     # n0, n1 free; half of n5
     assert sum(1 for a in plans[0].start if a.members) == 5
     for a in plans[0].start:
         assert len({a.node, *(m for m, _ in a.members)}) == 1 + len(a.members)    # distinct nodes
