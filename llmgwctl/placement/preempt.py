@@ -157,7 +157,9 @@ class Preemption:
         self.priority = {r.replica_id: shares[r.model].model.priority if r.model in shares else -(1 << 62)
                          for r in running}
         # Lost replicas hold their GPUs (nobody can stop them), so they are never victims.
-        order = [r for r in running if r.node in fleet and not r.lost and r.group not in unstoppable]
+        order = [r for r in running if r.node in fleet and not r.lost]
+        if unstoppable:
+            order = [r for r in order if r.group not in unstoppable]
         order.sort(key=lambda r: id_key(r.replica_id), reverse=True)   # once per replica, then stable sorts
         order.sort(key=lambda r: (r.replica_id not in self.leaving, self.priority[r.replica_id],
                                   r.replica_id not in above_min, serving(r)))
