@@ -66,7 +66,7 @@ class AnswerPath:
         self._metrics = metrics
         self._accounting = accounting
         # Cut chat streams continued on another replica, for the models that ask (continuation.py).
-        self.continuation = Continuation(config, balancer=balancer, metrics=metrics)
+        self.continuation = Continuation(config, balancer=balancer, metrics=metrics, inflight=inflight)
         # Such a stream, cut loose from a replica that stops answering, is continued at once (inflight.py).
         self._inflight = inflight
 

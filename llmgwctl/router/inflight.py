@@ -12,7 +12,8 @@ timeout. `InFlight` keeps, per endpoint, the requests waiting on it, and
   cancelled and `headers` raises `Abandoned` in its place: the request path
   counts a failed attempt (retry.Failure.ABANDONED, in the attempt count
   and the access log like every retry) and sends it to another replica at
-  once. Only while the request has an attempt left in its budget (the
+  once. A cut stream's continuation waiting for its headers (continuation.py)
+  waits the same way, and moves to its next replica as a failed hand-over. Only while the request has an attempt left in its budget (the
   request path does not register one that has none) and its model has
   another replica in routing it has not tried: one that would find nowhere
   to go keeps waiting as before, since its engine may yet wake up.

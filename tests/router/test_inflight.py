@@ -127,10 +127,12 @@ def test_a_request_on_a_replica_that_leaves_the_list_gracefully_is_not_cut(engin
     assert r.headers["x-llmgw-replica"] == "a" and r.headers["x-llmgw-attempts"] == "1"
 
 
-def test_a_request_on_a_replica_withdrawn_while_it_does_not_answer_moves(engines, routers):
-    # The router's own ejection too slow to come first (eject_after): the controller withdraws the
-    # replica, as when its agent reported it unhealthy, while the router's polls of it go unanswered.
-    running, rt = _setup(engines, routers, eject_after=1000)
+@pytest.mark.parametrize("eject_after", [1000, 0])
+def test_a_request_on_a_replica_withdrawn_while_it_does_not_answer_moves(engines, routers, eject_after):
+    # The router's own ejection too slow to come first (1000), or off (0: --eject-after 0): the
+    # controller withdraws the replica, as when its agent reported it unhealthy, while the router's
+    # polls of it go unanswered.
+    running, rt = _setup(engines, routers, eject_after=eject_after)
     wedged = running["a"]
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pending = pool.submit(_post, rt)
@@ -219,6 +221,39 @@ def test_a_stream_on_a_lone_replica_that_is_ejected_reads_on_when_it_wakes(engin
         text, error = reading.result(timeout=BOUND * 2)
     assert streaming == 1       # still registered: moved, should another replica join
     assert error is None and text == whole_reply("a", TOKENS)
+
+
+def test_a_continuation_waiting_on_a_replica_that_wedges_moves_to_the_next(engines, routers, caplog):
+    # a serves the stream and is killed mid-way; its continuation goes to b, which was SIGSTOPped just
+    # before and is not yet ejected: it waits for b's headers until b's ejection moves it on to c.
+    # With a headers timeout of 120 s, an answer from c can only come from that move.
+    running = {n: engines(MODEL, n, *PACE) for n in "abc"}
+    rt = routers(make_router(catalog(_model(continuation=2)), upstream_headers_timeout=HEADERS_TIMEOUT))
+    rt.set_endpoints([running["a"].endpoint(priority=10), running["b"].endpoint(priority=5),
+                      running["c"].endpoint()])
+    wedged = running["b"]
+    text, error, seen = [], None, 0
+    with caplog.at_level(logging.INFO, logger="llmgw.access"):
+        raw = _stream(rt)
+        assert raw.headers["x-llmgw-replica"] == "a"
+        try:
+            for chunk in raw.parse():
+                if chunk.choices and chunk.choices[0].delta.content:
+                    text.append(chunk.choices[0].delta.content)
+                    seen += 1
+                    if seen == 4:
+                        os.kill(wedged.proc.pid, signal.SIGSTOP)
+                        running["a"].kill()
+        except openai.APIError as exc:
+            error = exc
+        finally:
+            ejected = _ejected(rt, "b")
+            os.kill(wedged.proc.pid, signal.SIGCONT)
+        (line,) = wait_until(lambda: _access_lines(caplog), what="the access line of the continued stream")
+    assert error is None
+    assert ejected
+    assert "".join(text) == whole_reply("a", TOKENS)
+    assert "continued=a>c@" in line.getMessage(), line.getMessage()
 
 
 # -- InFlight alone --------------------------------------------------------------------------------------
