@@ -157,7 +157,8 @@ class Agent:
                 gpu_indices=rec.spec.gpu_indices, port=rec.port, pid=rec.pid, start_time=rec.start_time,
                 pgid=rec.pgid, health_path=rec.health_path, started_at=now, restarts=rec.restarts)
             adopted.append(rec.spec.id)
-            log.info("replica %s: adopted pid %d on port %s", rec.spec.id, rec.pid, rec.port)
+            log.info("replica %s: adopted pid %d %s", rec.spec.id, rec.pid,
+                     f"on port {rec.port}" if rec.port is not None else "with no port (a group's worker)")
             refusal = self._refusal(rec.spec)
             if refusal:
                 # Started before this node's allowance changed: what the operator
@@ -383,8 +384,8 @@ class Agent:
         r.state, r.gpu_indices, r.port = STARTING, indices, port
         r.pid, r.start_time, r.pgid, r.popen = spawned.pid, spawned.start_time, spawned.pid, spawned.popen
         r.health_path, r.started_at = launch.health_path, self.clock()
-        log.info("replica %s: started %s as pid %d on port %s, GPUs %s", spec.id, spec.engine,
-                 spawned.pid, port, list(indices) or "none")
+        log.info("replica %s: started %s as pid %d %s, GPUs %s", spec.id, spec.engine, spawned.pid,
+                 f"on port {port}" if port is not None else "with no port (a group's worker)", list(indices) or "none")
         self._changed()
 
     def _refusal(self, spec: ReplicaSpec) -> str:

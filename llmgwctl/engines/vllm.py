@@ -154,8 +154,9 @@ class VllmDriver:
         env = replica_env(spec)
         if spec.lora_slots:
             env = {**env, **lora.RUNTIME_ENV}
+        # A worker serves no page at all: nothing is to scrape it (agent/members.py).
         return Launch(argv=tuple(wrapper + argv), env=env, health_path="/health",
-                      metrics_path="/metrics")
+                      metrics_path="/metrics" if slot is None or slot.head else None)
 
     def available(self) -> tuple[bool, str]:
         if self._importable():

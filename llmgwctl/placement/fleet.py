@@ -385,10 +385,11 @@ class Fleet:
                 bisect.insort(group.by_memory[gpus], (key, name))
         group.parked_whole, group.parked_memory, group.parked_for = whole, memory, spread
 
-    def take(self, name: str, gpus: int, memory_mib: int = 0) -> tuple[int, ...]:
+    def take(self, name: str, gpus: int, memory_mib: int = 0, indices: Sequence[int] | None = None) -> tuple[int, ...]:
         """Take room for one replica on `name` and return its GPU indices.
 
-        Whole GPUs: the lowest run of adjacent indices, else the lowest indices.
+        Whole GPUs: the lowest run of adjacent indices, else the lowest indices
+        (or exactly `indices`, free ones, where preemption keeps room for a group).
         Memory: the GPUs with the least budget that still fits, lowest index first.
         """
         self.slots[name] -= 1
@@ -414,8 +415,8 @@ class Fleet:
             # The lowest indices unless a run of adjacent ones is free below them:
             # adjacent indices usually share a PCIe switch or NVLink island, and
             # taking them keeps the other end of the machine in one piece.
-            chosen = free[:gpus]
-            for i in range(len(free) - gpus + 1):
+            chosen = free[:gpus] if indices is None else sorted(indices)
+            for i in range(len(free) - gpus + 1 if indices is None else 0):
                 if free[i + gpus - 1] - free[i] == gpus - 1:
                     chosen = free[i:i + gpus]
                     break

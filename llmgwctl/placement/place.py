@@ -43,7 +43,9 @@ The rules, in the order one pass applies them:
    never preempt. Room already coming free (replicas leaving) is counted
    first, so a preemptor waits for its victims to drain instead of choosing
    more; and since higher priorities fill first (rule 6), the freed room goes
-   to the preemptor, not back to its victims.
+   to the preemptor, not back to its victims. Whole GPUs already free that a
+   preemptor counts on beside its victims' are taken for it for the rest of
+   the pass, so a surge (rule 8) cannot take them and be preempted in turn.
 8. Back to the best profile: a model with everything it wants, all serving,
    that runs a replica on a fallback (not its best-ranked profile) gets one
    replica on a better profile if one fits now (a surge; rule 4 stops the
@@ -58,10 +60,11 @@ of N members on N distinct nodes (see `gang`): it is placed all or nothing
 (rule 6; rule 8 may move a model back to it), counts as one replica
 (rules 3-4), and is stopped whole by its group's id, its head's (rules 2,
 4, 5, 7: never a member alone). Every member holds its node's GPUs (rule
-1), and a group may be a victim of preemption, freeing every member's
-node. Not built: a group does not preempt (rule 7 makes room on one node),
-and rule 5's stop-then-start never stops a stale replica to make room for
-a group (a stale model whose new profile spans nodes is replaced
+1). A group may be a victim of preemption, freeing every member's node;
+a group short of its minimum preempts on N distinct nodes at once, each
+either free now or made free by victims there, or on none (`Preemption`).
+Not built: rule 5's stop-then-start never stops a stale replica to make
+room for a group (a stale model whose new profile spans nodes is replaced
 surge-first only, once N nodes have room). `Plan.keep` lists every member
 of every group kept.
 
@@ -160,7 +163,8 @@ def place(catalog: Catalog, nodes: Sequence[NodeView], running: Sequence[Running
     starts.extend(_back_to_best(tiers, fleet, movable))
 
     unplaceable: list[Unplaceable] = []
-    explain = Explainer(fleet, running, priorities, starts, engines=catalog.engines)
+    explain = Explainer(fleet, running, priorities, starts, engines=catalog.engines,
+                        reserved=preemption.reserved if preemption is not None else None)
     going = {s.replica_id for s in stops}        # of stale ones, only victims of preemption are in it
     for share in shares.values():
         if not share.missing:

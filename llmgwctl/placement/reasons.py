@@ -21,8 +21,8 @@ A profile spanning nodes (a group of N members, `gang`) gets its own
 clause: permanent when not even one member could ever land (the reasons
 above), or when its pool has fewer than N nodes that could host a member
 were they empty (reachable or not); transient otherwise, with how many
-nodes have the room now, how many more are busy or unschedulable, who
-holds their GPUs, and that a group does not preempt.
+nodes have the room now, how many more are busy or unschedulable, and
+who holds their GPUs.
 
 The model is permanent only when every profile is. The text is computed from
 the fleet as it is at the end of the pass, i.e. what the operator will find
@@ -45,18 +45,15 @@ from .model import Assignment, Running
 # for the models holding a pool's GPUs: the three biggest holders are the ones
 # worth acting on.
 NAMES_SHOWN = 3
-# A group (a profile spanning nodes) takes room on several nodes at once and
-# does not preempt (rule 7 makes room on one node): said in its reason, since
-# an operator seeing lower-priority replicas on the GPUs it needs would expect it.
-GROUP_NO_PREEMPT = "a replica spanning nodes does not preempt others for room"
-
-
 class Explainer:
     """Builds reasons for one pass; clauses are cached because many replicas share a profile shape."""
 
     def __init__(self, fleet: Fleet, running: Sequence[Running] = (), priorities: Mapping[str, int] | None = None,
-                 starts: Sequence[Assignment] = (), engines: Mapping[str, EngineSpec] = MappingProxyType({})):
+                 starts: Sequence[Assignment] = (), engines: Mapping[str, EngineSpec] = MappingProxyType({}),
+                 reserved: Mapping[str, int] | None = None):
         self.fleet = fleet
+        # GPUs preemption took from the fleet for a group (`Preemption.reserved`): free once the plan is applied.
+        self.reserved = reserved or {}
         self.engines = engines          # the catalog's: which engines it defines itself, and what they run
         self.running = running
         self.starts = starts
@@ -114,7 +111,7 @@ class Explainer:
                     f"{_count(gpus, 'GPU')}, so it can never be placed; add "
                     f"{_count(nodes - len(able), 'such node')} or lower the profile's nodes"), True
         up = [n for n in able if fleet.nodes[n].schedulable]
-        fit = [n for n in up if fleet.free_count(n) >= gpus and fleet.slots[n] > 0
+        fit = [n for n in up if self._free(n) >= gpus and fleet.slots[n] > 0
                and (gpus or fleet.cpu_room(n))]
         room = _count(gpus, 'free GPU') if gpus else "room for a replica without a GPU"
         text = f"{each}: {where} has {_count(len(fit), 'node')} with {room}"
@@ -125,7 +122,7 @@ class Explainer:
                 f"{down} {'is' if down == 1 else 'are'} unschedulable" if down else "") if part) + ")"
         text += f", needs {nodes}"
         holders = self._held_by(pool, engine, up)
-        return (text + (f"; GPUs held by {holders}" if holders else "") + f"; {GROUP_NO_PREEMPT}"), False
+        return (text + (f"; GPUs held by {holders}" if holders else "")), False
 
     def _explain(self, pool: str | None, engine: str, gpus: int, memory: int) -> tuple[str, bool]:
         fleet = self.fleet
@@ -180,13 +177,16 @@ class Explainer:
                     + f"; needs {human_mib(memory)} per GPU")
         else:
             total = sum(len(fleet.nodes[n].gpus) for n in up)
-            free = [fleet.free_count(n) for n in up]
+            free = [self._free(n) for n in up]
             text = f"{where}: {sum(free)} of {_count(total, 'GPU')} free on {_count(len(up), 'node')}"
             if len(up) > 1:
                 text += f", at most {max(free)} on one"
             text += f", needs {gpus}"
         holders = self._held_by(pool, engine, up)
         return (text + (f"; GPUs held by {holders}" if holders else "")), False
+
+    def _free(self, name: str) -> int:
+        return self.fleet.free_count(name) + self.reserved.get(name, 0)
 
     def _kth_total(self, name: str, gpus: int) -> int:
         node = self.fleet.nodes[name]

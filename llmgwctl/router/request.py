@@ -336,8 +336,10 @@ class RequestPath:
         """`call` moved to a fallback once every endpoint of its model refused the connection: the body
         renamed for it and its endpoint; None when the model has no fallback that can take it.
 
-        The model's policy chooser was built for the model's endpoints and the
-        parsed body is gone by now, so the fallback's pick is least-load's.
+        The model's policy chooser was built for the model's endpoints: the
+        fallback's is built anew, from the body parsed again (it passed once),
+        so its pick follows its own policy; least-load's for a body too large
+        to parse again on the loop.
         """
         view = call.view
         chain = view.fallbacks.get(call.model)
@@ -347,9 +349,13 @@ class RequestPath:
         choice = self._switch(call, model, chain)
         if choice is None:
             return None
-        call.chooser = None
-        body = call.body = self._renamed(body, None, call.route.model_key, choice.model.name)
-        state = self._balancer.pick(choice.model.name, (), None)
+        name = choice.model.name
+        body = call.body = self._renamed(body, None, call.route.model_key, name)
+        policy = view.routing.get(name)
+        call.chooser = None if policy is None or jsonbody.heavy(body) else self.policies.chooser(
+            policy, name, jsonbody.parse(body, call.route.model_key, 0).doc, call.request.headers,
+            prompt=call.route.prompt)
+        state = self._balancer.pick(name, (), call.chooser)
         # choose() took a fallback with a usable endpoint, and nothing ran since: there is one.
         assert state is not None
         return body, state

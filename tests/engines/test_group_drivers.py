@@ -50,6 +50,8 @@ def test_a_pipeline_head_serves_and_its_workers_run_headless_on_the_same_world(v
     # The worker: no address of its own, the same world, its rank, headless.
     assert argv(vllm_here, member("pipeline", 1)) == (
         PY, "-m", SERVE_MODULE, "org/big", *world, "--node-rank", "1", *rendezvous, "--headless")
+    assert vllm_here.launch(member("pipeline", 0), host="0.0.0.0", port=41001).metrics_path == "/metrics"
+    assert vllm_here.launch(member("pipeline", 1), host="0.0.0.0", port=0).metrics_path is None
 
 
 def test_tensor_parallel_spans_every_nodes_gpus(vllm_here):

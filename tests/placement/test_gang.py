@@ -47,8 +47,7 @@ def test_too_few_nodes_take_nothing_and_say_why():
     assert (why.model, why.permanent) == ("big", False)
     assert why.reason == ("profile gang (vllm, 8 GPUs, pool h100): spans 3 nodes with 8 GPUs each: pool h100 has "
                           "0 nodes with 8 free GPUs (3 more are busy, 1 is unschedulable), needs 3; GPUs held by "
-                          "small (priority 0, 16 GPUs), other (not in the catalog, 1 GPU); a replica spanning nodes "
-                          "does not preempt others for room")
+                          "small (priority 0, 16 GPUs), other (not in the catalog, 1 GPU)")
     # Without the other model, the same fleet has 2 of the 3 nodes free.
     alone = place(catalog(model("big", gang(nodes=3), lo=1, hi=1)), nodes, running, {})
     assert alone.start == ()
@@ -188,6 +187,76 @@ def test_a_lower_priority_group_is_a_victim_and_every_members_room_comes_free():
     assert place(cat, nodes, head_only, {}).stop == ()
 
 
+def test_a_group_short_of_its_minimum_preempts_on_as_many_nodes_as_it_spans():
+    low = replace(model("low", profile("p", gpus=4), lo=0, hi=4), priority=1)
+    high = replace(model("high", gang(nodes=3), lo=1, hi=1), priority=5)
+    # a is free; b and c each run two low replicas of 4 GPUs; d runs one of them and a priority-9 one.
+    running = [replica("l1", "low", "b", gpus=(0, 1, 2, 3), profile="p", ready=True),
+               replica("l2", "low", "b", gpus=(4, 5, 6, 7), profile="p", ready=True),
+               replica("l3", "low", "c", gpus=(0, 1, 2, 3), profile="p", ready=True),
+               replica("l4", "low", "c", gpus=(4, 5, 6, 7), profile="p", ready=True),
+               replica("l5", "low", "d", gpus=(0, 1, 2, 3), profile="p", ready=True),
+               replica("v1", "vip", "d", gpus=(4, 5, 6, 7), profile="p", ready=True)]
+    nodes = [node(n) for n in "abcd"]
+    cat = catalog(low, high, replace(model("vip", profile("p", gpus=4), lo=1, hi=1), priority=9))
+    plan = place(cat, nodes, running, {"low": 5})
+    # a is free now; b and c are freed (d cannot be: vip outranks high); both of b's and c's go.
+    assert sorted(s.replica_id for s in plan.stop) == ["l1", "l2", "l3", "l4"]
+    assert {s.preempted_by for s in plan.stop} == {"high"} and plan.start == ()
+    (why,) = [u for u in plan.unplaceable if u.model == "high"]
+    # Victim order (newest first) reaches c before b.
+    assert why.reason.startswith("preempting low (priority 1, l4, l3) on c; preempting low (priority 1, l2, l1) on b "
+                                 "(it starts once they are gone)")
+    # While they drain, nothing more is stopped; once gone, the group lands on a, b and c.
+    leaving = [replace(r, leaving=r.replica_id.startswith("l") and r.replica_id != "l5") for r in running]
+    assert place(cat, nodes, leaving, {"low": 5}).stop == ()
+    (start,) = place(cat, nodes, [running[4], running[5]], {"low": 1}).start
+    assert (start.model, start.node, [n for n, _ in start.members]) == ("high", "a", ["b", "c"])
+
+
+def test_a_group_that_cannot_make_room_on_enough_nodes_stops_nobody():
+    low = replace(model("low", profile("p", gpus=8), lo=0, hi=4), priority=1)
+    high = replace(model("high", gang(nodes=3), lo=1, hi=1), priority=5)
+    vip = replace(model("vip", profile("p", gpus=8), lo=1, hi=2), priority=9)
+    running = [replica("l1", "low", "a", gpus=tuple(range(8)), profile="p", ready=True),
+               replica("v1", "vip", "b", gpus=tuple(range(8)), profile="p", ready=True),
+               replica("v2", "vip", "c", gpus=tuple(range(8)), profile="p", ready=True)]
+    plan = place(catalog(low, high, vip), [node(n) for n in "abcd"], running, {"low": 1, "vip": 2})
+    # d is free and a could be freed: two of the three nodes, so l1 is not stopped for nothing.
+    assert plan.stop == () and plan.start == ()
+
+
+def test_the_free_node_a_preempting_group_counts_on_is_not_taken_by_a_surge_in_the_same_pass():
+    # Found by the property below: fill runs a group on a fallback (n0 and the draining n1), so rule 8 surges
+    # it back to "one". m0's group counts on n0's free GPU and preempts f4 on n2; when the surge took n0's GPU
+    # in the same pass, m0 preempted the surge next pass, the next surge took n2's freed GPU, and so on for ever.
+    m0 = replace(model("m0", gang(gpus=1), lo=1, hi=1), priority=1)
+    fill = model("fill", profile("one", gpus=1), gang(gpus=1, priority=5), lo=0, hi=8)
+    cat = catalog(m0, fill)
+    nodes = [node("n0", gpus=2), node("n1", gpus=1, schedulable=False), node("n2", gpus=3)]
+    running = [*members("fg", "fill", ("n0", "n1"), gpus=(0,), ready=True),
+               *(replica(f"f{g + 2}", "fill", "n2", gpus=(g,), profile="one", ready=True) for g in range(3))]
+    plan = place(cat, nodes, running, {"fill": 4})
+    assert [(s.replica_id, s.preempted_by) for s in plan.stop] == [("f4", "m0")] and plan.start == ()
+    (start,) = place(cat, nodes, [r for r in running if r.replica_id != "f4"], {"fill": 4}).start
+    assert (start.model, start.node, start.members) == ("m0", "n0", (("n2", (2,)),))
+
+
+def test_a_one_node_preemptor_keeps_the_free_gpu_it_counts_on_from_a_surge_too():
+    # The same chase with m0's one-node fallback preempting f4 and counting on n3's free GPU 3.
+    m0 = replace(model("m0", gang(gpus=0, name="g", priority=0), profile("one", gpus=2, priority=0), lo=1, hi=1),
+                 priority=1)
+    fill = model("fill", profile("one", gpus=1), gang(gpus=1, priority=5), lo=0, hi=8)
+    cat = catalog(m0, fill)
+    nodes = [node("n0", gpus=1, schedulable=False), node("n1", gpus=1, schedulable=False), node("n3", gpus=4)]
+    running = [*members("fg", "fill", ("n0", "n1"), gpus=(0,), ready=True),
+               *(replica(f"f{g + 2}", "fill", "n3", gpus=(g,), profile="one", ready=True) for g in range(3))]
+    plan = place(cat, nodes, running, {"fill": 4})
+    assert [s.replica_id for s in plan.stop] == ["f4"] and plan.start == ()
+    (start,) = place(cat, nodes, [r for r in running if r.replica_id != "f4"], {"fill": 4}).start
+    assert (start.model, start.node, start.gpu_indices) == ("m0", "n3", (2, 3))
+
+
 def test_the_same_input_gives_the_same_plan_whatever_the_order_of_the_nodes():
     cat = catalog(model("big", gang(nodes=3, gpus=2), lo=3, hi=3), model("two", gang(gpus=4), lo=2, hi=2),
                   model("one", profile("p", gpus=2), lo=4, hi=4))
@@ -195,6 +264,14 @@ def test_the_same_input_gives_the_same_plan_whatever_the_order_of_the_nodes():
     running = [replica("r1", "one", "n4", gpus=(0, 1), profile="p", ready=True)]
     plans = [place(cat, order, running, {}) for order in (nodes, nodes[::-1], nodes[3:] + nodes[:3])]
     assert plans[0] == plans[1] == plans[2]
+    # Preempting too: a priority-5 group of 3 nodes on a fleet full of priority-0 replicas but for two nodes.
+    low = replace(model("low", profile("p", gpus=4), lo=0, hi=20), priority=0)
+    high = replace(model("high", gang(nodes=3, gpus=4), lo=1, hi=1), priority=5)
+    fleet = [node(f"n{i}") for i in range(6)]
+    full = [replica(f"l{i}{h}", "low", f"n{i}", gpus=tuple(range(4 * h, 4 * h + 4)), profile="p", ready=True)
+            for i in range(2, 6) for h in (0, 1)]
+    pre = [place(catalog(low, high), order, full, {"low": 8}) for order in (fleet, fleet[::-1])]
+    assert pre[0] == pre[1] and [s.replica_id for s in pre[0].stop] == ["l51"]     # n0, n1 free; half of n5
     assert sum(1 for a in plans[0].start if a.members) == 5
     for a in plans[0].start:
         assert len({a.node, *(m for m, _ in a.members)}) == 1 + len(a.members)    # distinct nodes
@@ -213,8 +290,18 @@ def gang_situations(draw):
             profiles.append(profile("one", gpus=draw(st.integers(0, 2)), priority=draw(st.integers(0, 3))))
         lo = draw(st.integers(0, 2))
         models.append(replace(model(f"m{m}", *profiles, lo=lo, hi=lo + draw(st.integers(0, 1))),
-                              priority=draw(st.sampled_from((0, 0, 5)))))
-    return catalog(*models), nodes
+                              priority=draw(st.sampled_from((1, 1, 5)))))
+    # Priority-0 fillers on some GPUs (groups among them), for the models above to preempt.
+    fill = model("fill", profile("one", gpus=1), gang(gpus=1, priority=5), lo=0, hi=8)
+    running = []
+    grouped = len(nodes) >= 2 and bool(nodes[0].gpus and nodes[1].gpus) and draw(st.booleans())
+    if grouped:                                 # a filler group on GPU 0 of n0 and n1
+        running += members("fg", "fill", ("n0", "n1"), gpus=(0,), ready=True)
+    for i, n in enumerate(nodes):
+        rest = n.gpus[1:] if grouped and i < 2 else n.gpus
+        for g in rest[:draw(st.integers(0, len(rest)))]:
+            running.append(replica(f"f{len(running)}", "fill", n.name, gpus=(g,), profile="one", ready=True))
+    return catalog(*models, fill), nodes, running
 
 
 def check_groups(cat, nodes, running, plan):
@@ -241,18 +328,19 @@ def check_groups(cat, nodes, running, plan):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(gang_situations())
 def test_groups_fill_settle_and_count_once(situation):
-    cat, nodes = situation
-    running: list[Running] = []
-    plan = place(cat, nodes, running, {})
-    for _ in range(4):
+    cat, nodes, running = situation
+    wanted = {"fill": min(8, len({r.group or r.replica_id for r in running}))}
+    plan = place(cat, nodes, running, wanted)
+    for _ in range(8):
         check_groups(cat, nodes, running, plan)
         if not plan.start and not plan.stop:
             break
         running = [replace(r, ready=True) for r in apply(plan, running, cat)]
-        plan = place(cat, nodes, running, {})
+        plan = place(cat, nodes, running, wanted)
     assert plan.start == () and plan.stop == ()
     # Each model runs its minimum if it fits, counting a group once.
     heads = Counter(r.model for r in running if r.rank == 0)
     short = Counter(u.model for u in plan.unplaceable)
     for m in cat.models:
-        assert heads[m.name] + short[m.name] == m.replicas.min
+        if m.name != "fill":
+            assert heads[m.name] + short[m.name] == m.replicas.min

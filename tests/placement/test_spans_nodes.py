@@ -36,14 +36,15 @@ def test_its_one_node_profile_is_the_fallback_and_the_group_is_a_move_back_once_
         ("two-nodes", "r2", "x", (("y", (4, 5, 6, 7)),))
 
 
-def test_a_short_higher_priority_group_preempts_nothing_and_says_so():
+def test_a_short_higher_priority_group_preempts_for_the_node_it_lacks():
     low = replace(model("low", profile("p", gpus=8, priority=10), lo=1, hi=1), priority=1)
     high = replace(model("high", group(gpus=8), lo=1, hi=1), priority=5)
     cat = catalog(low, high)
     running = [replica("r1", "low", "x", gpus=tuple(range(8)), profile="p", ready=True)]
     plan = place(cat, [node("x"), node("y")], running, {})
-    assert plan.stop == () and plan.start == ()
+    assert [(s.replica_id, s.preempted_by) for s in plan.stop] == [("r1", "high")] and plan.start == ()
     (why,) = plan.unplaceable
     assert why.model == "high" and not why.permanent
-    assert why.reason.endswith("pool h100 has 1 node with 8 free GPUs (1 more is busy), needs 2; GPUs held by "
-                               "low (priority 1, 8 GPUs); a replica spanning nodes does not preempt others for room")
+    assert why.reason == ("preempting low (priority 1, r1) on x (it starts once they are gone); profile two-nodes "
+                          "(vllm, 8 GPUs, pool h100): spans 2 nodes with 8 GPUs each: pool h100 has 1 node with 8 "
+                          "free GPUs (1 more is busy), needs 2; GPUs held by low (priority 1, 8 GPUs)")
