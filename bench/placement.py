@@ -32,6 +32,13 @@ nodes costs most.
 
   one model pass   empty fleet -> 1,000 replicas of one model placed
 
+Then gangs (issue 32): the 5,000-node fleet and 1,000-model catalog of the
+first table, once as it is (today's figures, measured again in this run)
+and once with 100 more models whose only profile spans 2-4 nodes of 4 or 8
+GPUs each (wanted 1-2 groups each); full and no-op pass of each, and the
+ratio of the two in the same run. The no-op pass runs every group as its
+members (one Running per node, with group and rank) and must be empty.
+
     python3 -m bench.placement [--repeat 5] [--seed 1]
 
 The whole run takes well under two minutes on a 2-core machine (the scan
@@ -99,10 +106,28 @@ def applied(plan: Plan, running: list[Running], cat: Catalog) -> list[Running]:
     stopped = {s.replica_id for s in plan.stop}
     memory = {(m.name, p.name): p.gpu_memory_mib or 0 for m in cat.models for p in m.profiles}
     out = [r for r in running if r.replica_id not in stopped]
-    out += [Running(f"r-{i}", a.model, a.profile, a.node, a.gpu_indices, ready=True,
-                    memory_mib=memory[(a.model, a.profile)])
-            for i, a in enumerate(plan.start, start=len(running))]
+    for i, a in enumerate(plan.start, start=len(running)):
+        rid = f"r-{i}"
+        if not a.members:
+            out.append(Running(rid, a.model, a.profile, a.node, a.gpu_indices, ready=True,
+                               memory_mib=memory[(a.model, a.profile)]))
+            continue
+        # A group: its head under the group's id, each other member on its own node.
+        for rank, (node, gpus) in enumerate(((a.node, a.gpu_indices), *a.members)):
+            out.append(Running(rid if rank == 0 else f"{rid}-r{rank}", a.model, a.profile, node, gpus, ready=True,
+                               group=rid, rank=rank))
     return out
+
+
+GANG_MODELS = 100
+
+
+def gang_models(rng: random.Random) -> list[Model]:
+    """100 models whose one profile spans 2-4 nodes of 4 or 8 GPUs each, 1-2 groups each."""
+    return [Model(f"gang-{i:03d}", (Profile("main", "vllm", pool=rng.choice(POOLS), gpus=rng.choice((4, 8)),
+                                            priority=10, nodes=rng.choice((2, 3, 4))),),
+                  source=f"org/gang-{i}", replicas=Replicas(1, 2), priority=rng.choice((0, 1, 2)))
+            for i in range(GANG_MODELS)]
 
 
 def reported(nodes: list[NodeView], running: list[Running]) -> list[NodeView]:
@@ -191,6 +216,26 @@ def timed(fn: Callable[[], T], repeat: int) -> tuple[float, T]:
     return min(best, time.perf_counter() - start), result
 
 
+def case(n_nodes: int, n_models: int, seed: int) -> tuple[list[NodeView], Catalog, dict[str, int]]:
+    """The fleet, the catalog and the wanted counts of one row of the first table."""
+    rng = random.Random(seed)
+    nodes, cat = fleet(n_nodes, rng), catalog(n_models, rng)
+    return nodes, cat, {m.name: rng.randint(m.replicas.min, m.replicas.max) for m in cat.models}
+
+
+def full_and_noop(cat: Catalog, nodes: list[NodeView], wanted: dict[str, int], repeat: int,
+                  label: str) -> tuple[float, Plan, list[Running], float] | None:
+    """(full pass time, its plan, what runs once it is applied, no-op pass time), or None if the no-op plan was not empty."""
+    full_s, plan = timed(partial(place, cat, nodes, [], wanted), repeat)
+    running = applied(plan, [], cat)
+    noop_s, again = timed(partial(place, cat, reported(nodes, running), running, wanted), repeat)
+    if again.start or again.stop:
+        print(f"BUG: the no-op pass {label} was not empty: {len(again.start)} starts, {len(again.stop)} stops",
+              file=sys.stderr)
+        return None
+    return full_s, plan, running, noop_s
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     # Best of 5: the dev machine is two shared cores, and the minimum is the
@@ -202,17 +247,11 @@ def main() -> int:
     began = time.perf_counter()
     rows = []
     for n_nodes, n_models in SIZES:
-        rng = random.Random(args.seed)
-        nodes, cat = fleet(n_nodes, rng), catalog(n_models, rng)
-        wanted = {m.name: rng.randint(m.replicas.min, m.replicas.max) for m in cat.models}
-        full_s, plan = timed(partial(place, cat, nodes, [], wanted), args.repeat)
-        running = applied(plan, [], cat)
-        after = reported(nodes, running)
-        noop_s, again = timed(partial(place, cat, after, running, wanted), args.repeat)
-        if again.start or again.stop:
-            print(f"BUG: the no-op pass at {n_nodes} nodes was not empty: "
-                  f"{len(again.start)} starts, {len(again.stop)} stops", file=sys.stderr)
+        nodes, cat, wanted = case(n_nodes, n_models, args.seed)
+        passes = full_and_noop(cat, nodes, wanted, args.repeat, f"at {n_nodes} nodes")
+        if passes is None:
             return 1
+        full_s, plan, running, noop_s = passes
         floor_s, _ = timed(partial(floor, nodes, running), args.repeat)
         # Once: it is the slow one, and its spread is small next to the ratio it shows.
         scan_s, _ = timed(partial(scan, cat, nodes, wanted), 1)
@@ -264,7 +303,40 @@ def main() -> int:
             return 1
         print(f"| {label} | {ONE_MODEL_REPLICAS:,} | {len(plan.start):,} | {one_s * 1000:,.1f} ms "
               f"| {one_s / ONE_MODEL_REPLICAS * 1e6:,.1f} µs |")
+    if gangs(args) != 0:
+        return 1
     print(f"\nwhole run: {time.perf_counter() - began:.1f} s (python {sys.version.split()[0]})")
+    return 0
+
+
+def gangs(args: argparse.Namespace) -> int:
+    """The largest fleet and catalog of the first table, without and with 100 gang models, side by side."""
+    n_nodes, n_models = SIZES[-1]
+    rows = []
+    for label, with_gangs in (("today's catalog", False), (f"+ {GANG_MODELS} gang models", True)):
+        nodes, cat, wanted = case(n_nodes, n_models, args.seed)
+        if with_gangs:
+            extra = gang_models(random.Random(args.seed + 1))
+            cat = Catalog((*cat.models, *extra))
+            wanted.update({m.name: 1 + i % 2 for i, m in enumerate(extra)})
+        passes = full_and_noop(cat, nodes, wanted, args.repeat, f"with {label}")
+        if passes is None:
+            return 1
+        full_s, plan, running, noop_s = passes
+        groups = [a for a in plan.start if a.members]
+        if with_gangs and not groups:
+            print("BUG: no gang model was placed", file=sys.stderr)
+            return 1
+        rows.append((label, len(cat), sum(wanted.values()), len(plan.start), len(groups),
+                     sum(1 + len(a.members) for a in groups), len(plan.unplaceable), len(running), full_s, noop_s))
+    base_full, base_noop = rows[0][-2], rows[0][-1]
+    print(f"\n| gangs, {n_nodes:,} nodes x {GPUS_PER_NODE} GPUs | models | wanted | placed | of them groups "
+          "| members | unplaceable | running after | full pass | x today | no-op pass | x today |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for label, models, want, placed, groups_n, members_n, unplaced, after_n, full_s, noop_s in rows:
+        print(f"| {label} | {models:,} | {want:,} | {placed:,} | {groups_n} | {members_n} | {unplaced:,} "
+              f"| {after_n:,} | {full_s * 1000:,.1f} ms | {full_s / base_full:.2f}x | {noop_s * 1000:,.1f} ms "
+              f"| {noop_s / base_noop:.2f}x |")
     return 0
 
 

@@ -39,10 +39,16 @@ DEFAULT_PARALLEL = "pipeline"
 # published deployment of one replica, and bounds placement's work per group.
 MAX_NODES = 64
 # Engines whose driver launches a replica across nodes with the engine's own
-# multi-node support. SGLang's driver does not emit --dist-init-addr yet, a
-# catalog-defined engine's command template has no rank or head to fill in,
-# and llama.cpp's RPC backend is not a rendezvous llmgw can drive.
-MULTI_NODE_ENGINES = ("vllm", "fake")
+# multi-node support (vLLM's --nnodes/--node-rank/--master-addr, SGLang's
+# --dist-init-addr/--nnodes/--node-rank). A catalog-defined engine's command
+# template has no rank or head to fill in, and llama.cpp's RPC backend is not
+# a rendezvous llmgw can drive.
+MULTI_NODE_ENGINES = ("vllm", "sglang", "fake")
+# How each of them may split a model. SGLang's data parallel across nodes
+# goes with its DP attention for MoE models (--enable-dp-attention), a
+# deployment choice llmgw cannot make for the operator; its tensor and
+# pipeline splits are plain flags.
+SPLITS = {"vllm": PARALLEL_MODES, "fake": PARALLEL_MODES, "sglang": ("tensor", "pipeline")}
 
 
 def parallelism(profile: Profile) -> str | None:
@@ -77,6 +83,9 @@ def check_multinode(profile: Profile) -> Iterable[tuple[tuple[str | int, ...], s
     if profile.engine not in MULTI_NODE_ENGINES:
         yield ("nodes",), (f"engine {profile.engine!r} cannot run one replica across nodes "
                            f"(engines that can: {', '.join(MULTI_NODE_ENGINES)})")
+    elif parallelism(profile) not in SPLITS[profile.engine]:
+        yield ("parallel",), (f"engine {profile.engine!r} splits a model across nodes by "
+                              f"{' or '.join(SPLITS[profile.engine])}, not {parallelism(profile)}")
     if profile.gpu_memory_mib is not None:
         # A member sharing a GPU with another replica would tie the group's
         # life to that replica's node neighbours; a group takes whole GPUs.

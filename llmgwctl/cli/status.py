@@ -156,6 +156,15 @@ def render(status: dict[str, Any], now: float | None = None, events: int = 8, wi
         for r in replicas:
             if r.get("router"):
                 out.extend(_wrap(f"{r['id']} {r['state']}: {r['router']}"))
+            members = r.get("members") or []
+            if members:
+                # A replica spanning nodes is one row; its members, rank by rank, on one line.
+                out.extend(_wrap(f"{r['id']} spans {len(members)} nodes: " + ", ".join(
+                    f"rank {m['rank']} {m['node']} GPUs {','.join(map(str, m['gpus'])) or '-'} {m['state']}"
+                    for m in members)))
+                for m in members:
+                    if m["state"] != "ready" and m.get("reason"):
+                        out.extend(_wrap(f"{m['id']} {m['state']}: {m['reason']}"))
             adapters = r.get("adapters") or []
             if adapters:
                 # One line a replica: each adapter placed on it and where its load stands.

@@ -163,6 +163,9 @@ class ReplicaStatus:
     # Its LoRA adapters: each one placed here, as its agent last reported it
     # (loading, loaded, failed with the engine's reason), and any unloading.
     adapters: tuple[AdapterStatus, ...] = ()
+    # For a replica spanning nodes (this row is its head's): every member, the
+    # head first; a group is one row, and its workers have none of their own.
+    members: tuple[MemberStatus, ...] = ()
     _json: list[tuple[str, str, str]] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def fragments(self) -> tuple[str, str, str]:
@@ -173,7 +176,8 @@ class ReplicaStatus:
                            "pid": self.pid, "restarts": self.restarts, "last_exit": self.last_exit,
                            "adopted": self.adopted},
                           {"reason": self.reason, "spec_hash": self.spec_hash, "last_log": list(self.last_log),
-                           "fallback": self.fallback, "adapters": [a.to_dict() for a in self.adapters]})
+                           "fallback": self.fallback, "adapters": [a.to_dict() for a in self.adapters],
+                           **self._members()})
             self._json.append((a + ',"inflight":', ',"idle_seconds":', c + ',"starting_seconds":'))
         return self._json[0]
 
@@ -189,8 +193,29 @@ class ReplicaStatus:
                 "pid": self.pid, "restarts": self.restarts, "last_exit": self.last_exit, "adopted": self.adopted,
                 "inflight": inflight, "idle_seconds": idle_seconds, "reason": self.reason,
                 "spec_hash": self.spec_hash, "last_log": list(self.last_log), "fallback": self.fallback,
-                "adapters": [a.to_dict() for a in self.adapters],
+                "adapters": [a.to_dict() for a in self.adapters], **self._members(),
                 "starting_seconds": starting_seconds, "router": router}
+
+    def _members(self) -> dict[str, Any]:
+        return {"members": [m.to_dict() for m in self.members]} if self.members else {}
+
+
+@dataclass(frozen=True, slots=True)
+class MemberStatus:
+    """One member of a replica spanning nodes, in its group's row: where it runs and how it is."""
+
+    rank: int
+    id: str
+    node: str
+    gpus: tuple[int, ...]
+    state: ReplicaState
+    pid: int | None = None
+    restarts: int = 0
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "id": self.id, "node": self.node, "gpus": list(self.gpus),
+                "state": self.state.value, "pid": self.pid, "restarts": self.restarts, "reason": self.reason}
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from ..contracts import LoadReading, ReplicaSpec
+from ..contracts import GroupSlot, LoadReading, ReplicaSpec
 from .base import combine, replica_env, samples
 from .spec import Launch
 
@@ -33,7 +33,10 @@ class SglangDriver:
         # sys.executable: the Python `available()` found sglang in, not whatever `python` is on PATH.
         argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", spec.source, "--host", host,
                 "--port", str(port), "--served-model-name", spec.model]
-        if spec.gpus > 1:
+        slot = spec.group
+        if slot is not None:
+            argv += group_args(slot, spec.gpus)
+        elif spec.gpus > 1:
             argv += ["--tp-size", str(spec.gpus)]
         argv += ["--enable-metrics"]
         argv += spec.args   # last, so the operator's flags win
@@ -47,6 +50,28 @@ class SglangDriver:
 
     def parse_metrics(self, text: str) -> LoadReading | None:
         return parse_sglang(text)
+
+
+def group_args(slot: GroupSlot, gpus: int) -> list[str]:
+    """SGLang's own multi-node launch for one member (`--dist-init-addr`, `--nnodes`, `--node-rank`).
+
+    Every member runs the same command but its rank; rank 0 serves the API,
+    the others run their share of the model and serve nothing (SGLang starts
+    no HTTP server on a node of rank 1 or more). Tensor parallel spans every
+    GPU of every node; pipeline parallel puts one stage on each node, tensor
+    parallel within it. The catalog refuses data parallel for SGLang
+    (catalog/multinode.SPLITS).
+    """
+    if slot.parallel == "tensor":
+        split = ["--tp-size", str(gpus * slot.size)]
+    else:
+        split = ["--tp-size", str(max(1, gpus)), "--pp-size", str(slot.size)]
+    return [*split, "--dist-init-addr", f"{_host(slot.head_host)}:{slot.port}",
+            "--nnodes", str(slot.size), "--node-rank", str(slot.rank)]
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host     # an IPv6 address, bracketed
 
 
 def parse_sglang(text: str) -> LoadReading | None:

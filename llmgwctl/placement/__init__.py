@@ -7,7 +7,9 @@ model, it decides what to start (profile, node, GPU indices), what to stop and
 why (scale-down, orphans, rollouts, preemption by a higher-priority model's
 minimum), which fallback replicas to move back to their best profile, what to
 keep, and which wanted replicas fit nowhere: with a reason an operator can act
-on and `Unplaceable.permanent` saying whether waiting can help.
+on and `Unplaceable.permanent` saying whether waiting can help. A replica of a
+profile spanning nodes is a group, placed on distinct nodes all or nothing
+and counted and stopped as one replica (`gang`).
 
 It must not know about processes, HTTP or time: no I/O, no clock, no state
 of its own between calls. The same inputs always give the same plan, which is

@@ -63,6 +63,10 @@ The indexes:
   another model, the parked nodes it does not run on go back first (see
   `Fleet._park_for`).
 
+- A group spanning nodes needs N distinct nodes at once (`pick_apart`):
+  the same buckets are walked for the N best nodes, which go back
+  untaken, so the caller takes all N or none.
+
 It knows nodes, GPU counts and memory, nothing about models beyond the
 per-node replica counts the caller passes in for spreading.
 """
@@ -269,6 +273,50 @@ class Fleet:
             self._full.add((pool, engine, gpus, memory_mib))
         return best
 
+    def pick_apart(self, pool: str | None, engine: str, gpus: int, count: int,
+                   spread: Mapping[str, int]) -> list[str] | None:
+        """`count` distinct nodes with `gpus` whole free GPUs each, best first, or None when fewer have room; takes nothing.
+
+        For the members of one group (`gang`): nodes in the order pick() would
+        choose them were each taken in turn -- those not in `spread` first,
+        best-fit, then the name; then those running the model, fewest of its
+        replicas first. The entries it looks at go back into their buckets,
+        so nothing changes but stale entries dropped, as pick() drops them.
+        Fewer than `count` nodes with room stays so for the pass (room only
+        shrinks), and is remembered like a full shape.
+        """
+        full = (pool, engine, gpus, -count)     # no memory profile spans nodes: a negative "memory" keys groups
+        if full in self._full or (pool, engine, gpus, 0) in self._full:
+            return None
+        group = self._group(pool, engine, cpu=gpus == 0)
+        self._park_for(group, spread)
+        chosen: list[tuple[int, str]] = []
+        for free in group.counts[bisect.bisect_left(group.counts, gpus):]:
+            heap = group.buckets[free]
+            while heap and len(chosen) < count:
+                name = heapq.heappop(heap)
+                if len(self.free[name]) != free or not self._room(name, group):
+                    continue                   # it moved to a smaller bucket, or is full for this pass
+                if spread.get(name):
+                    group.parked_whole.append((free, name))   # runs the model: aside, as _pick_whole does
+                else:
+                    chosen.append((free, name))
+            if len(chosen) == count:
+                break
+        for free, name in chosen:
+            heapq.heappush(group.buckets[free], name)
+        names = [name for _, name in chosen]
+        if len(names) < count:
+            taken = set(names)
+            running = sorted((n, len(self.free[name]), name) for name, n in spread.items()
+                             if n and name in group.members and name not in taken and self._room(name, group)
+                             and len(self.free[name]) >= gpus)
+            names += [name for _, _, name in running[:count - len(names)]]
+        if len(names) < count:
+            self._full.add(full)
+            return None
+        return names
+
     def _pick_whole(self, group: _Group, gpus: int, spread: Mapping[str, int]) -> str | None:
         self._park_for(group, spread)
         parked = group.parked_whole
@@ -337,10 +385,11 @@ class Fleet:
                 bisect.insort(group.by_memory[gpus], (key, name))
         group.parked_whole, group.parked_memory, group.parked_for = whole, memory, spread
 
-    def take(self, name: str, gpus: int, memory_mib: int = 0) -> tuple[int, ...]:
+    def take(self, name: str, gpus: int, memory_mib: int = 0, indices: Sequence[int] | None = None) -> tuple[int, ...]:
         """Take room for one replica on `name` and return its GPU indices.
 
-        Whole GPUs: the lowest run of adjacent indices, else the lowest indices.
+        Whole GPUs: the lowest run of adjacent indices, else the lowest indices
+        (or exactly `indices`, free ones, where preemption keeps room for a group).
         Memory: the GPUs with the least budget that still fits, lowest index first.
         """
         self.slots[name] -= 1
@@ -366,8 +415,8 @@ class Fleet:
             # The lowest indices unless a run of adjacent ones is free below them:
             # adjacent indices usually share a PCIe switch or NVLink island, and
             # taking them keeps the other end of the machine in one piece.
-            chosen = free[:gpus]
-            for i in range(len(free) - gpus + 1):
+            chosen = free[:gpus] if indices is None else sorted(indices)
+            for i in range(len(free) - gpus + 1 if indices is None else 0):
                 if free[i + gpus - 1] - free[i] == gpus - 1:
                     chosen = free[i:i + gpus]
                     break

@@ -97,7 +97,7 @@ class Unplaceable:
 class Plan:
     start: tuple[Assignment, ...] = ()
     stop: tuple[Stop, ...] = ()
-    keep: tuple[str, ...] = ()            # replica ids left as they are
+    keep: tuple[str, ...] = ()            # replica ids left as they are: every member of a group kept, by its own id
     unplaceable: tuple[Unplaceable, ...] = field(default=())
 
 

@@ -43,7 +43,9 @@ The rules, in the order one pass applies them:
    never preempt. Room already coming free (replicas leaving) is counted
    first, so a preemptor waits for its victims to drain instead of choosing
    more; and since higher priorities fill first (rule 6), the freed room goes
-   to the preemptor, not back to its victims.
+   to the preemptor, not back to its victims. Whole GPUs already free that a
+   preemptor counts on beside its victims' are taken for it for the rest of
+   the pass, so a surge (rule 8) cannot take them and be preempted in turn.
 8. Back to the best profile: a model with everything it wants, all serving,
    that runs a replica on a fallback (not its best-ranked profile) gets one
    replica on a better profile if one fits now (a surge; rule 4 stops the
@@ -53,6 +55,19 @@ The rules, in the order one pass applies them:
 9. A replica that fits nowhere is reported once in `unplaceable`, with why,
    and whether it is permanent (see `Unplaceable.permanent`).
 
+A profile spanning nodes (`nodes: N > 1`) runs each replica as a *group*
+of N members on N distinct nodes (see `gang`): it is placed all or nothing
+(rule 6; rule 8 may move a model back to it), counts as one replica
+(rules 3-4), and is stopped whole by its group's id, its head's (rules 2,
+4, 5, 7: never a member alone). Every member holds its node's GPUs (rule
+1). A group may be a victim of preemption, freeing every member's node;
+a group short of its minimum preempts on N distinct nodes at once, each
+either free now or made free by victims there, or on none (`Preemption`).
+Not built: rule 5's stop-then-start never stops a stale replica to make
+room for a group (a stale model whose new profile spans nodes is replaced
+surge-first only, once N nodes have room). `Plan.keep` lists every member
+of every group kept.
+
 Applying a plan with no stops and placing again gives an empty plan. A plan
 with stops can lead to one more step (room freed by a stop is used next pass).
 """
@@ -61,8 +76,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Container, Mapping, Sequence
 
-from ..catalog import Catalog
+from ..catalog import Catalog, Profile
 from .fleet import Fleet, Held
+from .gang import one_per_group, place_group
 from .model import Assignment, NodeView, Plan, Running, Stop, Unplaceable, serving
 from .preempt import Preemption, short_of_min
 from .reasons import Explainer
@@ -116,13 +132,14 @@ def place(catalog: Catalog, nodes: Sequence[NodeView], running: Sequence[Running
         memo.tallies[name] = tally
         shares[name] = Share(tally)
 
-    # Orphans (rule 2) are stopped in input order, before anything else.
+    # Orphans (rule 2) are stopped in input order, before anything else; a group once, by its id.
     orphaned = {r.replica_id: MODEL_LEFT for name, group in by_model.items() if name not in models
-                for r in group if not r.leaving}
+                for r in one_per_group(group, {}, fleet.nodes)[0] if not r.leaving}
     for tally in memo.tallies.values():
         for r in tally.orphans:
             orphaned[r.replica_id] = f"profile {r.profile} left model {r.model}"
-    stops = [Stop(rid, orphaned[rid]) for rid in ids if rid in orphaned] if orphaned else []
+    stops = [Stop(rid, orphaned[rid]) for rid in dict.fromkeys(
+        r.replica_id if r.group is None else r.group for r in running) if rid in orphaned] if orphaned else []
     for tally in memo.tallies.values():
         stops.extend(tally.stops)
 
@@ -146,7 +163,8 @@ def place(catalog: Catalog, nodes: Sequence[NodeView], running: Sequence[Running
     starts.extend(_back_to_best(tiers, fleet, movable))
 
     unplaceable: list[Unplaceable] = []
-    explain = Explainer(fleet, running, priorities, starts, engines=catalog.engines)
+    explain = Explainer(fleet, running, priorities, starts, engines=catalog.engines,
+                        reserved=preemption.reserved if preemption is not None else None)
     going = {s.replica_id for s in stops}        # of stale ones, only victims of preemption are in it
     for share in shares.values():
         if not share.missing:
@@ -161,8 +179,10 @@ def place(catalog: Catalog, nodes: Sequence[NodeView], running: Sequence[Running
         # can be 100,000 replicas short, and this runs on every pass.
         unplaceable.extend([Unplaceable(share.model.name, reason, permanent)] * share.missing)
 
+    # Every member of a group kept is in keep; none of a group stopped (its stop names the group).
     stopped = {s.replica_id for s in stops}
-    keep = tuple(rid for rid in ids if rid not in stopped) if stopped else tuple(ids)
+    keep = tuple(r.replica_id for r in running if r.replica_id not in stopped and r.group not in stopped) \
+        if stopped else tuple(ids)
     return Plan(start=tuple(starts), stop=tuple(stops), keep=keep, unplaceable=tuple(unplaceable))
 
 
@@ -218,19 +238,26 @@ def _fill(tiers: Sequence[Share], fleet: Fleet) -> list[Assignment]:
 def _place_one(share: Share, fleet: Fleet, starts: list[Assignment]) -> bool:
     ranked = share.ranked
     while share.next_profile < len(ranked):
-        profile = ranked[share.next_profile]
-        if profile.nodes != 1:
-            share.next_profile += 1         # a group of nodes: not placed yet (see reasons.SPANS_NODES)
-            continue
-        memory = profile.gpu_memory_mib or 0
-        node = fleet.pick(profile.pool, profile.engine, profile.gpus, share.spread, memory)
-        if node is not None:
-            starts.append(Assignment(share.model.name, profile.name, node, fleet.take(node, profile.gpus, memory)))
-            share.spread[node] += 1
+        start = _start(share, ranked[share.next_profile], fleet)
+        if start is not None:
+            starts.append(start)
             share.placed += 1
             return True
         share.next_profile += 1
     return False
+
+
+def _start(share: Share, profile: Profile, fleet: Fleet, replaces: str | None = None) -> Assignment | None:
+    """Take room for one replica of `profile` (a group on several nodes: all of it, see `gang`), or None."""
+    if profile.nodes != 1:
+        return place_group(fleet, share.model.name, profile, share.spread, replaces)
+    memory = profile.gpu_memory_mib or 0
+    node = fleet.pick(profile.pool, profile.engine, profile.gpus, share.spread, memory)
+    if node is None:
+        return None
+    share.spread[node] += 1
+    return Assignment(share.model.name, profile.name, node, fleet.take(node, profile.gpus, memory),
+                      replaces=replaces)
 
 
 
@@ -248,14 +275,9 @@ def _back_to_best(tiers: Sequence[Share], fleet: Fleet, movable: Container[str] 
         for profile in share.ranked[:worst_rank]:
             if profile.priority == share.ranked[worst_rank].priority:
                 break                       # equal priority is not better, only written earlier
-            if profile.nodes != 1:
-                continue
-            memory = profile.gpu_memory_mib or 0
-            node = fleet.pick(profile.pool, profile.engine, profile.gpus, share.spread, memory)
-            if node is not None:
-                starts.append(Assignment(share.model.name, profile.name, node,
-                                         fleet.take(node, profile.gpus, memory), replaces=worst.replica_id))
-                share.spread[node] += 1
+            start = _start(share, profile, fleet, replaces=worst.replica_id)
+            if start is not None:
+                starts.append(start)
                 break
     return starts
 
@@ -286,6 +308,7 @@ def _make_room(share: Share, fleet: Fleet, going: Container[str]) -> Stop | None
         if replica.replica_id in going:
             continue
         freed = fleet.free_count(replica.node) + len(replica.gpu_indices) if replica.node in fleet else -1
+        # A group's room is on several nodes at once: not made this way (see the docstring's groups).
         if any(freed >= p.gpus and p.nodes == 1 and fleet.can_host(replica.node, p.pool, p.engine) for p in ranked):
             return Stop(replica.replica_id, REPLACED_NO_ROOM)
     return None

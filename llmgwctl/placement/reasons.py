@@ -17,6 +17,13 @@ room now; it can change by itself):
   little free GPU memory now, with the numbers and who holds the GPUs (model
   and priority), so the operator sees what to move, stop or reprioritise.
 
+A profile spanning nodes (a group of N members, `gang`) gets its own
+clause: permanent when not even one member could ever land (the reasons
+above), or when its pool has fewer than N nodes that could host a member
+were they empty (reachable or not); transient otherwise, with how many
+nodes have the room now, how many more are busy or unschedulable, and
+who holds their GPUs.
+
 The model is permanent only when every profile is. The text is computed from
 the fleet as it is at the end of the pass, i.e. what the operator will find
 once the plan is applied.
@@ -38,25 +45,20 @@ from .model import Assignment, Running
 # for the models holding a pool's GPUs: the three biggest holders are the ones
 # worth acting on.
 NAMES_SHOWN = 3
-# A profile with nodes: 2 or more is valid in the catalog (catalog/multinode.py)
-# but placement does not yet place a replica as a group across nodes; it must
-# never run on one node instead, so it is skipped and said to be unplaceable,
-# permanently: only a change to the catalog (or to llmgw) helps.
-SPANS_NODES = ("spans {nodes} nodes, and placing one replica across several nodes is not built yet; "
-               "give the model a profile with nodes: 1 to run it meanwhile")
-
-
 class Explainer:
     """Builds reasons for one pass; clauses are cached because many replicas share a profile shape."""
 
     def __init__(self, fleet: Fleet, running: Sequence[Running] = (), priorities: Mapping[str, int] | None = None,
-                 starts: Sequence[Assignment] = (), engines: Mapping[str, EngineSpec] = MappingProxyType({})):
+                 starts: Sequence[Assignment] = (), engines: Mapping[str, EngineSpec] = MappingProxyType({}),
+                 reserved: Mapping[str, int] | None = None):
         self.fleet = fleet
+        # GPUs preemption took from the fleet for a group (`Preemption.reserved`): free once the plan is applied.
+        self.reserved = reserved or {}
         self.engines = engines          # the catalog's: which engines it defines itself, and what they run
         self.running = running
         self.starts = starts
         self.priorities = priorities or {}
-        self._clauses: dict[tuple[str | None, str, int, int], tuple[str, bool]] = {}
+        self._clauses: dict[tuple[str | None, str, int, int, int], tuple[str, bool]] = {}
         self._holders: dict[tuple[str | None, str], str] = {}
         self._by_node: dict[str, list[Running | Assignment]] | None = None
         self._fleet_reason: str | None = None
@@ -83,13 +85,44 @@ class Explainer:
         return self._fleet_reason
 
     def _clause(self, profile: Profile) -> tuple[str, bool]:
-        if profile.nodes != 1:
-            return SPANS_NODES.format(nodes=profile.nodes), True
-        key = (profile.pool, profile.engine, profile.gpus, profile.gpu_memory_mib or 0)
+        return self._shape(profile.pool, profile.engine, profile.gpus, profile.gpu_memory_mib or 0, profile.nodes)
+
+    def _shape(self, pool: str | None, engine: str, gpus: int, memory: int, nodes: int) -> tuple[str, bool]:
+        key = (pool, engine, gpus, memory, nodes)
         clause = self._clauses.get(key)
         if clause is None:
-            clause = self._clauses[key] = self._explain(*key)
+            clause = self._clauses[key] = \
+                self._explain(pool, engine, gpus, memory) if nodes == 1 else self._explain_group(pool, engine, gpus, nodes)
         return clause
+
+    def _explain_group(self, pool: str | None, engine: str, gpus: int, nodes: int) -> tuple[str, bool]:
+        """A group needs `nodes` distinct nodes with `gpus` whole free GPUs each: how many there are, and why not more."""
+        each = f"spans {nodes} nodes with {_count(gpus, 'GPU')} each" if gpus else f"spans {nodes} nodes"
+        one, permanent = self._shape(pool, engine, gpus, 0, 1)
+        if permanent:                   # not even one member could ever be placed
+            return f"{each}: {one}", True
+        fleet = self.fleet
+        where = f"pool {pool}" if pool is not None else "all pools"
+        # Nodes that could host a member were they empty (reachable or not: one unreachable may come back).
+        able = [n for n in fleet.in_pool(pool)
+                if engine in fleet.nodes[n].engines and len(fleet.nodes[n].gpus) >= gpus]
+        if len(able) < nodes:
+            return (f"{each}: {where} has {_count(len(able), 'node')} that can run {engine} with "
+                    f"{_count(gpus, 'GPU')}, so it can never be placed; add "
+                    f"{_count(nodes - len(able), 'such node')} or lower the profile's nodes"), True
+        up = [n for n in able if fleet.nodes[n].schedulable]
+        fit = [n for n in up if self._free(n) >= gpus and fleet.slots[n] > 0
+               and (gpus or fleet.cpu_room(n))]
+        room = _count(gpus, 'free GPU') if gpus else "room for a replica without a GPU"
+        text = f"{each}: {where} has {_count(len(fit), 'node')} with {room}"
+        busy, down = len(up) - len(fit), len(able) - len(up)
+        if busy or down:
+            text += " (" + ", ".join(part for part in (
+                f"{busy} more {'is' if busy == 1 else 'are'} busy" if busy else "",
+                f"{down} {'is' if down == 1 else 'are'} unschedulable" if down else "") if part) + ")"
+        text += f", needs {nodes}"
+        holders = self._held_by(pool, engine, up)
+        return (text + (f"; GPUs held by {holders}" if holders else "")), False
 
     def _explain(self, pool: str | None, engine: str, gpus: int, memory: int) -> tuple[str, bool]:
         fleet = self.fleet
@@ -144,13 +177,16 @@ class Explainer:
                     + f"; needs {human_mib(memory)} per GPU")
         else:
             total = sum(len(fleet.nodes[n].gpus) for n in up)
-            free = [fleet.free_count(n) for n in up]
+            free = [self._free(n) for n in up]
             text = f"{where}: {sum(free)} of {_count(total, 'GPU')} free on {_count(len(up), 'node')}"
             if len(up) > 1:
                 text += f", at most {max(free)} on one"
             text += f", needs {gpus}"
         holders = self._held_by(pool, engine, up)
         return (text + (f"; GPUs held by {holders}" if holders else "")), False
+
+    def _free(self, name: str) -> int:
+        return self.fleet.free_count(name) + self.reserved.get(name, 0)
 
     def _kth_total(self, name: str, gpus: int) -> int:
         node = self.fleet.nodes[name]
@@ -167,6 +203,10 @@ class Explainer:
                 for r in holders:
                     if r.gpu_indices:
                         self._by_node[r.node].append(r)
+                for a in self.starts:       # a group's other members hold their nodes' GPUs too
+                    for name, indices in a.members:
+                        if indices:
+                            self._by_node[name].append(Running("", a.model, a.profile, name, indices))
             # Who holds them once the plan is applied: existing replicas and this pass's starts.
             held: dict[str, set[tuple[str, int]]] = defaultdict(set)
             for name in names:

@@ -2,7 +2,10 @@
 
 A `Tally` is what a model's own replicas say on their own: which are current,
 stale, lost or orphaned, which surplus ones to stop and which stale ones are
-done being replaced, how many are missing, and which one rule 8 would move. A
+done being replaced, how many are missing, and which one rule 8 would move;
+a group spanning nodes is one replica in it, stood for by one `Running`
+under the group's id (`gang.one_per_group`), and a node it is on is in
+the spread once per member there. A
 `Share` is the tally plus what one pass does for the model (the only part
 that changes). `Memo` keeps the tallies (and each node's `fleet.Held`) from
 one call of place() to the next. `stop_order` and `id_key` are the one order
@@ -17,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .fleet import Fleet, Held
+from .gang import one_per_group
 from .model import Running, Stop, serving
 
 if TYPE_CHECKING:
@@ -76,7 +80,12 @@ class Tally:
         stale: list[Running] = []
         self.orphans: tuple[Running, ...] = ()                   # their profile left the model (rule 2)
         self.lost = 0
-        for replica in replicas:
+        # A group (a profile spanning nodes) is one replica: one Running stands for it here (see `gang`).
+        members: Mapping[str, tuple[Running, ...]] = {}
+        counted: Sequence[Running] = replicas
+        if any(r.group is not None for r in replicas):
+            counted, members = one_per_group(replicas, {p.name: p.nodes for p in model.profiles}, fleet.nodes)
+        for replica in counted:
             if replica.leaving:
                 continue
             if replica.profile not in rank:
@@ -104,6 +113,9 @@ class Tally:
         self.spread: dict[str, int] = {}                         # node -> current replicas there
         for r in current:
             self.spread[r.node] = self.spread.get(r.node, 0) + 1
+        for r in current if members else ():
+            for m in members[r.replica_id][1:] if r.group is not None else ():
+                self.spread[m.node] = self.spread.get(m.node, 0) + 1    # a group is on each member's node
         self.missing = max(0, want - len(current))
         # The replica rule 8 would move: the model has nothing stale, all of it
         # serves, and its worst replica runs a profile of lower priority than

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 from ..catalog import Catalog, Model
 from ..contracts import AdapterSpec, ReplicaState
-from .records import Records, Replica
+from .records import Records, Replica, is_worker
 from .scaling import GONE
 
 # Hold nothing new: on their way out, or on a node that stopped reporting
@@ -51,7 +51,8 @@ class AdapterPlacer:
             return
         by_model: dict[str, list[Replica]] = {}
         for rec in records.values():
-            by_model.setdefault(rec.spec.model, []).append(rec)
+            if not is_worker(rec.spec):     # a group's adapters are its head's to load: it serves the API
+                by_model.setdefault(rec.spec.model, []).append(rec)
         for name, recs in by_model.items():
             model = catalog.resolve(name)
             self._place_model(model, recs)

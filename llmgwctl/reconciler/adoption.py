@@ -43,7 +43,7 @@ from ..contracts import ReplicaSpec, ReplicaState, ReportedReplica
 from ..inventory import Inventory, Node
 from .desired import DesiredStore
 from .placement_input import SpecHashes, profile_of
-from .records import Records, Replica
+from .records import Records, Replica, is_worker
 from .scaling import Scaling
 
 _LEAVING = (ReplicaState.DRAINING, ReplicaState.STOPPING)
@@ -331,6 +331,8 @@ class Adoption:
             recs = [r for r in records.values() if r.spec.model == name]
             for rec in recs:
                 rec.returned = False
+            # A group counts once, as its head; its workers follow it (groups.py).
+            recs = [r for r in recs if not is_worker(r.spec)]
             model = catalog.resolve(name)
             if model is None or model.name != name:
                 continue        # left the catalog: placement stops it as an orphan

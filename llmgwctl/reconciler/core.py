@@ -58,6 +58,7 @@ from ..placement import Unplaceable, place
 from .adapters import AdapterPlacer
 from .adoption import Adoption
 from .desired import DesiredStore
+from .groups import GroupKeeper
 from .incremental import IncrementalMismatch, checked
 from .maintenance import SURGE_WAIT, Maintenance
 from .placement_input import PlacementInput, SpecHashes, profile_of
@@ -157,10 +158,12 @@ class Reconciler:
                                  replace_after=replace_after)
         self.placement_input = PlacementInput(self.replicas, inventory, self.adoption.forgotten, hashes)
         self.adoption.draining = self.placement_input.draining
-        self.planner = Planner(self.replicas, self.event, move_every=move_every, drain_grace=drain_grace)
+        self.groups = GroupKeeper(self.replicas, inventory, self.event, clock)
+        self.planner = Planner(self.replicas, self.event, move_every=move_every, drain_grace=drain_grace,
+                               groups=self.groups)
         self.maintenance = Maintenance(self.replicas, self.placement_input.cordoned, self.placement_input.draining,
                                        self.event, surge_wait=surge_wait)
-        self.publisher = Publisher(self.replicas, inventory, desired, on_change=on_change)
+        self.publisher = Publisher(self.replicas, inventory, desired, on_change=on_change, whole=self.groups.whole)
         self.adapters = AdapterPlacer(self.replicas)
         if endpoints:
             self.publisher.sinks.append(endpoints)
@@ -281,12 +284,14 @@ class Reconciler:
             self.adoption.merge(catalog, now, self.settled)
             self.adoption.lost_nodes(now)
             self._settle(now)
+            self.groups.step(now, self.settled)
             if self.settled:
                 usage = dict(self.usage.usage_snapshot()) if self.usage else {}
                 self.scaling.read(now)
                 wanted = self._plan(catalog, now, usage)
                 self.maintenance.step(wanted, now)
                 self.planner.drain(now, usage)
+                self.groups.step(now, self.settled)     # a head the drain stopped takes its workers now
                 # After the plan: its new replicas get their adapters in the specs they start with.
                 self.adapters.place(catalog)
         finally:
@@ -310,11 +315,35 @@ class Reconciler:
 
     def _plan(self, catalog: Catalog, now: float, usage: UsageSnapshot) -> dict[str, int]:
         wanted = self.scaling.wanted(catalog, now, usage, self.replicas)
+        held = self._hold_failed_groups(wanted, now)
         self.adoption.trim(catalog, wanted, now)
         running, views = self.placement_input.build(catalog)
         self.planner.plan(catalog, now, wanted, running, views)
+        for name, why in held.items():
+            # Said where a model that waits for room is: in status, and to the router (it waits, not 503s).
+            if name not in self.planner.unplaceable_detail:
+                self.planner.unplaceable[name] = why
+                self.planner.unplaceable_detail[name] = Unplaceable(name, why, permanent=False)
         self.publisher.derive_model_states(catalog, self.planner.unplaceable_detail)
         return wanted
+
+    def _hold_failed_groups(self, wanted: dict[str, int], now: float) -> dict[str, str]:
+        """A model whose group just failed gets no new group until its back-off is over (groups.GroupKeeper):
+        it wants only the groups it has. Returns why, for each model held short of what it wants."""
+        if not self.groups.holding:
+            return {}
+        held = {}
+        for name, want in wanted.items():
+            wait = self.groups.held(name, now)
+            if wait:
+                have = sum(1 for gid in self.replicas.groups
+                           if (head := self.replicas.get(gid)) is not None and head.spec.model == name
+                           and head.state not in (ReplicaState.DRAINING, ReplicaState.STOPPING))
+                if have < want:
+                    wanted[name] = have
+                    held[name] = (f"its group failed (see the group-failed event); placed again after a "
+                                  f"back-off of {self.groups.backoff_of(name):.0f} s")
+        return held
 
     def pass_failed(self, exc: BaseException) -> None:
         """A pass raised: count it and say so (the supervised loop calls this and goes on).
@@ -347,7 +376,10 @@ class Reconciler:
         stale = [r for r in running if not r.current and not r.leaving and (m := catalog.resolve(r.model)) is not None
                  and m.name == r.model and profile_of(m, r.profile) is not None]
         return {
-            "start": [{"model": a.model, "profile": a.profile, "node": a.node, "gpus": list(a.gpu_indices)} for a in plan.start],
+            "start": [{"model": a.model, "profile": a.profile, "node": a.node, "gpus": list(a.gpu_indices),
+                       # A replica spanning nodes: its other members, rank 1 first.
+                       **({"members": [{"node": n, "gpus": list(g)} for n, g in a.members]} if a.members else {})}
+                      for a in plan.start],
             "stop": [{"id": s.replica_id, "model": by_id[s.replica_id].model if s.replica_id in by_id else "",
                       "reason": s.reason} for s in plan.stop],
             "replace": [{"id": r.replica_id, "model": r.model, "profile": r.profile, "node": r.node} for r in stale],

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ..contracts import ReplicaState, Scheduling
-from .records import Records, Replica
+from .records import Records, Replica, is_worker
 
 # How long a drain waits for a replacement to become ready before taking the
 # node's replica out anyway: a large model's cold start (its weights read and
@@ -146,6 +146,9 @@ class Maintenance:
                     self._event("replica-draining", f"{rec.spec.id} ({rec.spec.model} on {node}): node {node} "
                                                     "is draining")
 
+    def _spans_draining(self, group: str) -> bool:
+        return any(m.node in self._draining for m in self.records.members(group))
+
     def _releasable(self, model: str, mine: list[Replica], wanted: int, late: bool) -> Iterable[Replica]:
         """Which of `model`'s replicas on a draining node may leave the router now."""
         # Not serving: nothing to keep for their traffic.
@@ -155,8 +158,10 @@ class Maintenance:
             return
         ready = coming = 0
         for rec in self.records.values():
-            if rec.spec.model != model or rec.node in self._draining:
-                continue
+            if rec.spec.model != model or rec.node in self._draining or is_worker(rec.spec):
+                continue        # a group counts once, as its head
+            if rec.spec.group is not None and self._spans_draining(rec.spec.group.group):
+                continue        # a group with a member on a draining node is leaving too
             ready += rec.state == ReplicaState.READY
             coming += rec.state in _COMING
         if late or coming == 0:

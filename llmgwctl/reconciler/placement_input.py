@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from ..catalog import Catalog, Model, Profile
-from ..contracts import ReplicaSpec, ReplicaState
+from ..catalog.multinode import parallelism
+from ..contracts import GroupSlot, ReplicaSpec, ReplicaState
 from ..inventory import Inventory, Node
 from ..placement import NodeView, Running
 from .records import Records
@@ -37,10 +38,19 @@ class SpecHashes:
 
     def __call__(self, catalog: Catalog) -> Mapping[tuple[str, str], str]:
         if self._of[0] != catalog.version:
-            hashes = {(m.name, p.name): ReplicaSpec.for_profile("", m, p, catalog.engines[p.engine]).spec_hash
+            hashes = {(m.name, p.name): ReplicaSpec.for_profile("", m, p, catalog.engines[p.engine],
+                                                                group=_shape(p)).spec_hash
                       for m in catalog.models for p in m.profiles}
             self._of = (catalog.version, hashes)
         return self._of[1]
+
+
+def _shape(profile: Profile) -> GroupSlot | None:
+    """A slot with only what the spec hash reads of one (size, parallel), for a profile spanning nodes."""
+    split = parallelism(profile)
+    if split is None:
+        return None
+    return GroupSlot(group="-", rank=0, size=profile.nodes, parallel=split, head_host="-", port=1)
 
 
 class PlacementInput:
@@ -77,7 +87,9 @@ class PlacementInput:
                     # toward what the model wants, and its room counts as coming free.
                     # On a draining node: the same, though it still serves until its replacement does.
                     leaving=rec.state in _LEAVING or moving_off,
-                    memory_mib=rec.spec.gpu_memory_mib))
+                    memory_mib=rec.spec.gpu_memory_mib,
+                    group=rec.spec.group.group if rec.spec.group is not None else None,
+                    rank=rec.spec.group.rank if rec.spec.group is not None else 0))
             running.append(kept[3])
         views = []
         kept_views = self._views
@@ -124,4 +136,6 @@ class PlacementInput:
                 yield Running(replica_id=rid, model=rep.model, profile=rep.profile, node=node.name,
                               gpu_indices=rep.gpu_indices, lost=True,
                               current=rep.spec_hash == expected.get((rep.model, rep.profile)),
-                              memory_mib=rep.spec.gpu_memory_mib if rep.spec is not None else 0)
+                              memory_mib=rep.spec.gpu_memory_mib if rep.spec is not None else 0,
+                              group=slot.group if (slot := rep.spec.group if rep.spec else None) else None,
+                              rank=slot.rank if slot else 0)

@@ -11,12 +11,14 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..catalog import Catalog
-from ..contracts import ReplicaSpec, ReplicaState, UsageSnapshot
+from ..catalog import Catalog, Model, Profile
+from ..catalog.multinode import parallelism
+from ..contracts import GroupSlot, ReplicaSpec, ReplicaState, UsageSnapshot
 from ..contracts.usage import UNUSED
 from ..placement import Assignment, Memo, NodeView, Running, Stop, Unplaceable, place
+from .groups import GroupKeeper
 from .placement_input import profile_of
-from .records import Records, Replica
+from .records import Records, Replica, is_worker
 
 _LEAVING = (ReplicaState.DRAINING, ReplicaState.STOPPING)
 
@@ -24,8 +26,10 @@ _LEAVING = (ReplicaState.DRAINING, ReplicaState.STOPPING)
 class Planner:
     """Placement's answer, applied to the records."""
 
-    def __init__(self, records: Records, event: Callable[[str, str], None], *, move_every: float, drain_grace: float):
-        self.records, self._event = records, event
+    def __init__(self, records: Records, event: Callable[[str, str], None], *, move_every: float, drain_grace: float,
+                 groups: GroupKeeper | None = None):
+        # `groups`: the rendezvous ports and heads' hosts of groups spanning nodes; needed only to start one.
+        self.records, self._event, self.groups = records, event, groups
         self.move_every, self.drain_grace = move_every, drain_grace
         # Back to the best profile: when each model last started a move, and
         # which fallback each surge replica is to replace (new id -> old id).
@@ -96,6 +100,9 @@ class Planner:
             profile = profile_of(model, a.profile)
             # place() starts only a model it took from this catalog, with one of that model's profiles.
             assert model is not None and profile is not None
+            if a.members:
+                self._start_group(catalog, model, profile, a, now)
+                continue
             rid = new_id(model.name)
             share = memory_share(profile.gpu_memory_mib, gpus_of.get(a.node, {}), a.gpu_indices)
             spec = ReplicaSpec.for_profile(rid, model, profile, catalog.engines[profile.engine], a.gpu_indices,
@@ -112,11 +119,32 @@ class Planner:
             else:
                 self._event("replica-placed", f"{rid} ({model.name}/{profile.name}) on {where}")
 
+    def _start_group(self, catalog: Catalog, model: Model, profile: Profile, a: Assignment, now: float) -> None:
+        """A replica spanning nodes: a record per member, every one's slot (rank, head, ports) decided now."""
+        assert self.groups is not None, "a Planner that starts groups is given their keeper"
+        group = new_id(model.name)
+        split = parallelism(profile) or "pipeline"
+        ports = self.groups.ports(a.node, group, 2 if split == "data" else 1)
+        head = GroupSlot(group=group, rank=0, size=1 + len(a.members), parallel=split,
+                         head_host=self.groups.host_of(a.node), port=ports[0],
+                         rpc_port=ports[1] if len(ports) > 1 else 0)
+        engine = catalog.engines[profile.engine]
+        where = []
+        for rank, (node, indices) in enumerate(((a.node, a.gpu_indices), *a.members)):
+            slot = GroupSlot(group=group, rank=rank, size=head.size, parallel=split, head_host=head.head_host,
+                             port=head.port, rpc_port=head.rpc_port)
+            spec = ReplicaSpec.for_profile(slot.member_id(rank), model, profile, engine, indices, group=slot)
+            self.records[spec.id] = Replica(spec=spec, node=node, created=now)
+            where.append(f"rank {rank} on {node} GPUs {list(indices) or 'none'}")
+        self._event("replica-placed", f"{group} ({model.name}/{profile.name}, {split} parallel across "
+                                      f"{head.size} nodes, rendezvous {head.head_host}:{head.port}): "
+                                      + "; ".join(where))
+
     def drain(self, now: float, usage: UsageSnapshot) -> None:
         """Draining replicas whose requests are done, or whose grace ran out, are told to stop."""
         for rec in self.records.values():
-            if rec.state != ReplicaState.DRAINING:
-                continue
+            if rec.state != ReplicaState.DRAINING or is_worker(rec.spec):
+                continue        # a worker follows its group's head (groups.py), which takes the requests
             _, inflight = usage.get(rec.spec.id, UNUSED)
             # Only a plan and Adoption.trim make a replica DRAINING, and both set drain_since
             # (an agent cannot report DRAINING: it is not in AGENT_STATES, so adoption never brings it).

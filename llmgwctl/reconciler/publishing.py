@@ -27,7 +27,7 @@ from ..inventory import Inventory
 from ..placement import Unplaceable
 from .desired import DesiredStore
 from .modelstates import model_states
-from .records import Records, Replica
+from .records import Records, Replica, is_worker
 from .scaling import GONE
 
 replica_id = attrgetter("replica_id")
@@ -45,8 +45,10 @@ class Publisher:
     """The endpoints, model states and desired lists as last handed out, and the sinks they go to."""
 
     def __init__(self, records: Records, inventory: Inventory, desired: DesiredStore, *,
-                 on_change: Callable[[], None] = lambda: None):
+                 on_change: Callable[[], None] = lambda: None, whole: Callable[[Replica], bool] = lambda head: True):
         self.records, self.inventory, self.desired = records, inventory, desired
+        # Whether a group's head may take traffic: every member ready (groups.GroupKeeper.whole).
+        self.whole = whole
         self.sinks: list[RouterSink] = []
         self._on_change = on_change
         self.endpoints: tuple[Endpoint, ...] = ()
@@ -86,7 +88,7 @@ class Publisher:
             if node is None or not node.reachable:
                 continue
             for rec in mine.values():
-                if rec.state not in GONE:
+                if rec.state not in GONE and not is_worker(rec.spec):
                     live[rec.spec.model].add(rec.state)
         self.model_states = model_states(catalog, live, unplaceable, self.inventory.nodes())
 
@@ -203,6 +205,8 @@ class Publisher:
         if not url:
             return None
         spec = rec.spec
+        if spec.group is not None and (spec.group.rank or not self.whole(rec)):
+            return None     # a worker serves nothing; a head only while its whole group is ready
         rank = ranks.get((spec.model, spec.profile), (0, 1.0))
         # An adapter is served here when it is placed here and the agent says
         # the engine holds it: placed-only is still loading; loaded-only is

@@ -26,6 +26,12 @@ from ..placement import Running
 PUBLISHED = frozenset({"state", "reported", "spec"})
 
 
+def is_worker(spec: ReplicaSpec) -> bool:
+    """Whether `spec` is a worker member of a group spanning nodes: it serves nothing, and counts for
+    nothing in its model (its group counts once, as its head)."""
+    return spec.group is not None and spec.group.rank != 0
+
+
 @dataclass
 class Replica:
     """The controller's record of one replica it desires (or adopted)."""
@@ -79,11 +85,28 @@ class Records(MutableMapping[str, Replica]):
         self.changed_ids: set[str] = set()
         self.changed_nodes: set[str] = set()
         self.unmerged: set[str] = set()
+        # Members of groups spanning nodes: group id -> {rank: member id}, and
+        # a worker's id -> its group's id. A change to a worker is a change to
+        # its head's endpoint too (a group serves only while every member is
+        # ready), so it is noted under the head's id as well.
+        self.groups: dict[str, dict[int, str]] = {}
+        self._group_of: dict[str, str] = {}
 
     def _changed(self, rid: str, node: str) -> None:
         self.changed_ids.add(rid)
         self.changed_nodes.add(node)
         self.unmerged.add(node)
+        if self._group_of:
+            group = self._group_of.get(rid)
+            if group is not None:
+                self.changed_ids.add(group)
+
+    def members(self, group: str) -> list[Replica]:
+        """The records of `group`'s members there are, by rank (its head first, if it has one)."""
+        ranks = self.groups.get(group)
+        if not ranks:
+            return []
+        return [self._by_id[rid] for _, rid in sorted(ranks.items()) if rid in self._by_id]
 
     # --- reads: the dict's own, for the hot loops of a pass ------------------
 
@@ -135,6 +158,11 @@ class Records(MutableMapping[str, Replica]):
                 self._changed(rid, old.node)
         self._by_id[rid] = rec
         self.on_node.setdefault(rec.node, {})[rid] = rec     # an id kept keeps its place, as in the dict
+        slot = rec.spec.group
+        if slot is not None:
+            self.groups.setdefault(slot.group, {})[slot.rank] = rid
+            if slot.rank:
+                self._group_of[rid] = slot.group
         rec._watch = self._changed
         self._changed(rid, rec.node)
 
@@ -143,6 +171,14 @@ class Records(MutableMapping[str, Replica]):
         self._unindex(rid, rec.node)
         rec._watch = None
         self._changed(rid, rec.node)
+        slot = rec.spec.group
+        if slot is not None:
+            self._group_of.pop(rid, None)
+            ranks = self.groups.get(slot.group)
+            if ranks is not None and ranks.get(slot.rank) == rid:
+                del ranks[slot.rank]
+                if not ranks:
+                    del self.groups[slot.group]
 
     def clear(self) -> None:
         for rid in list(self._by_id):

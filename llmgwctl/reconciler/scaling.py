@@ -234,6 +234,8 @@ class Scaling:
         usage_get = usage.get
         for rec in records.values():
             spec = rec.spec
+            if spec.group is not None and spec.group.rank:
+                continue        # a worker of a group spanning nodes: its group counts once, as its head
             tally = tallies.get(spec.model)
             if tally is None:
                 scale = scales.get(spec.model)

@@ -22,15 +22,12 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 from ..catalog import Catalog, Model
 from ..contracts import NodeStatus, ReplicaState, ReplicaStatus, Scheduling
-from ..contracts.status import GpuStatus, replica_adapters
+from ..contracts.status import GpuStatus, MemberStatus, replica_adapters
 from ..inventory import Node
-
-if TYPE_CHECKING:
-    from .records import Replica
+from .records import Replica, is_worker
 
 # What a replica's row shows that its record may change in place (a pass sets
 # them); the rest is the record's for life. A C-level getter: it runs for every
@@ -70,19 +67,26 @@ class StatusRows:
         key_of = _ROW_KEY
         replaced = False
         for rid, rec in records.items():
-            key = key_of(rec)
+            slot = rec.spec.group
+            if slot is not None:
+                if slot.rank:
+                    continue        # a worker: shown in its group's row, the head's
+                key = (*key_of(rec), *(key_of(m) for m in self._members_of(records, rec)))
+            else:
+                key = key_of(rec)
             hit = cache.get(rid)
             if hit is None or hit[0] is not rec or hit[1] != key:
                 # Another record under a known id (given up, then adopted again) may sit on other GPUs.
                 replaced = replaced or (hit is not None and hit[0] is not rec)
-                cache[rid] = (rec, key, self._replica_row(rec, catalog))
+                cache[rid] = (rec, key, self._replica_row(rec, catalog, records))
                 changed = True
         membership = replaced or records.keys() != self._replica_ids
         if membership:
             for rid in [r for r in cache if r not in records]:
                 del cache[rid]
             self._replica_ids = frozenset(records)
-            self._replica_order = sorted(records, key=lambda r: (records[r].spec.model, r))
+            self._replica_order = sorted((r for r, rec in records.items() if not is_worker(rec.spec)),
+                                         key=lambda r: (records[r].spec.model, r))
             # Which replica holds each GPU of each node: ids, nodes and GPUs are a record's for life.
             holders: dict[str, dict[int, str]] = {}
             for rec in records.values():
@@ -124,7 +128,7 @@ class StatusRows:
         if changed:
             self.node_rows = tuple(cache[name][2] for name in self._node_order)
 
-    def _replica_row(self, rec: Replica, catalog: Catalog) -> ReplicaStatus:
+    def _replica_row(self, rec: Replica, catalog: Catalog, records: Mapping[str, Replica]) -> ReplicaStatus:
         self.built += 1
         rep = rec.reported
         spec = rec.spec
@@ -137,7 +141,15 @@ class StatusRows:
             spec_hash=rec.spec_hash, last_log=rep.last_log if rep else (),
             fallback=self._is_fallback(catalog.resolve(spec.model), spec.profile),
             starting_since=rec.created if rec.state in _STARTING else None,
-            adapters=replica_adapters(spec.adapters, rep.adapters if rep else ()))
+            adapters=replica_adapters(spec.adapters, rep.adapters if rep else ()),
+            members=tuple(_member_row(m) for m in self._members_of(records, rec)) if spec.group else ())
+
+    @staticmethod
+    def _members_of(records: Mapping[str, Replica], head: Replica) -> list[Replica]:
+        slot = head.spec.group
+        assert slot is not None
+        found = (records.get(slot.member_id(rank)) for rank in range(slot.size))
+        return [m for m in found if m is not None]
 
     def _node_row(self, node: Node, conflict: str | None, held: Mapping[int, str],
                   scheduling: Scheduling = Scheduling.SCHEDULABLE) -> NodeStatus:
@@ -153,3 +165,11 @@ class StatusRows:
             token="legacy" if node.claims.legacy else "", scheduling=scheduling,
             gpu_list=tuple(GpuStatus(g.index, g.name, g.memory_mib, held.get(g.index))
                            for g in sorted(node.gpus, key=lambda g: g.index)))
+
+
+def _member_row(rec: Replica) -> MemberStatus:
+    rep, slot = rec.reported, rec.spec.group
+    return MemberStatus(rank=slot.rank if slot is not None else 0, id=rec.spec.id, node=rec.node,
+                        gpus=rec.spec.gpu_indices, state=rec.state, pid=rep.pid if rep else None,
+                        restarts=rep.restarts if rep else 0,
+                        reason=rec.drain_reason if rec.state in _STOPPING else (rep.reason if rep else ""))

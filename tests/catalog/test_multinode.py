@@ -80,7 +80,7 @@ def test_parallel_on_one_node_says_what_it_means():
                      "profile runs on one (nodes: 1); remove it, or give the profile nodes: 2 or more"]
 
 
-@pytest.mark.parametrize("engine", ["llamacpp", "sglang", "mine"])
+@pytest.mark.parametrize("engine", ["llamacpp", "mine"])
 def test_only_engines_that_launch_across_nodes_may_span_them(engine):
     text = HEADER + f"""
 models:
@@ -92,7 +92,15 @@ engines:
 """
     found = messages(text)
     assert found == [f"models.0.profiles.0.nodes: engine {engine!r} cannot run one replica across nodes "
-                     "(engines that can: vllm, fake)"]
+                     "(engines that can: vllm, sglang, fake)"]
+
+
+def test_sglang_spans_nodes_by_tensor_or_pipeline_but_not_data():
+    ok = HEADER + "models:\n  - name: m\n    profiles: [{engine: sglang, nodes: 2, parallel: tensor}]\n"
+    assert load_text(ok).resolve("m").profiles[0].parallelism == "tensor"
+    found = messages(HEADER + "models:\n  - name: m\n    profiles: [{engine: sglang, nodes: 2, parallel: data}]\n")
+    assert found == ["models.0.profiles.0.parallel: engine 'sglang' splits a model across nodes by tensor or "
+                     "pipeline, not data"]
 
 
 def test_a_group_takes_whole_gpus():

@@ -32,17 +32,24 @@ _new_ids = itertools.count(1_000_000)  # one sequence for the whole run, so ids 
 
 
 def apply(plan: Plan, running, cat: Catalog | None = None) -> list[Running]:
-    """What the fleet runs once `plan` is done: stops gone, starts present (current, not yet ready).
+    """What the fleet runs once `plan` is done: stops gone (a group's every member), starts present (current, not yet ready).
 
     With `cat`, a start of a profile with gpu_memory holds that much of its GPUs, as the reconciler says.
     """
     stopped = {s.replica_id for s in plan.stop}
-    after = [r for r in running if r.replica_id not in stopped]
+    after = [r for r in running if r.replica_id not in stopped and r.group not in stopped]
     profiles = {(m.name, p.name): p for m in cat.models for p in m.profiles} if cat is not None else {}
     for a in plan.start:
         profile = profiles.get((a.model, a.profile))
         memory = (profile.gpu_memory_mib or 0) if profile is not None else 0
-        after.append(Running(f"n{next(_new_ids)}", a.model, a.profile, a.node, a.gpu_indices, memory_mib=memory))
+        rid = f"n{next(_new_ids)}"
+        if not a.members:
+            after.append(Running(rid, a.model, a.profile, a.node, a.gpu_indices, memory_mib=memory))
+            continue
+        # A group: the head under the group's id, the other members as the reconciler names them.
+        for rank, (name, gpus) in enumerate(((a.node, a.gpu_indices), *a.members)):
+            after.append(Running(rid if rank == 0 else f"{rid}-r{rank}", a.model, a.profile, name, gpus,
+                                 group=rid, rank=rank))
     return after
 
 
