@@ -66,7 +66,7 @@ class AnswerPath:
         self._metrics = metrics
         self._accounting = accounting
         # Cut chat streams continued on another replica, for the models that ask (continuation.py).
-        self.continuation = Continuation(config, balancer=balancer, metrics=metrics)
+        self.continuation = Continuation(config, balancer=balancer, metrics=metrics, inflight=inflight)
         # Such a stream, cut loose from a replica that stops answering, is continued at once (inflight.py).
         self._inflight = inflight
 
@@ -176,7 +176,7 @@ class AnswerPath:
         feed = splice.feed if isinstance(splice, Splice) else None
         movable = self._inflight if isinstance(splice, Splice) else None
         if movable is not None:
-            movable.stream(state, upstream)
+            _movable(movable, splice, state, upstream)
         parts = upstream.chunks()
         # A Responses stream names its response in its first event: remembered
         # before that event is passed on, so a request naming it finds it.
@@ -229,7 +229,7 @@ class AnswerPath:
                     if resumed is not None:
                         upstream, state = resumed
                         if movable is not None:
-                            movable.stream(state, upstream)
+                            _movable(movable, splice, state, upstream)
                         parts = upstream.chunks()
                         continue
                     if splice is None:
@@ -334,3 +334,10 @@ class AnswerPath:
 def _peer(transport: asyncio.BaseTransport | None) -> str:
     peer = transport.get_extra_info("peername") if transport is not None else None
     return str(peer[0]) if peer else "?"
+
+
+def _movable(inflight: InFlight, splice: Splice | str | None, state: EndpointState, upstream: Response) -> None:
+    """`upstream` registered to be moved off `state` should it stop answering, while the stream has a
+    hand-over left (inflight.py); one with none would only be cut to end with an error."""
+    if isinstance(splice, Splice) and splice.tries < splice.attempts:
+        inflight.stream(state, upstream, state.endpoint.model, (*splice.tried, state))

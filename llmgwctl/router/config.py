@@ -36,7 +36,9 @@ class RouterConfig:
     probe_timeout: float = 1.0
     # Missed polls in a row that take an endpoint out of routing until it
     # answers (router/outlier.py): with the 1 s poll, a wedged engine is out
-    # within about 4 s, one lost scrape ejects nothing. 0: never.
+    # within about 4 s, one lost scrape ejects nothing. 0: never (the agents'
+    # probes alone withdraw a wedged replica; the misses are still counted, so
+    # requests waiting on one withdrawn while silent still move: inflight.py).
     eject_after: int = 3
     # Long enough for a 7B-70B model cached on local disk to load (30-90 s with
     # vLLM); past it, a 503 with Retry-After lets the client decide.

@@ -39,6 +39,7 @@ from . import jsonbody
 from .balancer import Balancer, EndpointState
 from .call import Call
 from .config import RouterConfig
+from .inflight import Abandoned, InFlight
 from .upstream import ConnectFailed, Pool, Response, UpstreamError
 
 __all__ = ["CHAT", "MAX_EVENT", "Continuation", "Splice", "continuation_body", "refusal"]
@@ -283,10 +284,14 @@ def _json(payload: bytes) -> dict[str, Any] | None:
 class Continuation:
     """Which streams may be continued (`watch`), and the next part of one whose engine died (`resume`)."""
 
-    def __init__(self, config: RouterConfig, *, balancer: Balancer, metrics: RouterMetrics):
+    def __init__(self, config: RouterConfig, *, balancer: Balancer, metrics: RouterMetrics,
+                 inflight: InFlight | None = None):
         self._config = config
         self._balancer = balancer
         self._metrics = metrics
+        # A continuation waiting for its headers on a replica that stops answering moves on, as a
+        # first attempt does (inflight.py); None: it waits there.
+        self._inflight = inflight
         # Requests' connections to engines: the request path's pool, handed over as the app starts.
         self.pool: Pool | None = None
 
@@ -360,9 +365,14 @@ class Continuation:
             return f"no other replica of {model!r} is ready"
         splice.tried += (to,)
         balancer.started(to)
+        sent = pool.post(to.endpoint.url, call.request.raw_path, body, headers=call.fwd,
+                         idle_timeout=self._config.upstream_idle_timeout or None)
+        inflight = self._inflight if splice.tries < splice.attempts else None    # with a try left, it may move
         try:
-            upstream = await pool.post(to.endpoint.url, call.request.raw_path, body, headers=call.fwd,
-                                       idle_timeout=self._config.upstream_idle_timeout or None)
+            upstream = await (sent if inflight is None else inflight.headers(to, model, splice.tried, sent))
+        except Abandoned as exc:
+            balancer.finished(to)       # already out of routing: no ejection of ours
+            return f"{to.replica_id} stopped answering while the continuation waited on it ({exc})"
         except UpstreamError as exc:
             balancer.finished(to)
             balancer.eject(to)

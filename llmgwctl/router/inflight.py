@@ -12,7 +12,8 @@ timeout. `InFlight` keeps, per endpoint, the requests waiting on it, and
   cancelled and `headers` raises `Abandoned` in its place: the request path
   counts a failed attempt (retry.Failure.ABANDONED, in the attempt count
   and the access log like every retry) and sends it to another replica at
-  once. Only while the request has an attempt left in its budget (the
+  once. A cut stream's continuation waiting for its headers (continuation.py)
+  waits the same way, and moves to its next replica as a failed hand-over. Only while the request has an attempt left in its budget (the
   request path does not register one that has none) and its model has
   another replica in routing it has not tried: one that would find nowhere
   to go keeps waiting as before, since its engine may yet wake up.
@@ -20,8 +21,13 @@ timeout. `InFlight` keeps, per endpoint, the requests waiting on it, and
   (continuation.py), is registered by `stream` while its engine's answer is
   read. Abandoned, that answer fails as if the engine had died (its
   connection is closed, so the engine frees the slot if it ever wakes), and
-  the answer path continues the stream on another replica. A stream that
-  may not be continued is not registered: it ends as before, by its idle
+  the answer path continues the stream on another replica. By the same rule
+  as a request waiting for headers: only when its model has another replica
+  in routing that the stream has not been on. A stream with nowhere to go --
+  a model's lone replica ejected for missed polls, say, a busy CPU engine
+  whose /metrics answers come late -- is left to read on: cut, it could only
+  end with an error, and its engine may be answering yet. A stream that may
+  not be continued is not registered: it ends as before, by its idle
   timeout, unless its engine wakes first.
 
 Only a cause that says the engine does not answer calls `abandon` (the
@@ -74,7 +80,8 @@ class InFlight:
     def __init__(self, balancer: Balancer):
         self._balancer = balancer
         self._waiting: dict[EndpointState, dict[_Ticket, None]] = {}
-        self._streams: dict[EndpointState, dict[Response, None]] = {}
+        # Per endpoint, each stream with its model and the endpoints a continuation must not go to.
+        self._streams: dict[EndpointState, dict[Response, tuple[str, tuple[EndpointState, ...]]]] = {}
 
     async def headers(self, state: EndpointState, model: str, tried: tuple[EndpointState, ...],
                       sent: Awaitable[T]) -> T:
@@ -103,12 +110,14 @@ class InFlight:
             if not waiting and self._waiting.get(state) is waiting:
                 del self._waiting[state]
 
-    def stream(self, state: EndpointState, upstream: Response) -> None:
-        """`upstream`, a stream from `state` that may be continued elsewhere, is being passed on."""
+    def stream(self, state: EndpointState, upstream: Response, model: str,
+               tried: tuple[EndpointState, ...]) -> None:
+        """`upstream`, a stream of `model` from `state` that may be continued elsewhere, is being passed on.
+        `tried`: the endpoints the stream was on or must not go to, `state` among them."""
         streams = self._streams.get(state)
         if streams is None:
             streams = self._streams[state] = {}
-        streams[upstream] = None
+        streams[upstream] = (model, tried)
 
     def stream_done(self, state: EndpointState, upstream: Response) -> None:
         """`upstream` (from `stream`) is no longer read: ended, cut, or continued elsewhere."""
@@ -121,23 +130,29 @@ class InFlight:
     def abandon(self, state: EndpointState, why: str) -> tuple[int, int]:
         """`state`'s engine does not answer and it left the routing (`why`, a sentence naming it): move what
         waits on it; return how many requests waiting for headers and how many streams were moved."""
-        moved = 0
+        moved = continued = 0
+        balancer = self._balancer
         waiting = self._waiting.get(state)
         if waiting:
-            balancer = self._balancer
             for ticket in list(waiting):
                 if ticket.cut is None and balancer.has_usable(ticket.model, ticket.tried):
                     ticket.cut = f"abandoned: {why}"
                     del waiting[ticket]
                     ticket.task.cancel()
                     moved += 1
-        streams = self._streams.pop(state, None)
-        for upstream in streams or ():
-            # Failed as a dead engine's stream fails, and its connection
-            # closed at once: the engine, if it wakes, sees the client gone.
-            upstream.fail(UpstreamBroken(f"abandoned mid-stream: {why}"))
-            upstream.release()
-        continued = len(streams or ())
+        streams = self._streams.get(state)
+        if streams:
+            for upstream, (model, tried) in list(streams.items()):
+                if not balancer.has_usable(model, tried):
+                    continue        # nowhere to continue: it reads on, as a request waiting for headers waits
+                del streams[upstream]
+                # Failed as a dead engine's stream fails, and its connection
+                # closed at once: the engine, if it wakes, sees the client gone.
+                upstream.fail(UpstreamBroken(f"abandoned mid-stream: {why}"))
+                upstream.release()
+                continued += 1
+            if not streams:
+                del self._streams[state]
         if moved or continued:
             log.warning("endpoint %s stopped answering: %d requests waiting on it moved, %d streams cut to be "
                         "continued", state.replica_id, moved, continued,
@@ -147,6 +162,10 @@ class InFlight:
     def waiting(self, state: EndpointState) -> int:
         """Requests waiting on `state` for their answer's headers (for tests)."""
         return len(self._waiting.get(state) or ())
+
+    def streaming(self, state: EndpointState) -> int:
+        """Streams from `state` registered to be moved (for tests)."""
+        return len(self._streams.get(state) or ())
 
 
 def _cancelling(task: asyncio.Task[object]) -> int:

@@ -11,7 +11,10 @@ again (Envoy's outlier detection on consecutive failures, with active
 re-probing while ejected: the poller keeps polling it). It comes back at the
 first answer once its back-off has run out: `base` for the first ejection,
 doubled for each one that follows within `cap` of the last, up to `cap`, so
-an engine that keeps wedging serves less and less.
+an engine that keeps wedging serves less and less. `after` 0 ejects nothing
+(`--eject-after 0`: the agents' health probes alone withdraw a replica), but
+the misses are still counted: `silent` is how the router tells a replica
+withdrawn for not answering from one drained while it answers.
 
 It decides; `Ejector` holds the ejection and says why (status rows and the
 `llmgw_router_endpoint_ejected` gauge, reason `no_answer`). It must not know
@@ -75,8 +78,8 @@ class Outliers:
             # ejection (Balancer.eject) has since moved the time it ends.
             self._balancer.keep_out(state, float("inf"))
             return None
-        if count < self.after:
-            return None
+        if not self.after or count < self.after:
+            return None     # 0: never ejected by the router, but still counted as silent
         reason = f"no answer to {count} health probes in {max(1.0, now - first):.0f} s ({why})"
         ejection = self._ejector.eject(state, CODE, reason, base=self.base, cap=self.cap, until_answered=True)
         log.warning("endpoint %s: %s; out of routing until it answers", state.replica_id, reason,

@@ -68,7 +68,7 @@ class RequestPath:
         self._affinity = affinity   # which replica stored a response a request names
         # The steps, each with the collaborators it needs and nothing else.
         self._reader = BodyReader(config, bodies=bodies, trimmer=trimmer)
-        rerouting = Rerouting(balancer=balancer, cold=cold, metrics=metrics, surface=surface)
+        rerouting = Rerouting(balancer=balancer, policies=policies, cold=cold, metrics=metrics, surface=surface)
         self._intake = Intake(config, parser=parser, policies=policies, affinity=affinity, rerouting=rerouting)
         # Public for its `pool`, which the Router makes as the app starts and closes as it stops.
         self.dispatch = Dispatch(config, balancer=balancer, cold=cold, metrics=metrics, surface=surface,

@@ -6,7 +6,7 @@ Asked twice at most per request (fallback.py says when a fallback is taken):
   any endpoint is picked: the model, or the fallback that answers for it;
 - `after_refusals`, when every endpoint of the model refused the request's
   connection (`dispatch.Dispatch.forward`): the fallback's body and endpoint,
-  or None when none can take it.
+  picked by the fallback's own policy, or None when none can take it.
 
 Either way `_switch` marks the call (`fallback_from`, `model`), counts the
 fallback, and clears `echo_as`: a fallback's answer names the model that gave
@@ -26,16 +26,19 @@ from .balancer import Balancer, EndpointState
 from .call import Call, Refused
 from .coldstart import ColdStart
 from .fallback import DOWN, Choice, Fallbacks
+from .policies import Policies
 from .surface import Surface
 
 __all__ = ["Rerouting", "renamed"]
 
 
 class Rerouting:
-    """A request's switch to a fallback model, as its model is resolved (`at_start`) or after refusals (`after_refusals`)."""
+    """A request's switch to a fallback model: as its model is resolved (`at_start`), or after refusals."""
 
-    def __init__(self, *, balancer: Balancer, cold: ColdStart, metrics: RouterMetrics, surface: Surface):
+    def __init__(self, *, balancer: Balancer, policies: Policies, cold: ColdStart, metrics: RouterMetrics,
+                 surface: Surface):
         self._balancer = balancer
+        self._policies = policies   # the fallback's own routing policy, after refusals
         self._cold = cold           # woken for a model that is down while its fallback answers
         self._metrics = metrics
         self._surface = surface     # what the controller says cannot be placed now
@@ -62,8 +65,10 @@ class Rerouting:
         """`call` moved to a fallback once every endpoint of its model refused the connection: the body
         renamed for it and its endpoint; None when the model has no fallback that can take it.
 
-        The model's policy chooser was built for the model's endpoints and the
-        parsed body is gone by now, so the fallback's pick is least-load's.
+        The model's policy chooser was built for the model's endpoints: the
+        fallback's is built anew, from the body parsed again (it passed once),
+        so its pick follows its own policy; least-load's for a body too large
+        to parse again on the loop.
         """
         view = call.view
         chain = view.fallbacks.get(call.model)
@@ -73,9 +78,13 @@ class Rerouting:
         choice = self._switch(call, model, chain)
         if choice is None:
             return None
-        call.chooser = None
-        body = call.body = renamed(body, None, call.route.model_key, choice.model.name)
-        state = self._balancer.pick(choice.model.name, (), None)
+        name = choice.model.name
+        body = call.body = renamed(body, None, call.route.model_key, name)
+        policy = view.routing.get(name)
+        call.chooser = None if policy is None or jsonbody.heavy(body) else self._policies.chooser(
+            policy, name, jsonbody.parse(body, call.route.model_key, 0).doc, call.request.headers,
+            prompt=call.route.prompt)
+        state = self._balancer.pick(name, (), call.chooser)
         # choose() took a fallback with a usable endpoint, and nothing ran since: there is one.
         assert state is not None
         return body, state

@@ -96,9 +96,11 @@ class Router:
                                on_eject=lambda code: self.metrics.endpoint_ejections.labels(code).inc())
         # ... and those whose engines stopped answering polls (config.eject_after).
         # Requests in flight to an endpoint that stops answering move to another (inflight.py).
+        # Built with eject_after 0 too: it ejects nothing then, but its count of silent
+        # endpoints still moves what waits on one that the controller withdraws (_left_silent).
         self.inflight = InFlight(self.balancer)
         self.outliers = Outliers(self.balancer, self.ejector, clock=clock, after=config.eject_after,
-                                 on_wedged=self._wedged) if config.eject_after else None
+                                 on_wedged=self._wedged)
         self.policies = Policies(self.balancer)
         self.cold = ColdStart(waker, max_waiting=config.cold_queue, timeout=config.cold_timeout, clock=clock)
         self._session: aiohttp.ClientSession | None = None     # the poller's
@@ -144,14 +146,14 @@ class Router:
 
     def set_endpoints(self, endpoints: Iterable[Endpoint]) -> None:
         """Replace the whole list of ready endpoints. Call on the event loop, once per change (Surface.set_endpoints)."""
-        silent = self.outliers.silent() if self.outliers is not None else None
+        silent = self.outliers.silent()
         self.surface.set_endpoints(endpoints)
         if silent:
             self._left_silent(silent)
 
     def change_endpoints(self, endpoints: tuple[Endpoint, ...], changed: Mapping[str, Endpoint | None]) -> None:
         """The list changed by `changed`; `endpoints` is the whole new list (Surface.change_endpoints)."""
-        silent = self.outliers.silent() if self.outliers is not None else None
+        silent = self.outliers.silent()
         self.surface.change_endpoints(endpoints, changed)
         if silent:
             self._left_silent(silent)

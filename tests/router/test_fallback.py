@@ -192,3 +192,34 @@ def test_a_model_whose_every_endpoint_refuses_falls_back_instead_of_waiting(flee
     # The next one goes to b at once: a's endpoint is ejected, so a is down as the request arrives.
     assert chat(rt.url, "a").headers["x-llmgw-fallback-from"] == "a"
     assert fallbacks_metric(rt) == {("a", "b", "down"): 2.0}
+
+
+def test_a_fallback_after_refusals_is_picked_by_the_fallbacks_own_policy(engines, routers):
+    # b routes by prefix. The prompt's first request goes to b directly, and the prefix index keeps
+    # the replica that got it. Each round, a's only endpoint is a fresh one whose engine is gone: the
+    # request is sent there, refused, and falls back late; picked by least-load (two random choices
+    # between idle replicas) it would land on either, by b's policy on the one that holds the prompt.
+    from llmgwctl.contracts import Endpoint
+
+    cat = Catalog([model("a", "b"), Model(name="b", source="org/b", routing="prefix",
+                                          profiles=(Profile(name="default", engine="fake", gpus=0),))])
+    rt = routers(make_router(cat, cold_timeout=60))
+    gone = engines("a", "a-gone")
+    gone.kill()
+    b1, b2 = engines("b", "b-r1"), engines("b", "b-r2")
+    system = "You are a careful assistant for the ACME support desk. " * 40    # many prefix blocks
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "hi"}]
+    rt.set_endpoints([b1.endpoint(), b2.endpoint()])
+    first = requests.post(rt.url + "/v1/chat/completions", timeout=30,
+                          json={"model": "b", "messages": messages, "max_tokens": 4})
+    assert first.status_code == 200, first.text
+    holder = first.headers["x-llmgw-replica"]
+    served = []
+    for n in range(8):
+        rt.set_endpoints([Endpoint(f"a-r{n}", "a", "default", "fake", gone.url), b1.endpoint(), b2.endpoint()])
+        resp = requests.post(rt.url + "/v1/chat/completions", timeout=30,
+                             json={"model": "a", "messages": messages, "max_tokens": 4})
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["x-llmgw-fallback-from"] == "a" and resp.headers["x-llmgw-attempts"] == "2"
+        served.append(resp.headers["x-llmgw-replica"])
+    assert served == [holder] * 8, (holder, served)

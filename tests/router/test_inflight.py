@@ -27,6 +27,7 @@ from llmgwctl.catalog import Model, Profile
 from llmgwctl.contracts import Endpoint
 from llmgwctl.router.balancer import Balancer
 from llmgwctl.router.inflight import Abandoned, InFlight
+from llmgwctl.router.upstream import UpstreamBroken
 
 from ..support import wait_until
 from .harness import catalog, make_router
@@ -126,10 +127,12 @@ def test_a_request_on_a_replica_that_leaves_the_list_gracefully_is_not_cut(engin
     assert r.headers["x-llmgw-replica"] == "a" and r.headers["x-llmgw-attempts"] == "1"
 
 
-def test_a_request_on_a_replica_withdrawn_while_it_does_not_answer_moves(engines, routers):
-    # The router's own ejection too slow to come first (eject_after): the controller withdraws the
-    # replica, as when its agent reported it unhealthy, while the router's polls of it go unanswered.
-    running, rt = _setup(engines, routers, eject_after=1000)
+@pytest.mark.parametrize("eject_after", [1000, 0])
+def test_a_request_on_a_replica_withdrawn_while_it_does_not_answer_moves(engines, routers, eject_after):
+    # The router's own ejection too slow to come first (1000), or off (0: --eject-after 0): the
+    # controller withdraws the replica, as when its agent reported it unhealthy, while the router's
+    # polls of it go unanswered.
+    running, rt = _setup(engines, routers, eject_after=eject_after)
     wedged = running["a"]
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pending = pool.submit(_post, rt)
@@ -200,6 +203,59 @@ def test_a_stream_that_may_not_be_continued_is_left_to_its_replica(engines, rout
     assert error is None and text == whole_reply("a", TOKENS)
 
 
+def test_a_stream_on_a_lone_replica_that_is_ejected_reads_on_when_it_wakes(engines, routers):
+    # The model's only replica: ejected for its missed polls, its stream has nowhere to be continued,
+    # so it is not cut -- cut, it could only end with an error -- and completes once its engine answers.
+    lone = engines(MODEL, "a", *PACE)
+    rt = routers(make_router(catalog(_model(continuation=2)), upstream_headers_timeout=HEADERS_TIMEOUT))
+    rt.set_endpoints([lone.endpoint()])
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        raw = _stream(rt)
+        reading = pool.submit(_read_wedging, raw, lone)
+        try:
+            wait_until(lambda: _ejected(rt, "a"), what="a ejected", timeout=BOUND)
+            streaming = rt.call(rt.router.inflight.streaming, rt.router.balancer.state_of("a"))
+            assert not reading.done()
+        finally:
+            os.kill(lone.proc.pid, signal.SIGCONT)
+        text, error = reading.result(timeout=BOUND * 2)
+    assert streaming == 1       # still registered: moved, should another replica join
+    assert error is None and text == whole_reply("a", TOKENS)
+
+
+def test_a_continuation_waiting_on_a_replica_that_wedges_moves_to_the_next(engines, routers, caplog):
+    # a serves the stream and is killed mid-way; its continuation goes to b, which was SIGSTOPped just
+    # before and is not yet ejected: it waits for b's headers until b's ejection moves it on to c.
+    # With a headers timeout of 120 s, an answer from c can only come from that move.
+    running = {n: engines(MODEL, n, *PACE) for n in "abc"}
+    rt = routers(make_router(catalog(_model(continuation=2)), upstream_headers_timeout=HEADERS_TIMEOUT))
+    rt.set_endpoints([running["a"].endpoint(priority=10), running["b"].endpoint(priority=5),
+                      running["c"].endpoint()])
+    wedged = running["b"]
+    text, error, seen = [], None, 0
+    with caplog.at_level(logging.INFO, logger="llmgw.access"):
+        raw = _stream(rt)
+        assert raw.headers["x-llmgw-replica"] == "a"
+        try:
+            for chunk in raw.parse():
+                if chunk.choices and chunk.choices[0].delta.content:
+                    text.append(chunk.choices[0].delta.content)
+                    seen += 1
+                    if seen == 4:
+                        os.kill(wedged.proc.pid, signal.SIGSTOP)
+                        running["a"].kill()
+        except openai.APIError as exc:
+            error = exc
+        finally:
+            ejected = _ejected(rt, "b")
+            os.kill(wedged.proc.pid, signal.SIGCONT)
+        (line,) = wait_until(lambda: _access_lines(caplog), what="the access line of the continued stream")
+    assert error is None
+    assert ejected
+    assert "".join(text) == whole_reply("a", TOKENS)
+    assert "continued=a>c@" in line.getMessage(), line.getMessage()
+
+
 # -- InFlight alone --------------------------------------------------------------------------------------
 
 def _two():
@@ -247,3 +303,53 @@ async def test_a_request_with_nowhere_else_to_go_is_not_abandoned():
     assert inflight.abandon(one, "r-1 was ejected: no answer") == (0, 0)
     sent.set_result("headers")
     assert await waiter == "headers"
+
+
+class _Stream:
+    """What InFlight does to a stream's answer: fails it and releases it."""
+
+    def __init__(self):
+        self.failed: Exception | None = None
+        self.released = False
+
+    def fail(self, exc: Exception) -> None:
+        self.failed = exc
+
+    def release(self) -> None:
+        self.released = True
+
+
+def test_a_stream_with_nowhere_to_be_continued_is_not_cut():
+    # A model's lone replica ejected (its polls late on a loaded machine, say): cut, its stream could
+    # only end with an error, so it reads on, as a request waiting for headers waits.
+    balancer = Balancer()
+    balancer.set_endpoints([Endpoint("r-1", MODEL, "p", "fake", "http://127.0.0.1:1")])
+    one = balancer.state_of("r-1")
+    inflight = InFlight(balancer)
+    lone = _Stream()
+    inflight.stream(one, lone, MODEL, (one,))
+    assert inflight.abandon(one, "r-1 was ejected: no answer") == (0, 0)
+    assert lone.failed is None and not lone.released
+    assert inflight.streaming(one) == 1
+    inflight.stream_done(one, lone)
+    assert inflight.streaming(one) == 0
+
+
+def test_a_stream_is_cut_only_where_its_model_has_a_replica_it_was_not_on():
+    balancer, one, two = _two()
+    inflight = InFlight(balancer)
+    movable, continued_here, other_model = _Stream(), _Stream(), _Stream()
+    inflight.stream(one, movable, MODEL, (one,))
+    inflight.stream(one, continued_here, MODEL, (two, one))    # continued from r-2 onto r-1: r-2 is spent
+    inflight.stream(one, other_model, "lonely", (one,))         # a model with no endpoint at all
+    assert inflight.abandon(one, "r-1 was ejected: no answer") == (0, 1)
+    assert isinstance(movable.failed, UpstreamBroken) and "r-1 was ejected" in str(movable.failed)
+    assert movable.released
+    assert continued_here.failed is None and other_model.failed is None
+    assert inflight.streaming(one) == 2
+    # Its other replica out of routing too: nothing more is cut.
+    balancer.keep_out(two, float("inf"))
+    fresh = _Stream()
+    inflight.stream(one, fresh, MODEL, (one,))
+    assert inflight.abandon(one, "r-1 was ejected: no answer") == (0, 0)
+    assert fresh.failed is None

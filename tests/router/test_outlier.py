@@ -119,3 +119,18 @@ def test_an_endpoint_that_left_is_forgotten():
     outliers.retain({"r-1", "r-2"})
     _miss(clock, outliers, balancer.state_of("r-1"), 1)
     assert ejector.current() == {}
+
+
+def test_after_0_ejects_nothing_but_still_counts_the_silent():
+    # --eject-after 0: the agents' probes alone withdraw a wedged replica; the router still knows
+    # which endpoints are silent, so what waits on one withdrawn while silent moves (inflight.py).
+    clock, balancer, ejector, _, counted = _setup()
+    wedged: list[str] = []
+    outliers = Outliers(balancer, ejector, clock=clock, after=0, on_wedged=lambda st, why: wedged.append(why))
+    bad = balancer.state_of("r-1")
+    _miss(clock, outliers, bad, 100)
+    assert ejector.current() == {} and counted == [] and wedged == []
+    assert _picks(balancer) == {"r-1", "r-2"}
+    assert outliers.silent() == {"r-1": bad}
+    outliers.answered(bad)
+    assert outliers.silent() == {}

@@ -17,6 +17,7 @@ from llmgwctl.router import jsonbody, routes
 from llmgwctl.router.balancer import Balancer
 from llmgwctl.router.call import Refused, View
 from llmgwctl.router.coldstart import ColdStart
+from llmgwctl.router.policies import Policies
 from llmgwctl.router.reroute import Rerouting, renamed
 
 
@@ -42,7 +43,7 @@ def rerouting(*serving):
     balancer.set_endpoints([Endpoint(replica_id=f"{m}-r1", model=m, profile="default", engine="fake",
                                      url=f"http://127.0.0.1:1/{m}") for m in serving])
     waker, metrics = Waker(), RouterMetrics(process=False)
-    parts = Rerouting(balancer=balancer, cold=ColdStart(waker), metrics=metrics,
+    parts = Rerouting(balancer=balancer, policies=Policies(balancer), cold=ColdStart(waker), metrics=metrics,
                       surface=SimpleNamespace(unplaceable={}))
     return parts, waker, metrics
 
@@ -97,7 +98,7 @@ def test_at_start_a_model_with_room_keeps_its_request():
     assert waker.woken == []
 
 
-def test_after_refusals_the_fallback_gets_the_renamed_body_its_endpoint_and_least_load():
+def test_after_refusals_the_fallback_gets_the_renamed_body_its_endpoint_and_least_load_without_a_policy():
     parts, _, metrics = rerouting("b")
     c = call(echo_as="alias", chooser=object())
     body, state = parts.after_refusals(c, b'{"model":"alias"}')
