@@ -21,12 +21,13 @@ from llmgwctl.router.policies import Policies
 from llmgwctl.router.reroute import Rerouting, renamed
 
 
-def model(name, *fallbacks):
-    return Model(name=name, source=f"org/{name}", fallbacks=tuple(fallbacks),
+def model(name, *fallbacks, routing=None):
+    return Model(name=name, source=f"org/{name}", fallbacks=tuple(fallbacks), routing=routing,
                  profiles=(Profile(name="default", engine="fake", gpus=0),))
 
 
-CATALOG = Catalog([model("a", "b"), model("b")])
+# b picks round-robin, a policy whose chooser is never None: a fallback's own is seen.
+CATALOG = Catalog([model("a", "b"), model("b", routing="round-robin")])
 
 
 class Waker:
@@ -50,7 +51,7 @@ def rerouting(*serving):
 
 def call(**fields):
     base = dict(view=View(CATALOG), api_key=None, route=routes.BY_PATH["/v1/chat/completions"], model="a",
-                fallback_from="", echo_as="", chooser=None, body=b"")
+                fallback_from="", echo_as="", chooser=None, body=b"", request=SimpleNamespace(headers={}))
     return SimpleNamespace(**{**base, **fields})
 
 
@@ -98,12 +99,14 @@ def test_at_start_a_model_with_room_keeps_its_request():
     assert waker.woken == []
 
 
-def test_after_refusals_the_fallback_gets_the_renamed_body_its_endpoint_and_least_load_without_a_policy():
+def test_after_refusals_the_fallback_gets_the_renamed_body_its_endpoint_and_its_own_policy():
     parts, _, metrics = rerouting("b")
-    c = call(echo_as="alias", chooser=object())
-    body, state = parts.after_refusals(c, b'{"model":"alias"}')
-    assert (body, c.body, state.replica_id) == (b'{"model":"b"}', b'{"model":"b"}', "b-r1")
-    assert (c.model, c.fallback_from, c.echo_as, c.chooser) == ("b", "a", "", None)
+    stale = object()        # the model's chooser, built for the model's endpoints
+    c = call(echo_as="alias", chooser=stale)
+    body, state = parts.after_refusals(c, b'{"model":"alias","messages":[]}')
+    assert (body, c.body, state.replica_id) == (b'{"model":"b","messages":[]}',) * 2 + ("b-r1",)
+    assert (c.model, c.fallback_from, c.echo_as) == ("b", "a", "")
+    assert c.chooser is not None and c.chooser is not stale      # b's round robin, built anew
     assert fallbacks_counted(metrics, "a", "b", "down") == 1
 
 
