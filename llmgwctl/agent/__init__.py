@@ -17,6 +17,7 @@ adopts them from its state file.
     core        Agent: reconcile_once(), adoption, start/stop, report()
     replica     Replica, the agent's record of one replica, and how it is saved and reported
     health      health probes of starting and ready engines; a ready one that stops answering
+    members     a group's worker: no port, no probe, ready once it ran a while; the groups' ports held
     groups      stopping an engine's process group (SIGTERM, grace, SIGKILL)
     gpushare    which GPUs a replica gets, and free memory net of our shares
     controller  the agent protocol: report POSTs and the desired long-poll

@@ -46,7 +46,7 @@ from ..aio import cancel_and_wait, sleep_unless
 from ..contracts import AgentReport, CpuCapacity, EngineAvailability, Gpu, ReplicaSpec
 from ..engines.errors import EngineError, LaunchError, NotAllowed
 from ..engines.spec import Driver
-from . import gpushare, procs, state
+from . import gpushare, members, procs, state
 from .adapters import AdapterKeeper
 from .backoff import restart_schedule
 from .groups import STOP_GRACE, clear_leftovers, stop_if_ours
@@ -157,7 +157,8 @@ class Agent:
                 gpu_indices=rec.spec.gpu_indices, port=rec.port, pid=rec.pid, start_time=rec.start_time,
                 pgid=rec.pgid, health_path=rec.health_path, started_at=now, restarts=rec.restarts)
             adopted.append(rec.spec.id)
-            log.info("replica %s: adopted pid %d on port %d", rec.spec.id, rec.pid, rec.port)
+            log.info("replica %s: adopted pid %d %s", rec.spec.id, rec.pid,
+                     f"on port {rec.port}" if rec.port is not None else "with no port (a group's worker)")
             refusal = self._refusal(rec.spec)
             if refusal:
                 # Started before this node's allowance changed: what the operator
@@ -255,17 +256,20 @@ class Agent:
                     and (not due_only or r.next_probe <= now)]
         if not starting:
             return
-        results = await asyncio.gather(*(self.prober.probe(r) for r in starting))
+        # A group's worker has no API to probe (members.py): it is ready once it has run a while.
+        results = await asyncio.gather(*(self.prober.probe(r) for r in starting if members.serves_api(r.spec)))
         now = self.clock()
+        verdicts = iter(results)
         restart_after = self.health.restart_after
-        for r, why in zip(starting, results):
+        for r in starting:
+            why = next(verdicts) if members.serves_api(r.spec) else members.settling(r, now)
             if r.state != STARTING:
                 continue
-            r.next_probe = next_probe(r, now)
+            r.next_probe = next_probe(r, now) if members.serves_api(r.spec) else r.started_at + members.WORKER_SETTLE
             if not why:
-                assert r.port is not None   # it was probed: see Prober.url
                 log.info("replica %s: %s at %s (pid %d)", r.spec.id,
-                         "ready" if r.unhealthy_since is None else "healthy again, ready", self.url(r.port), r.pid)
+                         "ready" if r.unhealthy_since is None else "healthy again, ready",
+                         self.url(r.port) if r.port is not None else "no address (a group's worker)", r.pid)
                 r.state, r.reason, r.misses, r.unhealthy_since = READY, "", 0, None
                 r.backoff.ready()
                 self._changed()
@@ -281,7 +285,8 @@ class Agent:
     async def _probe_ready(self) -> None:
         """Probe the ready engines' health; one failing too often in a row is reported not ready (health.py)."""
         policy = self.health
-        ready = [r for r in self.replicas.values() if r.state == READY and r.pid is not None]
+        ready = [r for r in self.replicas.values()
+                 if r.state == READY and r.pid is not None and members.serves_api(r.spec)]
         if not ready or not policy.unhealthy_after:
             return
         began = self.clock()
@@ -352,13 +357,17 @@ class Agent:
         if problem:
             # Another replica may free them (a replacement waiting for its old self to stop).
             return self._fail(r, problem, retry=True)
-        held = {o.port for o in self.replicas.values() if o is not r and o.port is not None}
-        port = await asyncio.to_thread(pick_port, self.ports, self.host, held, r.port)
-        if port is None:
-            return self._fail(r, f"no free port in {self.ports} on {self.host}", retry=True)
+        port: int | None = None
+        if members.serves_api(spec):
+            # Not a port another engine holds, nor one a group's rendezvous was given (members.py).
+            held = {o.port for o in self.replicas.values() if o is not r and o.port is not None}
+            held |= members.group_ports([*(o.spec for o in self.replicas.values()), *(self.desired or ())])
+            port = await asyncio.to_thread(pick_port, self.ports, self.host, held, r.port)
+            if port is None:
+                return self._fail(r, f"no free port in {self.ports} on {self.host}", retry=True)
         launch_spec = dataclasses.replace(spec, gpu_indices=indices)
         try:
-            launch = driver.launch(launch_spec, host=self.host, port=port)
+            launch = driver.launch(launch_spec, host=self.host, port=port or 0)
         except LaunchError as exc:   # the driver's message names what to fix in the profile
             return self._fail(r, f"cannot launch: {exc}", retry=False)
         except Exception as exc:     # noqa: BLE001 - a driver bug is not the spec's fault: see _driver_bug
@@ -375,8 +384,8 @@ class Agent:
         r.state, r.gpu_indices, r.port = STARTING, indices, port
         r.pid, r.start_time, r.pgid, r.popen = spawned.pid, spawned.start_time, spawned.pid, spawned.popen
         r.health_path, r.started_at = launch.health_path, self.clock()
-        log.info("replica %s: started %s as pid %d on port %d, GPUs %s", spec.id, spec.engine,
-                 spawned.pid, port, list(indices) or "none")
+        log.info("replica %s: started %s as pid %d %s, GPUs %s", spec.id, spec.engine, spawned.pid,
+                 f"on port {port}" if port is not None else "with no port (a group's worker)", list(indices) or "none")
         self._changed()
 
     def _refusal(self, spec: ReplicaSpec) -> str:

@@ -56,7 +56,7 @@ class Replica:
         return self.pid is not None
 
     def record(self) -> Record | None:     # not state.Record: in this class `state` is the field
-        if self.pid is None or self.start_time is None or self.pgid is None or self.port is None:
+        if self.pid is None or self.start_time is None or self.pgid is None:
             return None
         spec = dataclasses.replace(self.spec, gpu_indices=self.gpu_indices)
         return state.Record(spec=spec, pid=self.pid, start_time=self.start_time, pgid=self.pgid,

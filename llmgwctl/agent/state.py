@@ -71,7 +71,7 @@ class Record:
     pid: int
     start_time: int       # /proc/PID/stat field 22: with the pid, the process's identity
     pgid: int
-    port: int
+    port: int | None      # None: a group's worker, which serves nothing (agent/members.py)
     restarts: int = 0
     health_path: str = "/health"
 
@@ -83,7 +83,8 @@ class Record:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Record:
         return cls(spec=ReplicaSpec.from_dict(data["spec"]), pid=int(data["pid"]),
-                   start_time=int(data["start_time"]), pgid=int(data["pgid"]), port=int(data["port"]),
+                   start_time=int(data["start_time"]), pgid=int(data["pgid"]),
+                   port=None if data.get("port") is None else int(data["port"]),
                    restarts=int(data.get("restarts", 0)), health_path=str(data.get("health_path", "/health")))
 
 

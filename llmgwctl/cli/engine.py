@@ -34,8 +34,9 @@ def _knob(flag: str, kind: click.ParamType[Any], help_: str) -> Callable[[_F], _
 
 @command.command("fake")
 @click.option("--model", required=True, help="The model name to serve (requests naming another get 404).")
-@click.option("--port", type=click.IntRange(0, 65535), required=True,
-              help="Port to listen on; 0 picks a free one (printed on the first stdout line).")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="Port to listen on; 0 picks a free one (printed on the first stdout line). "
+                   "Required but for a group's worker (--rank 1 or more), which serves nothing.")
 @_knob("--host", click.STRING, "Address to bind.")
 @click.option("--replica-id", default="", help="Shown in every reply, to tell replicas apart. [default: the port]")
 @_knob("--startup-delay", _SECONDS, "Seconds /health answers 503 (as while a real engine loads weights).")
@@ -70,6 +71,14 @@ def _knob(flag: str, kind: click.ParamType[Any], help_: str) -> Callable[[_F], _
 @_knob("--max-loras", click.IntRange(min=0), "LoRA adapter slots, as vLLM's --max-loras; 0 = LoRA off.")
 @_knob("--max-adapters", click.IntRange(min=0), "Adapters it may hold loaded at once; 0 = no bound.")
 @_knob("--lora-swap-time", _SECONDS, "Seconds an adapter not in a slot takes to swap in.")
+# -- a member of a replica spanning nodes (see engines/fake_group.py) --
+@click.option("--group", default="", help="The group's id (its head's replica id): what a worker's join names.")
+@_knob("--group-size", click.IntRange(min=0), "Members in the group, the head included; 0 = not a member.")
+@_knob("--rank", click.IntRange(min=0),
+       "0: the head, which serves once every worker joined; 1 or more: a worker, which serves nothing.")
+@click.option("--rendezvous", default="", metavar="HOST:PORT",
+              help="The head's rendezvous: the head listens on PORT at --host, workers connect to it.")
+@_knob("--join-timeout", _SECONDS, "Seconds a member waits for its group to form before it exits.")
 # -- misbehaving on purpose, for tests and benches of what the router bounds (see engines/fake_faults.py) --
 @click.option("--fault", type=click.Choice(("huge-length", "endless-body", "endless-headers", "growing-header",
                                             "no-headers", "redirect", "unavailable", "reset", "cut-headers")),
@@ -84,6 +93,20 @@ def fake(**options: Any) -> None:
     """Serve a fake vLLM: OpenAI routes, /health, /metrics, no GPU."""
     from ..engines.fake_server import run
 
+    member = options["group_size"] > 0
+    if member and not (options["group"] and options["rendezvous"] and options["rank"] < options["group_size"]):
+        raise click.UsageError("a group's member (--group-size) needs --group, --rendezvous HOST:PORT "
+                               "and a --rank below --group-size")
+    if member:
+        from ..engines.fake_group import parse_address
+        try:
+            parse_address(options["rendezvous"])
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--rendezvous") from None
+    if options["port"] is None and not (member and options["rank"] > 0):
+        raise click.UsageError("--port is required (only a group's worker, --rank 1 or more, serves nothing)")
+    if options["port"] is None:
+        options["port"] = 0
     config = FakeConfig(**options)
     model, host, port = config.model, config.host, config.port
 

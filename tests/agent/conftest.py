@@ -1,6 +1,9 @@
 """Agent test fixtures: the real controller (recording what agents send it), agent processes, and no engine left behind."""
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 from ..controlplane import ControlPlaneThread
@@ -47,3 +50,15 @@ def agents(tmp_path):
     for agent in started:
         agent.stop()
     kill_engines_under(state_dir)
+
+
+@pytest.fixture
+def groups():
+    """Process groups to kill at the end, whatever happened."""
+    pgids: list[int] = []
+    yield pgids
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

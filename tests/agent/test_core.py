@@ -6,14 +6,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import os
-import signal
 import subprocess
 import sys
 import time
 
 import aiohttp
-import pytest
 
 from llmgwctl.agent import FAILED, READY, STARTING, Agent, PortRange, parse_spec, procs, state
 from llmgwctl.contracts import AgentReport, ReplicaSpec, ReplicaState
@@ -25,18 +22,6 @@ from .harness import group_alive
 
 def fake_spec(rid: str, *args: str, gpus: int = 1, engine: str = "fake") -> ReplicaSpec:
     return ReplicaSpec(id=rid, model="m", profile="p", engine=engine, source="m", gpus=gpus, args=args)
-
-
-@pytest.fixture
-def groups():
-    """Process groups to kill at the end, whatever happened."""
-    pgids: list[int] = []
-    yield pgids
-    for pgid in pgids:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def make_agent(tmp_path, port_range, session, clock, *, gpus=None, driver_for=driver_for, **kw) -> Agent:

