@@ -18,7 +18,11 @@ and reporting usage. Its modules:
     jsonbody   what the router reads out of a body, parsed off the loop when costly; the alias rewrite in place
     server     Router (set_endpoints, set_catalog, usage_snapshot): builds the parts below, its aiohttp app
     surface    what the control plane tells the router: endpoints, catalog, model states, API keys
-    request    the request path: target, key and rate, body, model, endpoint, the attempts
+    request    the request path: target, key and rate, then its steps below
+    bodies     a request's body read within its size, time and budget, inflated
+    intake     the body parsed once, its model resolved (aliases, adapters), key and route checked
+    reroute    a request switched to a fallback model, its body renamed for the model served
+    dispatch   endpoints picked and tried in turn within the request's attempts; the pool to engines
     fallback   which fallback model answers when the model asked for has no replica that can
     retry      which failed attempts go to another replica before the first byte, and each request's budget
     answer     the answer path: whole or streamed, slow readers, a stream opened early for a cold start

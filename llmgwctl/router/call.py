@@ -3,7 +3,8 @@
 `View` is built once per catalog (`set_catalog`); a `Call` is one proxied
 request, taken at arrival with the view of that moment; `Refused` is how any
 step of the request path answers the request itself. The parts that meet
-them -- the request path (`inbound`), the answer path (`answer`), accounting
+them -- the request path (`request`, and its steps `bodies`, `intake`,
+`reroute`, `dispatch`), the answer path (`answer`), accounting
 (`accounting`), the info routes (`info`) -- import them from here, so none
 imports another for a type.
 """
@@ -108,7 +109,7 @@ class Call:
 class Refused(Exception):
     """The router answers this request itself (a 4xx, or a 5xx of its own), with `response`.
 
-    Raised anywhere on the request path; `Inbound.proxy` catches it and counts
+    Raised anywhere on the request path; `RequestPath._run` catches it and counts
     and logs the refusal once.
     """
 

@@ -24,7 +24,7 @@ and never on a guess (an engine that has never been seen full has room).
 It is asked once more, at most, when every endpoint of the model refused the
 request's connection (the request ran nowhere, and the model turns out down):
 the request goes to the fallback instead of waiting for the model's engines
-to come back (`RequestPath._forward`). A request a fallback took never falls
+to come back (`dispatch.Dispatch.forward`). A request a fallback took never falls
 back again.
 
 When no fallback can take it, the request stays with its model and gets what

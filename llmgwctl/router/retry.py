@@ -21,8 +21,9 @@ or a 4xx is the engine's verdict on the request, which another replica
 would repeat.
 
 `Attempts` is one request's budget (`--max-attempts`) and what each attempt
-came to; the request path (request.py) asks it whether it may go on and
-puts its count in the access log and the `x-llmgw-attempts` header. It must
+came to; the request path's attempts (dispatch.py) ask it whether they may
+go on and put its count in the access log and the `x-llmgw-attempts`
+header. It must
 not know the balancer, HTTP or the catalog.
 """
 from __future__ import annotations

@@ -5,7 +5,8 @@ job, hands each its collaborators, and wires them into one aiohttp app
 (`app()`), whose start and stop it owns (the upstream pool, the load poller):
 
     surface     what the control plane tells it (endpoints, catalog, model states, API keys)
-    request     the request path: target, key and rate, body, model, endpoint, attempts
+    request     the request path: target, key and rate, then its steps: the body (bodies), the model
+                (intake, a fallback: reroute), the endpoint and the attempts (dispatch)
     answer      the answer path: whole or streamed, slow readers, a stream opened early for a cold start
                 (a cut chat stream continued on another replica: continuation)
     affinity    which replica stored each response a Responses answer named, for the requests naming it
@@ -265,12 +266,13 @@ class Router:
         # Streams alone get a bound on silence (upstream_idle_timeout, passed
         # per request). The pool sends no Accept-Encoding, so engines answer
         # uncompressed and the router never decompresses.
-        self.requests.pool = Pool(connect_timeout=cfg.connect_timeout, keepalive_timeout=cfg.keepalive_timeout,
-                                  headers_timeout=cfg.upstream_headers_timeout,
-                                  limit_per_endpoint=cfg.connections_per_endpoint,
-                                  limit_total=cfg.connections_total)
+        pool = self.requests.dispatch.pool = Pool(connect_timeout=cfg.connect_timeout,
+                                                  keepalive_timeout=cfg.keepalive_timeout,
+                                                  headers_timeout=cfg.upstream_headers_timeout,
+                                                  limit_per_endpoint=cfg.connections_per_endpoint,
+                                                  limit_total=cfg.connections_total)
         # A cut stream's continuation goes to its next replica over the same pool.
-        self.answer.continuation.pool = self.requests.pool
+        self.answer.continuation.pool = pool
         # The poller's scrapes, one a second per engine, stay on aiohttp.
         connector = aiohttp.TCPConnector(limit=cfg.connections_total, keepalive_timeout=cfg.keepalive_timeout)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout)
@@ -299,8 +301,8 @@ class Router:
             await self._session.close()
         if self.poller is not None:
             self.poller.close()
-        if self.requests.pool is not None:
-            await self.requests.pool.close()
+        if self.requests.dispatch.pool is not None:
+            await self.requests.dispatch.pool.close()
         self.parser.close()
         self.trimmer.close()
         self.requests.close()
