@@ -12,7 +12,7 @@ from llmgwctl.inventory import Inventory
 from llmgwctl.reconciler import DesiredStore, Reconciler
 from llmgwctl.reconciler.groups import BACKOFF_INITIAL, GROUP_PORTS
 
-from .test_reconciler import World, catalog, run_report
+from .test_reconciler import World, catalog
 
 NODES = ("n1", "n2", "n3", "n4")
 
@@ -23,23 +23,6 @@ def gang(name="big", nodes=2, gpus=2, parallel="pipeline", replicas=1):
 
 
 class GangWorld(World):
-    def agent_follows(self, node, state="ready", states=None):
-        """The agent runs its desired list; a worker reports no URL. `states`: replica id -> state."""
-        entry = self.desired.get(node)
-        specs = entry[1] if entry else ()
-        running = self.running.setdefault(node, {})
-        for rid in [r for r in running if r not in {s.id for s in specs}]:
-            del running[rid]
-        for spec in specs:
-            want = (states or {}).get(spec.id, state)
-            old = running.get(spec.id)
-            if old is None or old["state"] != want:
-                report = run_report(spec, want, port=20000 + len(running))
-                if spec.group is not None and spec.group.rank:
-                    report["url"] = None
-                running[spec.id] = report
-        self.report(node)
-
     def follow_all(self, rounds=3, states=None):
         for _ in range(rounds):
             self.step()
@@ -81,7 +64,7 @@ def test_the_group_is_routed_through_its_head_only_while_every_member_is_ready()
     worker_id = f"{head.spec.id}-r1"
     w.follow_all(states={worker_id: "starting"})
     assert head.state == ReplicaState.READY and w.rec.endpoints == (), "a half group takes no request"
-    w.follow_all()
+    w.follow_all(states={worker_id: "ready"})
     (ep,) = w.rec.endpoints
     assert ep.replica_id == head.spec.id and ep.model == "big"
     status = w.rec.status()

@@ -82,16 +82,19 @@ class World:
             "replicas": list(self.running.get(node, {}).values()),
         })
 
-    def agent_follows(self, node, state="ready"):
-        """The agent runs exactly its desired list; everything it starts is `state`."""
+    def agent_follows(self, node, state="ready", states=None):
+        """The agent runs exactly its desired list; everything it starts is `state`. `states` (replica id ->
+        state): what those replicas report from now on, whether just started or running already."""
         entry = self.desired.get(node)
         specs = entry[1] if entry else ()
         running = self.running.setdefault(node, {})
         for rid in [r for r in running if r not in {s.id for s in specs}]:
             del running[rid]
         for spec in specs:
-            if rid_changed(running.get(spec.id), spec):
-                running[spec.id] = run_report(spec, state, port=20000 + len(running))
+            want = (states or {}).get(spec.id, state)
+            old = running.get(spec.id)
+            if rid_changed(old, spec) or (states is not None and old["state"] != want):
+                running[spec.id] = run_report(spec, want, port=20000 + len(running))
         self.report(node)
 
     def step(self, seconds=1.0):
@@ -114,9 +117,12 @@ def rid_changed(report, spec):
 
 
 def run_report(spec: ReplicaSpec, state, port):
+    # A worker member of a group spanning nodes serves nothing: no URL, as its agent reports it.
+    worker = spec.group is not None and spec.group.rank != 0
     return {"id": spec.id, "spec_hash": spec.spec_hash, "model": spec.model, "profile": spec.profile,
             "engine": spec.engine, "gpu_indices": list(spec.gpu_indices), "port": port, "pid": port,
-            "state": state, "restarts": 0, "url": f"http://127.0.0.1:{port}", "spec": spec.to_dict()}
+            "state": state, "restarts": 0, "url": None if worker else f"http://127.0.0.1:{port}",
+            "spec": spec.to_dict()}
 
 
 def converge(world, nodes=("n1",), rounds=4):
