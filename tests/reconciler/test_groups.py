@@ -7,12 +7,14 @@ over HTTP).
 """
 from __future__ import annotations
 
+from llmgwctl.cli.status import render
 from llmgwctl.contracts import ReplicaState
 from llmgwctl.inventory import Inventory
 from llmgwctl.reconciler import DesiredStore, Reconciler
 from llmgwctl.reconciler.groups import BACKOFF_INITIAL, GROUP_PORTS
 
 from .test_reconciler import World, catalog
+from .test_status_rows import control
 
 NODES = ("n1", "n2", "n3", "n4")
 
@@ -73,6 +75,11 @@ def test_the_group_is_routed_through_its_head_only_while_every_member_is_ready()
     assert {m["state"] for m in row["members"]} == {"ready"}
     (model,) = status["models"]
     assert (model["ready"], model["replicas"]) == (1, 1), "a group counts once"
+    # `llmgwctl status`: one row, its members on a line under it.
+    text = render(control(w).to_dict(), now=w.clock.now)
+    worker = w.rec.replicas[worker_id]
+    assert text.count(head.spec.id) >= 2 and f"{head.spec.id} spans 2 nodes: rank 0 {head.node}" in text
+    assert f"rank 1 {worker.node} GPUs 0,1 ready" in text
 
 
 def test_a_failed_member_stops_the_whole_group_which_is_placed_again_after_a_back_off():
