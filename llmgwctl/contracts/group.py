@@ -1,4 +1,5 @@
-"""`GroupSlot`: one member's place in a replica that spans several nodes (controller -> agent, in its spec).
+"""`GroupSlot`: one member's place in a replica that spans several nodes (controller -> agent, in its spec);
+`MemberStatus`: how one member stands, in its group's status row (controller -> control API).
 
 A profile with `nodes: N > 1` runs each replica as a *group* of N members,
 one per node (catalog/multinode.py). The controller places the members all
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ContractError
+from .states import ReplicaState
 
 # A worker member's replica id is the group's id and its rank: `<group>-r<rank>`.
 MEMBER_SEP = "-r"
@@ -74,3 +76,21 @@ def group_slot(data: object) -> GroupSlot | None:
     if not isinstance(data, Mapping):
         raise ContractError(f"group slot: expected an object, got {type(data).__name__}")
     return GroupSlot.from_dict(data)
+
+
+@dataclass(frozen=True, slots=True)
+class MemberStatus:
+    """One member of a replica spanning nodes, in its group's row: where it runs and how it is."""
+
+    rank: int
+    id: str
+    node: str
+    gpus: tuple[int, ...]
+    state: ReplicaState
+    pid: int | None = None
+    restarts: int = 0
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "id": self.id, "node": self.node, "gpus": list(self.gpus),
+                "state": self.state.value, "pid": self.pid, "restarts": self.restarts, "reason": self.reason}

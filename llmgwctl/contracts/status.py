@@ -41,6 +41,7 @@ from typing import Any
 
 from ..health import Failure
 from .adapters import LOADING, AdapterStatus
+from .group import MemberStatus
 from .scheduling import Scheduling
 from .states import ReplicaState
 from .usage import UNUSED, Usage
@@ -198,24 +199,6 @@ class ReplicaStatus:
 
     def _members(self) -> dict[str, Any]:
         return {"members": [m.to_dict() for m in self.members]} if self.members else {}
-
-
-@dataclass(frozen=True, slots=True)
-class MemberStatus:
-    """One member of a replica spanning nodes, in its group's row: where it runs and how it is."""
-
-    rank: int
-    id: str
-    node: str
-    gpus: tuple[int, ...]
-    state: ReplicaState
-    pid: int | None = None
-    restarts: int = 0
-    reason: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "id": self.id, "node": self.node, "gpus": list(self.gpus),
-                "state": self.state.value, "pid": self.pid, "restarts": self.restarts, "reason": self.reason}
 
 
 @dataclass(frozen=True, slots=True)

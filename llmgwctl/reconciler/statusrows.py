@@ -25,7 +25,8 @@ from types import MappingProxyType
 
 from ..catalog import Catalog, Model
 from ..contracts import NodeStatus, ReplicaState, ReplicaStatus, Scheduling
-from ..contracts.status import GpuStatus, MemberStatus, replica_adapters
+from ..contracts.group import MemberStatus
+from ..contracts.status import GpuStatus, replica_adapters
 from ..inventory import Node
 from .records import Replica, is_worker
 
