@@ -152,10 +152,13 @@ class Agent:
                 log.info("replica %s: pid %d from the last run is gone; not adopting it", rec.spec.id, rec.pid)
                 await clear_leftovers(rec.spec.id, rec.pgid, self.grace, self.clock)
                 continue
+            # A worker has no health to probe, only its time running: one that outlived the last run
+            # of this agent has run past WORKER_SETTLE, so it is ready at once, and its group serves on.
+            started = now if members.serves_api(rec.spec) else now - members.WORKER_SETTLE
             self.replicas[rec.spec.id] = Replica(
                 spec=rec.spec, backoff=restart_schedule(self.clock), state=STARTING,
                 gpu_indices=rec.spec.gpu_indices, port=rec.port, pid=rec.pid, start_time=rec.start_time,
-                pgid=rec.pgid, health_path=rec.health_path, started_at=now, restarts=rec.restarts)
+                pgid=rec.pgid, health_path=rec.health_path, started_at=started, restarts=rec.restarts)
             adopted.append(rec.spec.id)
             log.info("replica %s: adopted pid %d %s", rec.spec.id, rec.pid,
                      f"on port {rec.port}" if rec.port is not None else "with no port (a group's worker)")
