@@ -328,3 +328,42 @@ def test_console_charts_the_load_streams_a_playground_answer_and_finds_it_in_the
         for t in threads:
             t.join(timeout=30)
         fleet.close()
+
+
+GANG = """\
+apiVersion: llmgw/v1
+kind: Catalog
+models:
+  - name: gang
+    profiles: [{name: two, engine: fake, pool: gpu, gpus: 1, nodes: 2}]
+"""
+
+
+def test_console_shows_a_replica_spanning_nodes_as_one_row_with_its_members(tmp_path, browser, artifacts):
+    from playwright.sync_api import expect
+
+    fleet = Fleet(tmp_path)
+    (fleet.catalogs / "gang.yaml").write_text(GANG)
+    try:
+        fleet.start_controller()
+        fleet.start_agent("n1", "1xL4-24GB", "gpu")
+        fleet.start_agent("n2", "1xL4-24GB", "gpu")
+        row = wait_until(lambda: (rows := fleet.ready("gang")) and len(rows[0].get("members", ())) == 2
+                         and all(m["state"] == "ready" for m in rows[0]["members"]) and rows[0], "gang's group ready")
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(fleet.control + "/")
+        expect(page.locator("#connection")).to_have_text("live", timeout=WAIT_MS)
+        # One row for the group (its worker has none of its own), its members rank by rank in it.
+        expect(page.locator("#replicas tr[data-replica]")).to_have_count(1, timeout=WAIT_MS)
+        members = page.locator(f'#replicas ul[data-members="{row["id"]}"] li')
+        expect(members).to_have_count(2, timeout=WAIT_MS)
+        for i, m in enumerate(row["members"]):
+            expect(members.nth(i)).to_contain_text(f"rank {m['rank']} · {m['node']} · GPUs 0")
+            expect(members.nth(i)).to_contain_text("ready")
+        expect(page.locator(f'#replicas tr[data-replica="{row["id"]}"]')).to_contain_text("2 nodes")
+        _shot(page, artifacts / "console-group.png")
+        assert errors == []
+    finally:
+        fleet.close_checked()

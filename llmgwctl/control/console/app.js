@@ -286,6 +286,15 @@ function renderReplicas(replicas) {
       ? el("div", { class: "muted", "data-adapters": r.id }, "adapters: " + r.adapters.map(
         (a) => a.state === "loaded" ? a.name : a.name + " (" + a.state + ")").join(", "))
       : null;
+    // A replica spanning nodes: one row, its members (rank by rank) where a replica's node and GPUs go.
+    const members = r.members || [];
+    for (const m of members) {
+      if (m.state !== "ready" && m.reason) why.push(el("div", {}, "rank " + m.rank + " (" + m.node + "): " + m.reason));
+    }
+    const where = members.length
+      ? el("ul", { class: "plain", "data-members": r.id }, members.map((m) => el("li", {},
+        "rank " + m.rank + " · " + m.node + " · GPUs " + ((m.gpus || []).join(", ") || "-") + " ", badge(m.state))))
+      : r.node;
     if (r.last_log && r.last_log.length) {
       const details = el("details", { open: state.openLogs.has(r.id), "data-log": r.id,
                                       on: { toggle: (ev) => { if (ev.target.open) state.openLogs.add(r.id);
@@ -298,8 +307,8 @@ function renderReplicas(replicas) {
       el("td", { class: "mono" }, r.id, r.adopted ? el("div", { class: "muted" }, "adopted") : null),
       el("td", {}, r.model, el("div", { class: "muted" }, r.profile + " · " + r.engine), adapters),
       el("td", {}, badge(r.state)),
-      el("td", {}, r.node),
-      el("td", {}, (r.gpus || []).join(", ") || "-"),
+      el("td", {}, where),
+      el("td", {}, members.length ? members.length + " nodes" : (r.gpus || []).join(", ") || "-"),
       el("td", { class: "mono" }, r.url || "-"),
       el("td", {}, String(r.restarts)),
       el("td", {}, r.last_exit === null || r.last_exit === undefined ? "-" : String(r.last_exit)),
