@@ -463,7 +463,14 @@ function renderCharts() {
     const entry = chartCard(name);
     if (entry.card.parentNode !== box) box.appendChild(entry.card);
     const series = name ? h.models[name] : h.fleet;
-    CHARTS.forEach((spec, i) => { if (entry.plots[i]) entry.plots[i].setData(chartData(series, spec)); });
+    CHARTS.forEach((spec, i) => {
+      const plot = entry.plots[i];
+      if (!plot) return;
+      plot.setData(chartData(series, spec));
+      // At least five minutes across: uPlot spreads a fleet's first point (or few seconds) over years.
+      const last = h.t[h.t.length - 1];
+      if (last !== undefined && last - h.t[0] < 300) plot.setScale("x", { min: last - 300, max: last });
+    });
     // What a test (or a curious reader of the DOM) can check without reading a canvas.
     const points = (series.requests || []).filter((v) => v !== null).length;
     entry.card.setAttribute("data-points", String(points));
