@@ -11,6 +11,7 @@ Owns reading and checking that file. Format (YAML):
         weight: 2                    # optional: the profile's weight
         engine: vllm                 # optional: the profile's engine (which /metrics adapter reads it)
         metrics_path: /metrics       # optional: the engine's (null: do not poll this endpoint)
+        adapters: [qwen-sql]         # optional: the model's LoRA adapters this engine serves (names or aliases)
 
 Defaults come from the catalog so the file only says where engines listen; the
 catalog stays the one place that says how models rank. Every problem in the
@@ -24,7 +25,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..catalog import Catalog, Live
+from ..catalog import Catalog, Live, Model
 from ..contracts import Endpoint, RouterSink
 from ..fsutil import FollowedFile
 from .errors import RouterError
@@ -34,7 +35,7 @@ from .yamlfile import MAX_BYTES, Layout, entries, parse_yaml
 log = logging.getLogger("llmgw.router")
 
 _LAYOUT = Layout(key="endpoints", fields=frozenset({"model", "url", "profile", "id", "priority", "weight", "engine",
-                                                    "metrics_path"}),
+                                                    "metrics_path", "adapters"}),
                  required=("model", "url"), example="endpoints: [{model: qwen, url: 'http://127.0.0.1:8000'}]",
                  entry="expected a mapping with at least model and url", some_of=True, blank_is_missing=True)
 
@@ -157,10 +158,14 @@ def parse_endpoints(doc: Any, catalog: Catalog, source: str = "<endpoints>") -> 
             problems.append(f"{where}.id: {rid!r} is already used by endpoints[{seen[rid]}]; give each its own id")
             continue
         seen[rid] = i
+        adapters = _adapters(raw.get("adapters"), model, f"{where}.adapters", problems)
+        if adapters is None:
+            continue
         try:
             ep = Endpoint(replica_id=rid, model=model.name, profile=profile.name, engine=engine, url=url,
                           priority=int(raw.get("priority", profile.priority)),
-                          weight=float(raw.get("weight", profile.weight)), metrics_path=metrics_path)
+                          weight=float(raw.get("weight", profile.weight)), metrics_path=metrics_path,
+                          adapters=adapters)
             parse_target(ep.url)    # a port past 65535, say: the router would leave it out, so refuse it here
             out.append(ep)
         except BadEndpointURL as exc:
@@ -170,3 +175,22 @@ def parse_endpoints(doc: Any, catalog: Catalog, source: str = "<endpoints>") -> 
     if problems:
         raise EndpointFileError("\n".join(problems))
     return out
+
+
+def _adapters(raw: Any, model: Model, where: str, problems: list[str]) -> frozenset[str] | None:
+    """The adapters an endpoint serves, by their canonical names; None (with the problem said) if one is not
+    the model's. Nothing loads them: with no controller, the engine was started with them by its operator."""
+    if raw is None:
+        return frozenset()
+    if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
+        problems.append(f"{where}: expected a list of adapter names, e.g. [{model.name}-sql]")
+        return None
+    names = {n: a.name for a in model.adapters for n in (a.name, *a.aliases)}
+    unknown = [a for a in raw if a not in names]
+    if unknown:
+        known = ", ".join(a.name for a in model.adapters) or "none"
+        problems.append(f"{where}: {', '.join(repr(a[:100]) for a in unknown[:5])} "
+                        f"{'is not an adapter' if len(unknown) == 1 else 'are not adapters'} of "
+                        f"{model.name!r} in the catalog (it has: {known})")
+        return None
+    return frozenset(names[a] for a in raw)

@@ -10,6 +10,7 @@ import textwrap
 import aiohttp
 import openai
 import pytest
+import requests
 
 from llmgwctl.catalog import Catalog, Model, Profile, Replicas
 from llmgwctl.contracts import Endpoint
@@ -230,3 +231,50 @@ def test_cli_controller_mode_follows_the_watch_and_wakes_through_it(engines, rou
         assert client.completions.create(model="alias", prompt="x", max_tokens=2).model == "alias"
     finally:
         plane.close()
+
+
+ADAPTER_CATALOG = """\
+apiVersion: llmgw/v1
+kind: Catalog
+models:
+  - name: base
+    lora: {max_loras: 2}
+    profiles: [{name: cpu, engine: fake, gpus: 0}]
+    adapters:
+      - {name: base-sql, aliases: [sql], source: org/base-sql}
+"""
+
+
+def test_static_endpoints_name_the_adapters_their_engines_serve(engines, router_process, tmp_path):
+    # With no controller, the operator loaded the adapter on one engine and says so in the file.
+    holder, plain = engines("base", "holder", "--max-loras", "2"), engines("base", "plain", "--max-loras", "2")
+    loaded = requests.post(holder.url + "/v1/load_lora_adapter", timeout=10,
+                           json={"lora_name": "base-sql", "lora_path": "org/base-sql"})
+    assert loaded.status_code == 200, loaded.text
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "models.yaml").write_text(ADAPTER_CATALOG)
+    (tmp_path / "eps.yaml").write_text(textwrap.dedent(f"""\
+        endpoints:
+          - {{model: base, url: "{holder.url}", id: holder, adapters: [sql]}}
+          - {{model: base, url: "{plain.url}", id: plain}}
+        """))
+    proc, url = router_process("--endpoints", str(tmp_path / "eps.yaml"), "--catalogs", str(tmp_path / "cat"))
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    served = [client.chat.completions.with_raw_response.create(
+        model="sql", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=3).headers["x-llmgw-replica"]
+        for i in range(10)]
+    assert served == ["holder"] * 10, "an adapter's requests go only where the file says it is served"
+    base = {client.chat.completions.with_raw_response.create(
+        model="base", messages=[{"role": "user", "content": f"b{i}"}], max_tokens=3).headers["x-llmgw-replica"]
+        for i in range(10)}
+    assert base == {"holder", "plain"}
+
+
+def test_static_adapters_must_be_the_models_own():
+    cat = two_profile_catalog()
+    with pytest.raises(EndpointFileError) as info:
+        parse_endpoints({"endpoints": [{"model": "small", "url": "http://h:1", "adapters": ["sql"]},
+                                       {"model": "small", "url": "http://h:2", "adapters": "sql"}]}, cat, "eps.yaml")
+    lines = str(info.value).splitlines()
+    assert lines[0] == "eps.yaml: endpoints[0].adapters: 'sql' is not an adapter of 'small-model' in the catalog (it has: none)"
+    assert lines[1] == "eps.yaml: endpoints[1].adapters: expected a list of adapter names, e.g. [small-model-sql]"
