@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..catalog.multinode import MAX_NODES
 from .errors import ContractError
 from .states import ReplicaState
 
@@ -63,7 +64,9 @@ class GroupSlot:
                        rpc_port=int(data.get("rpc_port") or 0))
         except (KeyError, TypeError, ValueError) as exc:
             raise ContractError(f"group slot {dict(data)!r}: {exc}") from None
-        if not (slot.size >= 2 and 0 <= slot.rank < slot.size and 0 < slot.port <= 65535
+        # At most MAX_NODES, as the catalog allows: a report's slot comes from a node, and the
+        # controller walks a group's ranks.
+        if not (2 <= slot.size <= MAX_NODES and 0 <= slot.rank < slot.size and 0 < slot.port <= 65535
                 and 0 <= slot.rpc_port <= 65535 and slot.group and slot.head_host):
             raise ContractError(f"group slot {slot.to_dict()!r}: rank, size, ports or head out of range")
         return slot
