@@ -7,6 +7,7 @@ their way out. Placement itself is the pure function `placement.place`.
 """
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -131,8 +132,7 @@ class Planner:
         engine = catalog.engines[profile.engine]
         where = []
         for rank, (node, indices) in enumerate(((a.node, a.gpu_indices), *a.members)):
-            slot = GroupSlot(group=group, rank=rank, size=head.size, parallel=split, head_host=head.head_host,
-                             port=head.port, rpc_port=head.rpc_port)
+            slot = dataclasses.replace(head, rank=rank)     # the head's slot, but for the rank
             spec = ReplicaSpec.for_profile(slot.member_id(rank), model, profile, engine, indices, group=slot)
             self.records[spec.id] = Replica(spec=spec, node=node, created=now)
             where.append(f"rank {rank} on {node} GPUs {list(indices) or 'none'}")
