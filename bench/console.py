@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -144,84 +145,101 @@ class Page:
         await asyncio.gather(self.follow(), self.redraw())
 
 
-async def client(url: str, pages: int, seconds: float) -> None:
-    """PAGES pages for SECONDS s; prints one JSON document of what they got."""
+async def traffic(session: aiohttp.ClientSession, url: str, rate: float, stop: asyncio.Event) -> None:
+    """RATE requests a second on four models, reported as a standalone router reports them (every 2 s)."""
+    names = ["big", "m0000", "m0001", "m0002"]
+    sent = 0
+    while not stop.is_set():
+        now, n = time.time(), int(rate * REPORT_EVERY)
+        records = [{"at": now - REPORT_EVERY * (n - i) / n, "id": f"req-{sent + i:08d}", "key": "bench",
+                    "asked": names[i % len(names)], "model": names[i % len(names)],
+                    "status": 503 if i % 97 == 0 else 200, "path": "/v1/chat/completions", "stream": True,
+                    "ttft": 0.05 + (i % 20) / 100, "duration": 1.0, "tokens_in": 30, "tokens_out": 200,
+                    "replica": "", "error": None} for i in range(n)]
+        sent += n
+        try:
+            async with session.post(url + "/api/v1/usage", timeout=aiohttp.ClientTimeout(total=30),
+                                    json={"router": "bench-console", "version": 0, "replicas": {},
+                                          "requests": records}) as r:
+                await r.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            pass
+        await asyncio.sleep(REPORT_EVERY)
+
+
+async def toggle(session: aiohttp.ClientSession, url: str, every: float, toggles: list[tuple[float, bool]],
+                 stop: asyncio.Event) -> None:
+    """TOGGLED cordoned, then uncordoned, every EVERY s: (when the answer came, cordoned now) in `toggles`."""
+    cordoned = False
+    while not stop.is_set():
+        await asyncio.sleep(every)
+        verb = "uncordon" if cordoned else "cordon"
+        try:
+            async with session.post(f"{url}/api/v1/nodes/{TOGGLED}/{verb}", json={},
+                                    timeout=aiohttp.ClientTimeout(total=30)) as r:
+                await r.read()
+                if r.status == 200:
+                    cordoned = not cordoned
+                    toggles.append((time.monotonic(), cordoned))
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            pass
+
+
+async def client(url: str, pages: int, seconds: float, rate: float, every: float) -> None:
+    """PAGES pages (none: the baseline), the traffic and the toggles for SECONDS s; prints what they got as JSON."""
     log: dict[str, list[Any]] = collections.defaultdict(list)
+    toggles: list[tuple[float, bool]] = []
+    stop = asyncio.Event()
+    own = aiohttp.ClientSession()
+    side = [asyncio.create_task(traffic(own, url, rate, stop)), asyncio.create_task(toggle(own, url, every, toggles, stop))]
     sessions = [aiohttp.ClientSession() for _ in range(pages)]     # a browser tab's connections are its own
     opened = [Page(url, s, log) for s in sessions]
     tasks = [asyncio.create_task(p.run()) for p in opened]
-    done, _ = await asyncio.wait(tasks, timeout=seconds)
-    for task in tasks:
+    done, _ = await asyncio.wait(tasks + side, timeout=seconds)
+    stop.set()
+    for task in tasks + side:
         task.cancel()
     for p in opened:
         for t in list(p.tasks):
             t.cancel()
-    await asyncio.gather(*tasks, *(t for p in opened for t in p.tasks), return_exceptions=True)
-    for s in sessions:
+    await asyncio.gather(*tasks, *side, *(t for p in opened for t in p.tasks), return_exceptions=True)
+    for s in [own, *sessions]:
         await s.close()
     failed = [repr(t.exception()) for t in done if t.exception() is not None]
-    print(json.dumps({"log": log, "summaries": [p.summaries for p in opened], "failed": failed}))
+    failed += [f"page {i}: never finished loading" for i, p in enumerate(opened) if p.status is None]
+    lags = []
+    for page in opened:
+        for at, cordoned in toggles:
+            if not page.summaries or at < page.summaries[0][0]:       # before the page's first summary
+                continue
+            shown = next((t for t, c in page.summaries if t >= at and c == cordoned), None)
+            if shown is not None:
+                lags.append(shown - at)
+    print(json.dumps({"log": log, "lags": lags, "toggles": len(toggles), "failed": failed}))
+
+
+async def window(url: str, args: argparse.Namespace, pages: int, cpu: Callable[[], float]) -> dict[str, Any]:
+    """One window: the client process with PAGES pages; `cpu()` is the controller's CPU seconds so far."""
+    cpu0, sim0, t0 = cpu(), self_cpu(), time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.console", "--client", url, "--pages", str(pages), "--window", str(args.window),
+        "--traffic", str(args.traffic), "--toggle", str(args.toggle), cwd=REPO, stdout=subprocess.PIPE)
+    out, _ = await asyncio.wait_for(proc.communicate(), args.window + 120)
+    wall = time.monotonic() - t0
+    got: dict[str, Any] = json.loads(out)
+    got.update(pages=pages, wall=wall, cpu=(cpu() - cpu0) / wall, sim=(self_cpu() - sim0) / wall)
+    print(f"window       {pages} pages: controller {got['cpu']:.3f} of a core over {wall:.0f} s"
+          + (f"; failed: {got['failed']}" if got["failed"] else ""), flush=True)
+    return got
 
 
 # -- the bench (this process: serve, the simulator, the traffic, the toggles) ------------------------
 
 class ConsoleBench(Bench):
+    """The fleet simulator's serve (`--serve`): bench/fleet.py's harness, its controller's CPU from /proc."""
+
     def __init__(self, args: argparse.Namespace):
         super().__init__(args)
-        self.toggles: list[tuple[float, bool]] = []     # (when the answer came, TOGGLED now cordoned)
-        self.sent = 0
-
-    async def traffic(self, session: aiohttp.ClientSession, stop: asyncio.Event) -> None:
-        """TRAFFIC requests a second on the first models, reported as a standalone router reports them."""
-        names = ["big"] + [f"m{i:04d}" for i in range(min(self.models, 3))]
-        router = "bench-console-router"
-        while not stop.is_set():
-            now, n = time.time(), int(self.args.traffic * REPORT_EVERY)
-            records = [{"at": now - REPORT_EVERY * (n - i) / n, "id": f"req-{self.sent + i:08d}", "key": "bench",
-                        "asked": names[i % len(names)], "model": names[i % len(names)],
-                        "status": 503 if i % 97 == 0 else 200, "path": "/v1/chat/completions", "stream": True,
-                        "ttft": 0.05 + (i % 20) / 100, "duration": 1.0, "tokens_in": 30, "tokens_out": 200,
-                        "replica": "", "error": None} for i in range(n)]
-            self.sent += n
-            try:
-                async with session.post(self.url + "/api/v1/usage", timeout=aiohttp.ClientTimeout(total=30),
-                                        json={"router": router, "version": 0, "replicas": {}, "requests": records}) as r:
-                    await r.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError):
-                pass
-            await asyncio.sleep(REPORT_EVERY)
-
-    async def toggle(self, session: aiohttp.ClientSession, stop: asyncio.Event) -> None:
-        cordoned = False
-        while not stop.is_set():
-            await asyncio.sleep(self.args.toggle)
-            verb = "uncordon" if cordoned else "cordon"
-            try:
-                async with session.post(f"{self.url}/api/v1/nodes/{TOGGLED}/{verb}", json={},
-                                        timeout=aiohttp.ClientTimeout(total=30)) as r:
-                    await r.read()
-                    if r.status == 200:
-                        cordoned = not cordoned
-                        self.toggles.append((time.monotonic(), cordoned))
-            except (aiohttp.ClientError, asyncio.TimeoutError):
-                pass
-
-    async def window(self, pages: int) -> dict[str, Any]:
-        a = self.args
-        cpu0, sim0, t0 = cpu_seconds(self.serve.pid), self_cpu(), time.monotonic()
-        got: dict[str, Any] = {}
-        if pages:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bench.console", "--client", self.url, "--pages", str(pages),
-                "--window", str(a.window), cwd=REPO, stdout=subprocess.PIPE)
-            out, _ = await asyncio.wait_for(proc.communicate(), a.window + 120)
-            got = json.loads(out)
-        else:
-            await asyncio.sleep(a.window)
-        wall = time.monotonic() - t0
-        got.update(pages=pages, wall=wall, cpu=(cpu_seconds(self.serve.pid) - cpu0) / wall,
-                   sim=(self_cpu() - sim0) / wall, t0=t0)
-        return got
 
     async def main(self) -> None:
         a = self.args
@@ -240,18 +258,10 @@ class ConsoleBench(Bench):
                 took = await self.until("every replica ready", lambda: self.ready_count() == self.expected, a.timeout)
                 print(f"converge     {took:.1f} s to every replica ready")
                 await asyncio.sleep(a.heartbeat)        # the last reports settle out
-                side = [asyncio.create_task(self.traffic(session, stop)), asyncio.create_task(self.toggle(session, stop))]
-                await asyncio.sleep(REPORT_EVERY * 2)
                 _, status = await self.get(session, "/api/v1/status")
                 print(f"status       {len(status) / 1e6:.1f} MB (what a page would pull whole without the summary)")
-                results = []
-                for pages in a.phases:
-                    r = await self.window(pages)
-                    results.append(r)
-                    print(f"window       {pages} pages: controller {r['cpu']:.3f} of a core over {r['wall']:.0f} s "
-                          f"(simulator {r['sim']:.2f})" + (f"; failed: {r['failed']}" if r.get("failed") else ""),
-                          flush=True)
-                self.report(results)
+                results = [await window(self.url, a, pages, lambda: cpu_seconds(self.serve.pid)) for pages in a.phases]
+                report(results)
                 self.passed = True
             finally:
                 stop.set()
@@ -261,40 +271,66 @@ class ConsoleBench(Bench):
                 if self.passed:
                     shutil.rmtree(self.dir, ignore_errors=True)
 
-    def report(self, results: list[dict[str, Any]]) -> None:
-        baselines = [r["cpu"] for r in results if not r["pages"]]
-        base = sum(baselines) / len(baselines) if baselines else float("nan")
-        print(f"\nbaseline (no page): {base:.3f} of a core (windows: {', '.join(f'{b:.3f}' for b in baselines)})")
-        print("| pages | controller, of a core | over the baseline | x baseline |")
-        print("| --- | --- | --- | --- |")
-        for r in results:
-            print(f"| {r['pages']} | {r['cpu']:.3f} | {r['cpu'] - base:+.3f} | {r['cpu'] / base:.2f} |")
-        for r in results:
-            if not r["pages"]:
-                continue
-            print(f"\n{r['pages']} pages, {r['wall']:.0f} s:")
-            print("| route | n | bytes mean | bytes max | latency p50 / p99 / max |")
-            print("| --- | --- | --- | --- | --- |")
-            for route, rows in sorted(r["log"].items()):
-                sizes = [s for s, _ in rows]
-                times = [t for _, t in rows if t is not None]
-                lat = (f"{pct(times, 0.5) * 1e3:.0f} / {pct(times, 0.99) * 1e3:.0f} / {max(times) * 1e3:.0f} ms"
-                       if times else "-")
-                if route == "history event" and times:
-                    lat += " (sample -> page)"
-                print(f"| {route} | {len(rows)} | {sum(sizes) / len(sizes) / 1e3:.1f} KB | {max(sizes) / 1e3:.1f} KB "
-                      f"| {lat} |")
-            lags = []
-            for page in r["summaries"]:
-                for at, cordoned in self.toggles:
-                    if not page or at < page[0][0]:       # before the page's first summary
-                        continue
-                    shown = next((t for t, c in page if t >= at and c == cordoned), None)
-                    if shown is not None:
-                        lags.append(shown - at)
-            if lags:
-                print(f"update: cordon/uncordon -> summary on the page: p50 {pct(lags, 0.5) * 1e3:.0f} ms, "
-                      f"p99 {pct(lags, 0.99) * 1e3:.0f} ms, max {max(lags) * 1e3:.0f} ms (n={len(lags)})")
+def report(results: list[dict[str, Any]]) -> None:
+    baselines = [r["cpu"] for r in results if not r["pages"]]
+    base = sum(baselines) / len(baselines) if baselines else float("nan")
+    print(f"\nbaseline (no page): {base:.3f} of a core (windows: {', '.join(f'{b:.3f}' for b in baselines)})")
+    print("| pages | controller, of a core | over the baseline | x baseline |")
+    print("| --- | --- | --- | --- |")
+    for r in results:
+        print(f"| {r['pages']} | {r['cpu']:.3f} | {r['cpu'] - base:+.3f} | {r['cpu'] / base:.2f} |")
+    for r in results:
+        if not r["pages"]:
+            continue
+        print(f"\n{r['pages']} pages, {r['wall']:.0f} s:")
+        print("| route | n | bytes mean | bytes max | latency p50 / p99 / max |")
+        print("| --- | --- | --- | --- | --- |")
+        for route, rows in sorted(r["log"].items()):
+            sizes = [s for s, _ in rows]
+            times = [t for _, t in rows if t is not None]
+            lat = f"{pct(times, 0.5) * 1e3:.0f} / {pct(times, 0.99) * 1e3:.0f} / {max(times) * 1e3:.0f} ms" if times else "-"
+            if route == "history event" and times:
+                lat += " (sample -> page)"
+            print(f"| {route} | {len(rows)} | {sum(sizes) / len(sizes) / 1e3:.1f} KB | {max(sizes) / 1e3:.1f} KB | {lat} |")
+        lags = r["lags"]
+        if lags:
+            print(f"update: cordon/uncordon -> summary on the page: p50 {pct(lags, 0.5) * 1e3:.0f} ms, "
+                  f"p99 {pct(lags, 0.99) * 1e3:.0f} ms, max {max(lags) * 1e3:.0f} ms (n={len(lags)} of "
+                  f"{r['toggles']} toggles x {r['pages']} pages)")
+
+
+async def in_process(a: argparse.Namespace) -> None:
+    """The controller in this process (bench/status.py's fleet, every replica ready, no agent), its API on
+    loopback, its loops running: the windows' CPU is this process's, with no simulator beside it."""
+    import logging
+
+    from aiohttp import web
+
+    from llmgwctl.control.api import ControlAPI
+    from tests.procs import free_port
+
+    from .status import build
+    logging.disable(logging.INFO)
+    t = time.perf_counter()
+    # No agent reports after the build: nodes are never taken for lost (unreachable_after).
+    c, _ = build(a.nodes, prefix="llmgw-console-", node_timeout=1e9)
+    print(f"fleet: {a.nodes} nodes, {len(c.reconciler.replicas)} replicas, {len(c.live.current)} models, "
+          f"built in {time.perf_counter() - t:.0f} s, in process; traffic {a.traffic:g}/s, "
+          f"{TOGGLED} cordoned or uncordoned every {a.toggle:g} s")
+    port = free_port()
+    runner = web.AppRunner(ControlAPI(c).app())
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    stop = asyncio.Event()
+    loops = asyncio.create_task(c.run(stop))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        print(f"status       {len(c.status_json()) / 1e6:.1f} MB (what a page would pull whole without the summary)")
+        report([await window(url, a, pages, self_cpu) for pages in a.phases])
+    finally:
+        stop.set()
+        await asyncio.wait({loops}, timeout=15)
+        await runner.cleanup()
 
 
 def main() -> None:
@@ -307,19 +343,21 @@ def main() -> None:
     p.add_argument("--toggle", type=float, default=15.0, help="seconds between a node's cordon and uncordon")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds the fleet may take to converge")
     p.add_argument("--serve-arg", action="append", help="an extra argument for serve (repeatable)")
+    p.add_argument("--serve", action="store_true",
+                   help="a real serve and the fleet simulator's agents (bench/fleet.py), not the controller in process")
     p.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)     # the pages' process
     p.add_argument("--pages", type=int, default=1, help=argparse.SUPPRESS)
     a = p.parse_args()
     from llmgwctl.aio import run
     if a.client:
-        run(client(a.client, a.pages, a.window))
+        run(client(a.client, a.pages, a.window, a.traffic, a.toggle))
         return
     a.phases = [int(x) for x in a.phases.split(",")]
     a.routers, a.routers_in_process = 0, True
     import resource as r
     soft, hard = r.getrlimit(r.RLIMIT_NOFILE)
     r.setrlimit(r.RLIMIT_NOFILE, (hard, hard))
-    run(ConsoleBench(a).main())
+    run(ConsoleBench(a).main() if a.serve else in_process(a))
 
 
 if __name__ == "__main__":
