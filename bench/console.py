@@ -53,7 +53,8 @@ from . import REPO
 REFRESH_MS = AGE_REDRAW_MS = 5000
 # A standalone router reports every 2 s (router.watch).
 REPORT_EVERY = 2.0
-TOGGLED = "sim-00007"       # the node cordoned and uncordoned (not one the summary shows unasked)
+TOGGLED = "sim-00007"
+TRAFFIC_MODELS = ["big", "m0000", "m0001", "m0002"]       # the node cordoned and uncordoned (not one the summary shows unasked)
 
 
 # -- the console page, as app.js speaks it (in the --client process) ---------------------------------
@@ -134,6 +135,8 @@ class Page:
                         lag = time.time() - doc["t"][-1] if doc["t"] and self.histories else None
                         self.histories += 1
                         self.log["history event"].append((len(frame), lag))
+                    elif event == "history-part":       # more models' series of a big first history
+                        self.log["history part"].append((len(frame), None))
 
     async def redraw(self) -> None:
         while True:
@@ -147,7 +150,7 @@ class Page:
 
 async def traffic(session: aiohttp.ClientSession, url: str, rate: float, stop: asyncio.Event) -> None:
     """RATE requests a second on four models, reported as a standalone router reports them (every 2 s)."""
-    names = ["big", "m0000", "m0001", "m0002"]
+    names = TRAFFIC_MODELS
     sent = 0
     while not stop.is_set():
         now, n = time.time(), int(rate * REPORT_EVERY)
@@ -306,7 +309,9 @@ async def in_process(a: argparse.Namespace) -> None:
 
     from aiohttp import web
 
+    from llmgwctl.contracts import RequestRecord
     from llmgwctl.control.api import ControlAPI
+    from llmgwctl.control.history import POINTS, ModelSample
     from tests.procs import free_port
 
     from .status import build
@@ -317,6 +322,15 @@ async def in_process(a: argparse.Namespace) -> None:
     print(f"fleet: {a.nodes} nodes, {len(c.reconciler.replicas)} replicas, {len(c.live.current)} models, "
           f"built in {time.perf_counter() - t:.0f} s, in process; traffic {a.traffic:g}/s, "
           f"{TOGGLED} cordoned or uncordoned every {a.toggle:g} s")
+    # An hour of history, as a controller up that long holds it: a new page's first history is its largest.
+    fleet, now = c.reconciler.fleet_status(), time.time()
+    samples = [ModelSample(m.name, 0, m.desired, m.ready, m.load, m.target) for m in fleet.models]
+    for k in range(POINTS):
+        for i in range(int(a.traffic * c.history.interval)):
+            model = TRAFFIC_MODELS[i % len(TRAFFIC_MODELS)]
+            c.history.observe(RequestRecord(at=0, id="h", key=None, asked=model, model=model, status=200,
+                                            ttft=0.05 + (i % 20) / 100, tokens_in=30, tokens_out=200, replica="r"))
+        c.history.sample(now - (POINTS - k) * c.history.interval, samples)
     port = free_port()
     runner = web.AppRunner(ControlAPI(c).app())
     await runner.setup()
