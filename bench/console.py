@@ -1,12 +1,17 @@
 """What the web console's live updates cost the controller at fleet size (issue 31).
 
-    python3 -m bench.console [--nodes 5000] [--window 60] [--pages 1,5] [--traffic 25] [--toggle 15]
+    python3 -m bench.console [--nodes 5000] [--window 60] [--phases 0,1,0,5,0] [--traffic 25] [--toggle 15]
+                             [--serve]
 
-A real `llmgwctl serve --no-local-agent` and bench/fleet.py's simulated fleet
-(`tests/fleetsim.py` in this process, its catalog: 4 one-GPU replicas a node,
-`big` x 1,000 and the rest over nodes/5 models), converged. Then windows of
-WINDOW s, one after another: none open (the baseline), PAGES consoles, none
-again, and so on (`--phases 0,1,0,5,0`). Through every window alike:
+By default the controller runs in this process: bench/status.py's fleet
+(NODES nodes of 8 GPUs, every replica ready, `big` x 1,000 and the rest over
+nodes/5 models) in a real `Controller` with its loops running and the
+control API on loopback, and an hour of history in it, as a controller up
+that long holds. With `--serve`: a real `llmgwctl serve --no-local-agent`
+and bench/fleet.py's simulated agents in this process instead (a machine
+that can hold both; bench/README.md says why not the default). Then windows
+of WINDOW s, one after another, PHASES pages open in each (0: the baseline).
+Through every window alike, from the pages' process:
 
   - a router's requests: TRAFFIC a second reported as a standalone router
     reports them (POST /api/v1/usage with its `requests`, every 2 s), so the
@@ -15,13 +20,14 @@ again, and so on (`--phases 0,1,0,5,0`). Through every window alike:
     (cordoned nodes come first), to time an update from the change to a page.
 
 A console page is what control/console/app.js does, spoken by a child process
-(`--client`, so parsing the pages' JSON is not charged to the simulator's loop):
+(`--client`, so parsing the pages' JSON is not charged to the controller or the simulator):
 load the page's files; follow `watch/console`; on a summary whose catalog
 version is new, GET `catalog`; on each summary and every 5 s (AGE_REDRAW_MS),
 GET `requests?limit=50` and `gpus?limit=50` when the last was 5 s ago or more
 (REFRESH_MS). What it prints per window:
 
-  controller   serve's CPU (utime + stime from /proc) over the window's wall time, of one core,
+  controller   its CPU (utime + stime: this process's, or serve's from /proc) over the window's
+               wall time, of one core,
                and over the baseline: the mean of the windows with no page, measured in this run
   per route    bytes per answer or event (mean, max) and how many; latency (p50, p99, max) of
                the GETs; for history events the lag from the point's sample to the page
