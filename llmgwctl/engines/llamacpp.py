@@ -22,7 +22,9 @@ by gguf.py, which the vLLM driver shares for its GGUF sources.
 LoRA adapters. llama-server loads adapters only at launch: each adapter the
 spec places on the replica (every adapter of its model, catalog order) is
 one `--lora FILE`, resolved like a GGUF source, and `--lora-init-without-apply`
-loads them at scale 0. The engine numbers them in that order, and each
+is meant to load them at scale 0 (current builds still apply scale 1 to a
+request that names none, so the router names them in every request). The
+engine numbers them in that order, and each
 request picks its adapter by number in its body's `lora` member, which the
 router writes (router/loraselect.py); the agent reads the numbers back from
 the engine's `GET /lora-adapters` (agent/adapters.py). An adapter edit is a

@@ -11,8 +11,11 @@ may number its adapters otherwise: a replacement launched with one more):
   `"lora":[{"id":N,"scale":1}]` names the adapter by the endpoint's number
   for it (`Endpoint.adapter_ids`, which its agent read from the engine);
 - for a base model that has adapters: `"lora":[{"id":0,"scale":0}]`, every
-  adapter off. Not `[]`: llama-server takes an empty list as "no choice"
-  and applies its global scales, which are the engine's to change.
+  adapter off. Neither `[]` nor no member: llama-server takes both as "no
+  choice" and applies its global scales, which are not 0 -- its listing
+  says 1.0 for each adapter even under --lora-init-without-apply, and
+  applies it (measured on the bundled build: a base request without the
+  member answered as the adapter).
 
 Either way the member is written last in the top-level object, after
 whatever the client sent: llama-server's JSON parser (nlohmann) keeps the
