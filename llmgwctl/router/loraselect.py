@@ -61,9 +61,12 @@ def for_endpoint(call: Call, state: EndpointState, body: bytes) -> bytes:
         if span is not None:
             body = jsonbody.with_model(body, span, call.base)
         return with_member(body, "lora", b'[{"id":%d,"scale":1}]' % number)
-    model = call.view.catalog.resolve(call.model)
-    if model is None or not model.adapters:
-        return body     # an engine with no adapters of ours: the client's `lora` reaches nothing
+    if not ep.adapter_ids:
+        model = call.view.catalog.resolve(call.model)
+        if model is None or not model.adapters:
+            return body     # an engine with no adapters of ours: the client's `lora` reaches nothing
+    # The model's adapters, or the engine's: one launched with an adapter the
+    # catalog has dropped since serves on until its replacement is ready.
     return with_member(body, "lora", _NONE)
 
 

@@ -16,6 +16,7 @@ LLMGW_REQUIRE_LLAMACPP=1 (.ci/run sets it).
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -85,7 +86,7 @@ def fleet(tmp_path_factory, request, made):
 
 def ask(fleet: Fleet, model: str, key: str = KEY_ALL, **extra: object) -> requests.Response:
     return requests.post(fleet.router + "/v1/chat/completions", timeout=REQUEST_TIMEOUT,
-                         headers={"Authorization": f"Bearer {key}"},
+                         headers={"Authorization": f"Bearer {key}"}, stream=bool(extra.get("stream")),
                          json={"model": model, "messages": PROMPT, "temperature": 0, "max_tokens": 16, **extra})
 
 
@@ -109,6 +110,12 @@ def test_base_and_adapter_answer_the_same_prompt_differently(fleet):
     assert said(ask(fleet, MODEL)) == said(base) and said(ask(fleet, "smollm2-first")) == said(tuned)
     (replica,) = fleet.ready(MODEL)
     assert "--lora" in replica_argv(replica["pid"])
+    # Streamed: the same text, each chunk naming the adapter (the engine's name the base's).
+    with ask(fleet, "smollm2-first", stream=True) as streamed:
+        chunks = [json.loads(line[6:]) for line in streamed.iter_lines(decode_unicode=True)
+                  if line.startswith("data: {")]
+    assert chunks and {c["model"] for c in chunks} == {"smollm2-first"}
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == said(tuned)
 
 
 def test_a_base_only_key_cannot_reach_the_adapter_by_its_own_lora_member(fleet):

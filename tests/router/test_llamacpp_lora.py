@@ -95,11 +95,15 @@ def test_an_adapter_goes_to_its_holder_as_the_base_with_its_number_and_comes_bac
         assert answer.json()["model"] == "chat"
     got = {json.loads(b)["lora"][0]["id"] for b in one.bodies[1:] + two.bodies}
     assert got == {0, 2}, "each endpoint is told its own number for the adapter"
-    # A model without adapters: the body goes on as sent, lora and all (nothing of ours to reach).
-    plain = llama("plain")
+    # A model without adapters: the body goes on as sent, lora and all (nothing of ours to reach)...
+    plain, dropped = llama("plain"), llama("plain")
     rt.set_endpoints([endpoint(one, "r1", sql=1, chat=0), endpoint(plain, "p1", model="plain")])
     raw = b'{"model":"plain","messages":[],"lora":[{"id":0,"scale":1}]}'
     assert post(rt.url, raw).status_code == 200 and plain.bodies[-1] == raw
+    # ...unless its engine says it holds some: launched with an adapter the catalog dropped since.
+    rt.set_endpoints([endpoint(dropped, "p2", model="plain", old=0)])
+    assert post(rt.url, raw).status_code == 200
+    assert dropped.bodies[-1] == raw[:-1] + b',"lora":[{"id":0,"scale":0}]}'
 
 
 @pytest.mark.parametrize("lora", [
