@@ -132,3 +132,12 @@ def test_a_key_for_the_base_cannot_reach_an_adapter_through_its_own_lora_member(
     assert json.loads(one.bodies[-1])["lora"] == [{"id": 1, "scale": 1}]
     # And the adapter itself stays out of a base-only key's reach by name.
     assert post(rt.url, b'{"model":"sql","messages":[]}', "sk-base").status_code == 403
+
+
+def test_a_static_llamacpp_endpoint_numbers_its_adapters_in_the_order_listed():
+    from llmgwctl.router.static import parse_endpoints
+
+    (ep,) = parse_endpoints({"endpoints": [{"model": "base", "url": "http://h:1", "adapters": ["chat", "sql-lora"]}]},
+                            catalog(BASE), "eps.yaml")
+    # As llama-server was started: --lora chat.gguf --lora sql.gguf.
+    assert ep.engine == "llamacpp" and dict(ep.adapter_ids) == {"chat": 0, "sql": 1}
