@@ -31,7 +31,7 @@ from llmgwctl.router.auth import hash_key
 
 from .fleet import Fleet, wait_until
 from .llamacpp_lora import gguf_lora_adapter, need
-from .test_real_model import MODEL, REPO, bundled_source
+from .test_real_model import MODEL, REPO, bundled_source, status_cli
 from .vllm import reporter
 
 pytestmark = pytest.mark.timeout(900)
@@ -110,6 +110,8 @@ def test_base_and_adapter_answer_the_same_prompt_differently(fleet):
     assert said(ask(fleet, MODEL)) == said(base) and said(ask(fleet, "smollm2-first")) == said(tuned)
     (replica,) = fleet.ready(MODEL)
     assert "--lora" in replica_argv(replica["pid"])
+    shown = status_cli(fleet)
+    assert f"{replica['id']} adapters: smollm2-first (id 0)" in shown.stdout, shown.stdout + shown.stderr
     # Streamed: the same text, each chunk naming the adapter (the engine's name the base's).
     with ask(fleet, "smollm2-first", stream=True) as streamed:
         chunks = [json.loads(line[6:]) for line in streamed.iter_lines(decode_unicode=True)
