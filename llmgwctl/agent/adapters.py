@@ -15,8 +15,9 @@ its adapters only at launch (llama.cpp) is only read: once per engine
 process, its listing (`GET /lora-adapters`) says which number is which
 adapter, which the report carries (`AdapterStatus.engine_id`) for the router
 to name in each request; an adapter it does not list is failed, and a
-listing that fails is read again with the same back-off as a load. An engine's answers
-are bounded: a reason is cut to a line, a /v1/models page to MAX_MODELS_BYTES.
+listing that fails is read again with the same back-off as a load. An
+engine's answers are bounded: a reason is cut to a line, a /v1/models page
+(or a listing) to MAX_MODELS_BYTES.
 It must not know how replicas are started, nor where their specs come from.
 """
 from __future__ import annotations

@@ -3,7 +3,8 @@
 `ReplicaSpec` is self-contained (it carries a catalog-defined engine's command
 template with it) because it travels from the controller to an agent that has
 no catalog of its own. Its `spec_hash` covers everything that shapes the
-process -- engine and its template, source, args, env, GPU count -- and nothing
+process -- engine and its template, source, args, env, GPU count, and the
+adapters of an engine that loads them only at launch (llama.cpp) -- and nothing
 that does not (replica id, which GPU indices, port), so a controller that
 restarts can adopt a running replica whose hash still matches and replace one
 whose profile changed.
