@@ -214,7 +214,16 @@ class AnswerPath:
                     if tail:
                         await write(tail)
                         usage.feed(tail)
-                    await resp.write_eof()
+                    try:
+                        await resp.write_eof()
+                    except ConnectionError:
+                        # Every byte of the answer was written; only the chunked
+                        # framing's last empty chunk was not. A client that read
+                        # to the stream's end ([DONE]) and closed at once, before
+                        # the loop came back to this (an SDK does; a busy router's
+                        # loop comes back late), had its whole answer: served,
+                        # not a 499 of a client that left.
+                        pass
                     break
                 except UpstreamError as exc:
                     # The engine died (or went silent past upstream_idle_timeout)
