@@ -303,7 +303,7 @@ class Router:
             self.poller.close()
         if self.requests.dispatch.pool is not None:
             await self.requests.dispatch.pool.close()
-        self.parser.close()
+        await self.parser.aclose()
         self.trimmer.close()
         self.requests.close()
 
