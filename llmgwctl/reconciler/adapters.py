@@ -100,18 +100,18 @@ class AdapterPlacer:
             self._place_model(model, recs)
 
     def _swap(self, catalog: Catalog) -> None:
-        """A new catalog: its growing adapters found; a spread whose policy or bounds changed starts afresh."""
+        """A new catalog: its growing adapters found. A spread keeps its holders within its new bounds;
+        one whose policy changed forgets its history, so a shrink waits a whole window of the new policy."""
         self._growing = tuple((m, a) for m in catalog.models if m.lora_slots for a in m.adapters if a.grows)
         spreads = {}
         for _, adapter in self._growing:
             policy = adapter.autoscale.policy()
             old = self._spreads.get(adapter.name)
             floor, ceiling = adapter.replicas or 0, adapter.max_replicas or 0
-            if old is not None and old.policy == policy:
-                old.wanted = max(floor, min(ceiling, old.wanted))
-                spreads[adapter.name] = old
-            else:
-                spreads[adapter.name] = _Spread(policy, floor)
+            spread = old if old is not None and old.policy == policy else _Spread(policy, floor)
+            if old is not None:
+                spread.wanted = max(floor, min(ceiling, old.wanted))
+            spreads[adapter.name] = spread
         self._spreads = spreads
         if not spreads:
             self._read = None

@@ -164,7 +164,19 @@ def test_a_replica_leaving_gives_its_share_to_another_and_the_spread_recounts():
     assert len(serving) == 3
 
 
-def test_a_policy_edit_starts_the_spread_afresh_and_a_lower_max_takes_holders_at_once():
+def test_a_policy_edit_keeps_the_holders_and_waits_a_new_window_to_shrink():
+    cat, recs, load, clock, placer, _ = setup()
+    placer.place(cat)
+    passes(placer, cat, load, clock, inflight=9.5, n=3)
+    passes(placer, cat, load, clock, inflight=0.0, n=25)      # most of the old 30 s window calm
+    edited = catalog(GROWING.replace("target: 4, scale_down_window: 30s", "target: 5, scale_down_window: 20s"))
+    passes(placer, edited, load, clock, inflight=0.0, n=15)
+    assert len(holders(recs, "hot")) == 3
+    passes(placer, edited, load, clock, inflight=0.0, n=10)
+    assert len(holders(recs, "hot")) == 1
+
+
+def test_a_lower_max_takes_holders_at_once_and_a_fixed_count_too():
     cat, recs, load, clock, placer, _ = setup()
     placer.place(cat)
     passes(placer, cat, load, clock, inflight=9.5, n=3)
