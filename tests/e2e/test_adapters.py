@@ -11,7 +11,7 @@ import threading
 import requests
 import yaml
 
-from .fleet import Fleet, wait_until
+from .fleet import Fleet, hold_streams, wait_until
 
 
 def catalog(adapters: list[dict], replicas: int = 2) -> str:
@@ -180,33 +180,6 @@ models:
         replicas: {min: 1, max: 3}
         autoscale: {target: 2, scale_down_window: 3s}
 """
-STREAMS = 6
-
-
-def hold_adapter_streams(router: str, model: str, stop: threading.Event, seen: set[str]) -> list[threading.Thread]:
-    """STREAMS clients that each keep one slow stream of `model` open until `stop`; the replicas that
-    answered go into `seen`."""
-    def client() -> None:
-        with requests.Session() as session:
-            while not stop.is_set():
-                try:
-                    with session.post(router + "/v1/chat/completions", stream=True, timeout=30, json={
-                            "model": model, "stream": True, "max_tokens": 400,
-                            "messages": [{"role": "user", "content": "go"}]}) as resp:
-                        if resp.status_code == 200:
-                            seen.add(resp.headers["x-llmgw-replica"])
-                        for _ in resp.iter_lines():
-                            if stop.is_set():
-                                break       # closing the response ends the request at the router
-                except requests.RequestException:
-                    pass
-                stop.wait(0.1)
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(STREAMS)]
-    for t in threads:
-        t.start()
-    return threads
-
-
 def spread_of(fleet: Fleet, adapter: str) -> dict:
     model = next(m for m in fleet.status()["models"] if m["name"] == "base")
     return next(a for a in model["adapters"] if a["name"] == adapter)
@@ -227,7 +200,7 @@ def test_an_adapter_spreads_to_more_replicas_under_its_own_load_and_back_after_t
         before = pids(fleet)
 
         # Six streams held open at 2 per holder: 3 holders, its max.
-        threads = hold_adapter_streams(fleet.router, "hot", stop, seen)
+        threads = hold_streams(fleet.router, stop, "hot", seen)
         wait_until(lambda: len(loaded_on(fleet, "hot")) == 3, "hot loaded on three replicas under load", timeout=90)
         spread = spread_of(fleet, "hot")
         assert (spread["holders"], spread["of"], spread["max"]) == (3, 4, 3), spread

@@ -61,6 +61,15 @@ def passes(placer, cat, load, clock, inflight: float, n: int, name: str = "hot")
         placer.place(cat)
 
 
+def spread_to_three():
+    """`setup()`'s placer after three passes at 9.5 in flight on hot: spread to its max of 3."""
+    cat, recs, load, clock, placer, events = setup()
+    placer.place(cat)
+    passes(placer, cat, load, clock, inflight=9.5, n=3)
+    assert len(holders(recs, "hot")) == 3
+    return cat, recs, load, clock, placer, events
+
+
 def test_a_quiet_adapter_keeps_its_floor_and_a_busy_one_spreads_to_what_its_load_needs():
     cat, recs, load, clock, placer, events = setup()
     placer.place(cat)
@@ -103,9 +112,7 @@ def test_within_the_tolerance_band_nothing_moves():
 
 
 def test_it_shrinks_back_only_after_a_calm_window_and_the_holders_left_keep_it():
-    cat, recs, load, clock, placer, events = setup()
-    placer.place(cat)
-    passes(placer, cat, load, clock, inflight=9.5, n=3)
+    cat, recs, load, clock, placer, events = spread_to_three()
     before = holders(recs, "hot")
     assert len(before) == 3
     # The load stops: for most of the 30 s window the three stay.
@@ -144,9 +151,7 @@ def test_no_counters_no_spread_change():
 
 
 def test_a_counter_reset_is_no_reading_not_negative_load():
-    cat, recs, load, clock, placer, _ = setup()
-    placer.place(cat)
-    passes(placer, cat, load, clock, inflight=9.5, n=3)
+    cat, recs, load, clock, placer, _ = spread_to_three()
     load.counters["hot"] = 0.0      # the router restarted
     clock.now += 1
     placer.place(cat)
@@ -154,9 +159,7 @@ def test_a_counter_reset_is_no_reading_not_negative_load():
 
 
 def test_a_replica_leaving_gives_its_share_to_another_and_the_spread_recounts():
-    cat, recs, load, clock, placer, _ = setup()
-    placer.place(cat)
-    passes(placer, cat, load, clock, inflight=9.5, n=3)
+    cat, recs, load, clock, placer, _ = spread_to_three()
     gone = holders(recs, "hot")[0]
     recs[gone].state = ReplicaState.DRAINING
     passes(placer, cat, load, clock, inflight=9.5, n=1)
@@ -165,9 +168,7 @@ def test_a_replica_leaving_gives_its_share_to_another_and_the_spread_recounts():
 
 
 def test_a_policy_edit_keeps_the_holders_and_waits_a_new_window_to_shrink():
-    cat, recs, load, clock, placer, _ = setup()
-    placer.place(cat)
-    passes(placer, cat, load, clock, inflight=9.5, n=3)
+    cat, recs, load, clock, placer, _ = spread_to_three()
     passes(placer, cat, load, clock, inflight=0.0, n=25)      # most of the old 30 s window calm
     edited = catalog(GROWING.replace("target: 4, scale_down_window: 30s", "target: 5, scale_down_window: 20s"))
     passes(placer, edited, load, clock, inflight=0.0, n=15)
@@ -177,10 +178,7 @@ def test_a_policy_edit_keeps_the_holders_and_waits_a_new_window_to_shrink():
 
 
 def test_a_lower_max_takes_holders_at_once_and_a_fixed_count_too():
-    cat, recs, load, clock, placer, _ = setup()
-    placer.place(cat)
-    passes(placer, cat, load, clock, inflight=9.5, n=3)
-    assert len(holders(recs, "hot")) == 3
+    cat, recs, load, clock, placer, _ = spread_to_three()
     lower = catalog(GROWING.replace("max: 3", "max: 2"))
     clock.now += 1
     load.run("hot", 9.5)
