@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 
+import pytest
 import requests
 import yaml
 
@@ -185,7 +186,9 @@ def spread_of(fleet: Fleet, adapter: str) -> dict:
     return next(a for a in model["adapters"] if a["name"] == adapter)
 
 
-def test_an_adapter_spreads_to_more_replicas_under_its_own_load_and_back_after_the_window(tmp_path):
+@pytest.mark.parametrize("through", ["serve", "standalone"])
+def test_an_adapter_spreads_to_more_replicas_under_its_own_load_and_back_after_the_window(tmp_path, through):
+    # Through `serve`'s own router, or a standalone router whose usage reports carry the adapter's counter.
     fleet = Fleet(tmp_path)
     (fleet.catalogs / "models.yaml").write_text(SPREAD)
     stop = threading.Event()
@@ -196,11 +199,14 @@ def test_an_adapter_spreads_to_more_replicas_under_its_own_load_and_back_after_t
         wait_until(lambda: len(fleet.ready("base")) == 4, "four base replicas ready")
         wait_until(lambda: len(loaded_on(fleet, "hot")) == 1, "hot loaded on one replica")
         (first,) = loaded_on(fleet, "hot")
-        wait_until(lambda: fleet.chat("hot").status_code == 200, "the router routing hot")
+        router = fleet.router if through == "serve" else fleet.start_router()
+        wait_until(lambda: requests.post(router + "/v1/chat/completions", timeout=30, json={
+            "model": "hot", "messages": [{"role": "user", "content": "hi"}]}).status_code == 200,
+            "the router routing hot")
         before = pids(fleet)
 
         # Six streams held open at 2 per holder: 3 holders, its max.
-        threads = hold_streams(fleet.router, stop, "hot", seen)
+        threads = hold_streams(router, stop, "hot", seen)
         wait_until(lambda: len(loaded_on(fleet, "hot")) == 3, "hot loaded on three replicas under load", timeout=90)
         spread = spread_of(fleet, "hot")
         assert (spread["holders"], spread["of"], spread["max"]) == (3, 4, 3), spread
