@@ -149,7 +149,7 @@ class AdapterPlacer:
             spread = self._spreads.get(adapter.name) if adapter.grows else None
             out.append(AdapterSpread(
                 adapter.name, self._holders.get(adapter.name, 0), live, adapter.replicas,
-                adapter.max_replicas if adapter.grows else (None if adapter.replicas is None else adapter.replicas),
+                adapter.max_replicas if adapter.grows else adapter.replicas,
                 spread.load if spread is not None else None,
                 spread.policy.target if spread is not None else None))
         return tuple(out)

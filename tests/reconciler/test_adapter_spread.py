@@ -189,3 +189,42 @@ def test_a_lower_max_takes_holders_at_once_and_a_fixed_count_too():
     clock.now += 1
     placer.place(fixed)
     assert len(holders(recs, "hot")) == 1
+
+
+def test_through_the_reconciler_status_metrics_and_events_say_how_far_and_why():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from llmgwctl.cli.status import render
+    from llmgwctl.observability.metrics import ControlMetrics
+
+    from .test_reconciler import World, converge
+    from .test_status_rows import control
+
+    cat = load_text("apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n  - name: base\n    replicas: 4\n"
+                    "    profiles: [{name: p, engine: fake, pool: gpu, gpus: 0}]\n"
+                    "    adapters:\n" + GROWING)
+    w = World(cat, settle=0)
+    load = Load()
+    w.rec.adapters.load = load
+    converge(w)
+    assert sum("hot" in [a.name for a in s.adapters] for s in w.desired.get("n1")[1]) == 1
+    for _ in range(4):
+        load.run("hot", 9.5)
+        w.step()
+    assert sum("hot" in [a.name for a in s.adapters] for s in w.desired.get("n1")[1]) == 3
+    status = w.rec.status()
+    (base,) = status["models"]
+    hot, cold = base["adapters"]
+    assert (hot["name"], hot["holders"], hot["of"], hot["min"], hot["max"]) == ("hot", 3, 4, 1, 3)
+    assert hot["reason"].startswith("spread to 3 of 4 replicas: 9.5 in flight against a target of 4")
+    assert (cold["holders"], cold["load"]) == (1, None)
+    text = render(status | {"catalog": {"version": "v", "models": 1, "directory": "catalogs"}}, now=w.clock.now)
+    assert "adapter hot of base spread to 3 of 4 replicas: 9.5 in flight against a target of 4" in text
+    assert "adapter cold" not in text       # a fixed adapter's holders are on the replica lines
+    assert any(e["kind"] == "adapter-spread" for e in status["events"])
+    metrics = ControlMetrics(lambda: control(w), process=False)
+    found = {(s.name, s.labels.get("adapter")): s.value
+             for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples
+             if s.name.startswith("llmgw_adapter_")}
+    assert found[("llmgw_adapter_spread", "hot")] == 3 and found[("llmgw_adapter_inflight", "hot")] == 9.5
+    assert ("llmgw_adapter_spread", "cold") not in found
