@@ -6,11 +6,13 @@ reply's model) are both visible. Every wait is bounded (wait_until).
 """
 import os
 import signal
+import threading
 
+import pytest
 import requests
 import yaml
 
-from .fleet import Fleet, wait_until
+from .fleet import Fleet, hold_streams, wait_until
 
 
 def catalog(adapters: list[dict], replicas: int = 2) -> str:
@@ -161,4 +163,75 @@ def test_a_standalone_router_routes_adapters_from_the_watch_stream(tmp_path):
         wait_until(lambda: ask().status_code == 200, "the standalone router routing sql")
         assert {answered_by(ask()) for _ in range(10)} == {holder}
     finally:
+        fleet.close()
+
+
+SPREAD = """\
+apiVersion: llmgw/v1
+kind: Catalog
+models:
+  - name: base
+    replicas: 4
+    lora: {max_loras: 4}
+    profiles:
+      - {name: cpu, engine: fake, gpus: 0, args: ["--tokens-per-second", "20"]}
+    adapters:
+      - name: hot
+        source: org/hot-lora
+        replicas: {min: 1, max: 3}
+        autoscale: {target: 2, scale_down_window: 3s}
+"""
+def spread_of(fleet: Fleet, adapter: str) -> dict:
+    model = next(m for m in fleet.status()["models"] if m["name"] == "base")
+    return next(a for a in model["adapters"] if a["name"] == adapter)
+
+
+@pytest.mark.parametrize("through", ["serve", "standalone"])
+def test_an_adapter_spreads_to_more_replicas_under_its_own_load_and_back_after_the_window(tmp_path, through):
+    # Through `serve`'s own router, or a standalone router whose usage reports carry the adapter's counter.
+    fleet = Fleet(tmp_path)
+    (fleet.catalogs / "models.yaml").write_text(SPREAD)
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    seen: set[str] = set()
+    try:
+        fleet.start_serve("--settle", "1")
+        wait_until(lambda: len(fleet.ready("base")) == 4, "four base replicas ready")
+        wait_until(lambda: len(loaded_on(fleet, "hot")) == 1, "hot loaded on one replica")
+        (first,) = loaded_on(fleet, "hot")
+        router = fleet.router if through == "serve" else fleet.start_router()
+        wait_until(lambda: requests.post(router + "/v1/chat/completions", timeout=30, json={
+            "model": "hot", "messages": [{"role": "user", "content": "hi"}]}).status_code == 200,
+            "the router routing hot")
+        before = pids(fleet)
+
+        # Six streams held open at 2 per holder: 3 holders, its max.
+        threads = hold_streams(router, stop, "hot", seen)
+        wait_until(lambda: len(loaded_on(fleet, "hot")) == 3, "hot loaded on three replicas under load", timeout=90)
+        spread = spread_of(fleet, "hot")
+        assert (spread["holders"], spread["of"], spread["max"]) == (3, 4, 3), spread
+        assert spread["reason"].startswith("spread to 3 of 4 replicas: ") and "against a target of 2" in spread["reason"]
+        # Its requests reach the new holders, not only the first.
+        wait_until(lambda: len(seen) == 3, "hot's requests answered by its three holders", timeout=60)
+        assert seen == set(loaded_on(fleet, "hot")) and first in seen
+        events = [e["message"] for e in fleet.status()["events"] if e["kind"] == "adapter-spread"]
+        assert events and "adapter hot of base: spread to" in events[0], events
+        # Visible in metrics too.
+        metrics = requests.get(fleet.control + "/metrics", timeout=10).text
+        assert 'llmgw_adapter_spread{model="base",adapter="hot"} 3' in metrics
+
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        wait_until(lambda: len(loaded_on(fleet, "hot")) == 1 and len(holders(fleet, "hot")) == 1,
+                   "hot back on one replica after the window", timeout=90)
+        assert spread_of(fleet, "hot")["holders"] == 1
+        assert any("back to 1 replica" in e["message"] for e in fleet.status()["events"]
+                   if e["kind"] == "adapter-spread")
+        assert fleet.chat("hot").status_code == 200, "the holder left serves it"
+        assert pids(fleet) == before, "a spread loads and unloads: no engine restarted"
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
         fleet.close()

@@ -64,6 +64,30 @@ def test_adapter_requests_go_to_holders_as_the_adapter_and_503_while_none_holds_
     assert listed["sql-lora"]["llmgw"]["alias_of"] == "sql" and listed["chat"]["llmgw"]["ready_replicas"] == 0
     one_model = requests.get(rt.url + "/v1/models/sql-lora", timeout=10).json()
     assert one_model["parent"] == "base"
+    # Each adapter request counted under the adapter's own name (the alias too), for its spread;
+    # the base's requests and the refused ones are no adapter's load.
+    busy = rt.call(rt.router.adapter_inflight_seconds)
+    assert set(busy) == {"sql"} and busy["sql"] > 0
+    assert rt.call(lambda: rt.router.balancer.adapters.inflight("sql")) == 0
+
+
+def test_the_adapter_counter_integrates_in_flight_over_time_and_forgets_names_the_catalog_dropped():
+    from llmgwctl.router.adapterload import AdapterLoad
+    now = [0.0]
+    load = AdapterLoad(lambda: now[0])
+    load.started("sql")
+    now[0] = 2.0
+    load.started("sql")
+    load.started("chat")
+    now[0] = 3.0
+    load.finished("sql")
+    assert load.inflight_seconds() == {"sql": 4.0, "chat": 1.0}
+    now[0] = 5.0
+    assert load.inflight_seconds() == {"sql": 6.0, "chat": 3.0}
+    load.retain(["chat"])           # sql still has a request in flight: kept until it ends
+    load.finished("sql")
+    load.retain(["chat"])
+    assert set(load.inflight_seconds()) == {"chat"}
 
 
 def test_clients_cannot_reach_the_engines_adapter_routes(engines, routers):
