@@ -3,7 +3,8 @@
 What a person at the page sees: a replica that turns ready appears without a
 reload (the status stream), a rejected edit shows every error with its
 file:line:col, catalog text stays text (no markup from a catalog runs), the
-page reads at a phone's width, and with a token the page asks for it.
+page reads at a phone's width, with a token the page asks for it, and a
+replica's LoRA adapters show with the engine's reason for one that failed.
 Screenshots are kept (under $LLMGW_ARTIFACTS, else the test's tmp_path) and
 their paths printed.
 

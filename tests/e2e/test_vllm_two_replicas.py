@@ -20,10 +20,10 @@ are all answered by the replica status says holds it (the router's
 X-LLMGW-Replica), the other replica's own vLLM does not serve it, and
 requests for the base still go to both.
 
-One module-scoped serve; short answers (8 tokens) so the cost is the
-engines' start. Skipped when vLLM, the model file, the conversion's modules
-or peft are missing, unless LLMGW_REQUIRE_VLLM=1 (.ci/run sets it): then
-their absence fails.
+One module-scoped serve; short answers (8 tokens, 4 for the adapter's) so
+the cost is the engines' start. Skipped when vLLM, the model file, the
+conversion's modules or peft are missing, unless LLMGW_REQUIRE_VLLM=1
+(.ci/run sets it): then their absence fails.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ REQUEST_TIMEOUT = 300.0
 pytestmark = pytest.mark.timeout(1800)
 SERVE_ARGS = ("--settle", "2", "--poll-interval", "0.5")
 TURNS = 6
-ADAPTER = "smollm2-tuned"
+ADAPTER = "smollm2-first"
 ASKS = 20
 
 
@@ -68,7 +68,8 @@ def two_replicas(adapter: str) -> str:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, request):
-    adapter = lora_adapter(converted_dir(check_prerequisites()), "tuned", seed=3)
+    # test_vllm_lora.py's first adapter: one made (and cached) for both modules.
+    adapter = lora_adapter(converted_dir(check_prerequisites()), "first", seed=1)
     with served_vllm(tmp_path_factory.mktemp("vllm-two"), {"vllm.yaml": two_replicas(str(adapter))}, request,
                      *SERVE_ARGS, replicas=2, ready_timeout=READY_TIMEOUT, what="vllm two replicas e2e") as fleet:
         yield fleet
@@ -110,7 +111,7 @@ def test_a_six_turn_responses_conversation_across_two_vllm_replicas_has_no_faile
 
 def ask(fleet: Fleet, model: str, content: str) -> requests.Response:
     return requests.post(fleet.router + "/v1/chat/completions", timeout=REQUEST_TIMEOUT, json={
-        "model": model, "messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": 8})
+        "model": model, "messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": 4})
 
 
 def holders(fleet: Fleet) -> list[str]:
@@ -123,6 +124,7 @@ def test_an_adapter_on_one_of_two_vllm_replicas_gets_all_its_requests(served):
     wait_until(lambda: len(holders(served)) == 1, f"{ADAPTER} loaded on one replica", timeout=REQUEST_TIMEOUT)
     (holder,) = holders(served)
     wait_until(lambda: ask(served, ADAPTER, "hi").status_code == 200, "the router routing the adapter")
+    loaded_in = time.monotonic() - started
     answered = []
     for i in range(ASKS):
         reply = ask(served, ADAPTER, f"Name a colour, number {i}.")
@@ -130,6 +132,7 @@ def test_an_adapter_on_one_of_two_vllm_replicas_gets_all_its_requests(served):
         assert reply.json()["model"] == ADAPTER
         answered.append(reply.headers["x-llmgw-replica"])
     assert answered == [holder] * ASKS, answered
+    asked_in = time.monotonic() - started - loaded_in
     # The other engine does not serve it: without the router's placement, half would be vLLM's 404.
     (other,) = [r for r in served.ready(MODEL) if r["id"] != holder]
     served_there = [m["id"] for m in requests.get(other["url"] + "/v1/models", timeout=10).json()["data"]]
@@ -139,4 +142,5 @@ def test_an_adapter_on_one_of_two_vllm_replicas_gets_all_its_requests(served):
     assert all(r.status_code == 200 for r in base), [r.text for r in base if r.status_code != 200]
     assert {r.headers["x-llmgw-replica"] for r in base} == {holder, other["id"]}
     served.say(f"vllm two replicas e2e: {ASKS} of {ASKS} adapter requests on {holder}, the base on both; "
+               f"loaded and routed {loaded_in:.1f}s, {ASKS} adapter requests {asked_in:.1f}s, "
                f"test body {time.monotonic() - started:.1f}s")
