@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
+import os
 import re
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -163,12 +164,33 @@ def _parse_off_loop(body: bytes, key: str, prompt: PromptReader | None, max_dept
                  lone_surrogate=lone_surrogate(body) if type(model) is str else None)
 
 
+# How much less CPU the worker claims than the router when both want it.
+# Each step of `nice` is about 1.25x less weight to Linux's scheduler, so
+# at +10 the router's loop gets ~90 % of a contended core: a client's
+# million-key body waits for spare CPU instead of taking it from every
+# other request (issue 27's bench: two hostile clients kept the worker
+# busy a core-second at a time, on a 2-core machine where serve's loop,
+# its engines and their clients shared what was left).
+WORKER_NICENESS = 10
+
+
+def _start_worker() -> None:
+    """The worker's start: below the router in CPU priority, and its heap tuned as the router's is."""
+    try:
+        os.nice(WORKER_NICENESS)
+    except OSError:     # a platform or sandbox that refuses it: the worker runs at the router's priority
+        pass
+    # A million-key body's tables are given back when freed.
+    allocator.tune()
+
+
 class OffLoop:
     """A worker process that parses the bodies too costly for the loop (see the module docstring).
 
     One worker: a body of a million values costs it a second or so, and it
     runs beside the loop, on another core when there is one, instead of in
-    it. At most `max_waiting` bodies are with it at once (running or
+    it, and at a lower CPU priority (`WORKER_NICENESS`), so where there is
+    no spare core the loop still comes first. At most `max_waiting` bodies are with it at once (running or
     queued); past that WorkerBusy, so a flood of them costs a bounded queue
     and the memory of its bodies, not the whole router's. The worker starts
     on the first body it gets (spawned: a fresh interpreter, never a fork of
@@ -189,9 +211,8 @@ class OffLoop:
         if self._waiting >= self.max_waiting:
             raise WorkerBusy(f"{self._waiting} large bodies are being parsed")
         if self._pool is None:
-            # Tuned as the router is: a million-key body's tables are given back when freed.
             self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=allocator.tune)
+                                             initializer=_start_worker)
         pool = self._pool
         self._waiting += 1
         try:

@@ -120,3 +120,38 @@ def test_a_too_long_name_parsed_off_the_loop_comes_back_cut_and_keeps_its_length
     assert len(facts.model) == errors.MAX_NAME_CHARS + 1 and facts.model_chars == 3 << 20
     message = json.loads(errors.name_too_long(facts.model, facts.model_chars).body)["error"]["message"]
     assert f"({3 << 20} characters)" in message and "q" * 101 not in message
+
+
+def _spawned_children() -> list[int]:
+    """This process's children started by multiprocessing's spawn (not its resource tracker)."""
+    import os
+    me, kids = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if b"spawn_main" in f.read():
+                        kids.append(int(entry))
+    return kids
+
+
+def test_the_body_parser_worker_yields_the_cpu_to_the_router():
+    # Where no core is spare, a client's million-value body must wait for
+    # the router's loop, not the other way round: the worker runs niced.
+    import os
+    before = set(_spawned_children())
+    worker = jsonbody.OffLoop()
+    try:
+        body = b'{"model":"good","messages":[],' + b",".join(b'"k%d":0' % i for i in range(60_000)) + b"}"
+        facts = asyncio.run(worker.parse(body, "model", None, 64))
+        assert facts.model == "good" and facts.off_loop
+        (pid,) = set(_spawned_children()) - before
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, mine + jsonbody.WORKER_NICENESS)
+    finally:
+        worker.close()
