@@ -6,6 +6,8 @@ reply's model) are both visible. Every wait is bounded (wait_until).
 """
 import os
 import signal
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -15,12 +17,12 @@ import yaml
 from .fleet import Fleet, hold_streams, wait_until
 
 
-def catalog(adapters: list[dict], replicas: int = 2) -> str:
+def catalog(adapters: list[dict], replicas: int = 2, args: tuple[str, ...] = ()) -> str:
     return yaml.safe_dump({"apiVersion": "llmgw/v1", "kind": "Catalog", "models": [{
         "name": "base", "replicas": replicas,
         # lora: written, so the first adapter loads without a restart too.
         "lora": {"max_loras": 4},
-        "profiles": [{"name": "cpu", "engine": "fake", "gpus": 0}],
+        "profiles": [{"name": "cpu", "engine": "fake", "gpus": 0, **({"args": list(args)} if args else {})}],
         **({"adapters": adapters} if adapters else {}),
     }]})
 
@@ -126,6 +128,40 @@ def test_an_adapter_that_cannot_load_is_retried_and_says_why_and_its_requests_ge
         missing.mkdir()
         wait_until(lambda: holders(fleet, "broken") == {row["id"]: "loaded"}, "the retried load", timeout=60)
         wait_until(lambda: fleet.chat("broken").status_code == 200, "the router routing it")
+    finally:
+        fleet.close()
+
+
+def test_a_load_the_engine_refuses_shows_its_words_in_status_and_loads_once_there_is_room(tmp_path):
+    # The engine holds one adapter (the fake's --max-adapters): the second's load reaches it and is refused.
+    fleet = Fleet(tmp_path)
+    models = fleet.catalogs / "models.yaml"
+    first, second = {"name": "first", "source": "org/first"}, {"name": "second", "source": "org/second"}
+    models.write_text(catalog([first, second], replicas=1, args=("--max-adapters", "1")))
+    try:
+        fleet.start_serve("--settle", "1")
+        wait_until(lambda: len(fleet.ready("base")) == 1, "the base replica ready")
+        rid = fleet.ready("base")[0]["id"]
+        wait_until(lambda: holders(fleet, "second") == {rid: "failed"}, "second's load refused")
+        assert holders(fleet, "first") == {rid: "loaded"}
+        reason = next(a["reason"] for a in fleet.replicas("base")[0]["adapters"] if a["name"] == "second")
+        assert reason.startswith("engine answered 400: ") and "holds at most 1 adapters" in reason, reason
+        # `llmgwctl status` says it on the replica's adapters line and with the engine's words.
+        out = subprocess.run([sys.executable, "-m", "llmgwctl", "status", "--controller", fleet.control],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        text = " ".join(out.stdout.split())     # its long lines are wrapped
+        assert f"{rid} adapters: first, second (failed)" in text, out.stdout
+        assert f"{rid} adapter second failed: engine answered 400: Loading lora second failed" in text, out.stdout
+        reply = fleet.chat("second")
+        assert reply.status_code == 503 and reply.json()["error"]["code"] == "adapter_not_loaded"
+        assert "second" in reply.json()["error"]["message"]
+        assert fleet.chat("first").status_code == 200
+        # first leaves the catalog: unloaded, and second's next retry finds the room.
+        models.write_text(catalog([second], replicas=1, args=("--max-adapters", "1")))
+        wait_until(lambda: holders(fleet, "second") == {rid: "loaded"}, "second loaded on a retry", timeout=60)
+        wait_until(lambda: fleet.chat("second").status_code == 200, "the router routing second")
+        assert "adapter second did not load (retrying in" in fleet.log("serve")
     finally:
         fleet.close()
 

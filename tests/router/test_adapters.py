@@ -100,3 +100,22 @@ def test_clients_cannot_reach_the_engines_adapter_routes(engines, routers):
         assert refused.status_code == 404, refused.text
     cards = requests.get(one.url + "/v1/models", timeout=10).json()["data"]
     assert [c["id"] for c in cards] == ["base"]
+
+
+def test_an_adapters_requests_are_counted_under_its_name_answered_or_refused(engines, routers):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    one = engines("base", "r1", "--max-loras", "2")
+    load(one, "sql")
+    rt = routers(make_router(catalog(BASE)))
+    rt.set_endpoints([dataclasses.replace(one.endpoint(), adapters=frozenset({"sql"}))])
+    for model in ("sql", "sql-lora", "base", "chat"):
+        ask(rt.url, model)
+    page = requests.get(rt.url + "/metrics", timeout=10).text
+    samples = [s for f in text_string_to_metric_families(page) for s in f.samples]
+    requests_by = {(s.labels["model"], s.labels["code"]): s.value for s in samples
+                   if s.name == "llmgw_router_requests_total"}
+    # Per adapter (an alias counts as its adapter), apart from its base: answered and refused alike.
+    assert requests_by == {("sql", "200"): 2, ("base", "200"): 1, ("chat", "503"): 1}, requests_by
+    durations = {s.labels["model"]: s.value for s in samples if s.name == "llmgw_router_request_duration_seconds_count"}
+    assert durations == {"sql": 2, "base": 1}, durations
