@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from .bounds import MAX_REPLICAS, check_numbers
+from .bounds import MAX_REPLICAS, check_autoscale, check_numbers
 from .engine_env import env_refusal
 from .errors import Problem
 from .multinode import check_multinode
 
 if TYPE_CHECKING:
-    from .model import EngineSpec, Model, Profile
+    from .model import Adapter, EngineSpec, Model, Profile
 
 # How the router picks among a model's replicas: the labels of
 # llmgwctl.router.policies.Policy, the registry that implements them, which
@@ -109,6 +109,7 @@ def _check_lora(model: Model) -> Iterable[tuple[tuple[str | int, ...], str]]:
         if adapter.replicas is not None and (isinstance(adapter.replicas, bool) or not isinstance(adapter.replicas, int)
                                              or not 1 <= adapter.replicas <= MAX_REPLICAS):
             yield ("adapters", j, "replicas"), f"expected all or an integer from 1 to {MAX_REPLICAS}, got {adapter.replicas!r}"
+        yield from _check_spread(adapter, ("adapters", j))
         for i, message in _alias_repeats(adapter.name, adapter.aliases, "adapter"):
             yield ("adapters", j, "aliases", i), message
 
@@ -136,6 +137,31 @@ def _check_launch_lora(model: Model, engine: str) -> Iterable[tuple[tuple[str | 
             yield ("adapters", j, "replicas"), (
                 f"{engine} loads adapters only at launch, so each replica of its base holds every adapter: "
                 "remove replicas (or write all)")
+
+
+def _check_spread(adapter: Adapter, at: tuple[str | int, ...]) -> Iterable[tuple[tuple[str | int, ...], str]]:
+    """An adapter that may grow: a ceiling at or above its floor, and a policy on its in-flight requests.
+
+    Only `inflight`: the routers count an adapter's requests, but an engine's
+    queue and KV cache are its base's, shared by every adapter on it.
+    """
+    from .model import Autoscale  # at call time: `model` imports this module
+    if adapter.max_replicas is None:
+        if adapter.autoscale != Autoscale():
+            yield (*at, "autoscale"), ("an adapter scales only between replicas {min, max}; write replicas as "
+                                       "{min: N, max: M} or remove autoscale")
+        return
+    floor, ceiling = adapter.replicas, adapter.max_replicas
+    if isinstance(ceiling, bool) or not isinstance(ceiling, int) or not 1 <= ceiling <= MAX_REPLICAS:
+        yield (*at, "replicas", "max"), f"expected an integer from 1 to {MAX_REPLICAS}, got {ceiling!r}"
+    elif isinstance(floor, int) and ceiling < floor:
+        yield (*at, "replicas", "max"), f"max {ceiling} is below min {floor}"
+    if adapter.autoscale.metric != "inflight":
+        yield (*at, "autoscale", "metric"), (f"an adapter scales on inflight only, not {adapter.autoscale.metric!r}: "
+                                             "the engine's queue and KV cache are its base's, shared by its adapters")
+        return
+    for path, message in check_autoscale(adapter.autoscale):
+        yield (*at, *path), message
 
 
 def _check_env(profile: Profile) -> Iterable[tuple[tuple[str | int, ...], str]]:

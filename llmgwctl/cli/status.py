@@ -128,6 +128,11 @@ def render(status: dict[str, Any], now: float | None = None, events: int = 8, wi
             out.extend(_wrap(f"{m['name']} falls back to " + " -> ".join(
                 f"{name} ({ready.get(name, 0)} ready)" for name in m["fallbacks"])))
     for m in status["models"]:
+        for a in m.get("adapters") or ():
+            # Only the adapters whose spread follows their load: a fixed one's holders are on the replica lines.
+            if a.get("max") is not None and a.get("min") is not None and a["max"] > a["min"]:
+                out.extend(_wrap(f"adapter {a['name']} of {m['name']} {a['reason']}"))
+    for m in status["models"]:
         if m.get("unplaceable"):
             never = " (never, with this fleet)" if m.get("unplaceable_permanent") else ""
             out.extend(_wrap(f"cannot place {m['name']}{never}: {m['unplaceable']}"))

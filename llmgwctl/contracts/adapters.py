@@ -12,6 +12,7 @@ whose spec still wants it.
     AdapterSpec    name (what the engine serves it as), source (what it loads)
     AdapterStatus  name, state (loading, loaded, failed, unloading), reason (the engine's, when it failed),
                    engine_id (llama.cpp's number for it, which a request names it by; None elsewhere)
+    AdapterSpread  per adapter of a model, for status: how many of the base's replicas hold it and why
 """
 from __future__ import annotations
 
@@ -77,6 +78,40 @@ class AdapterStatus:
         if engine_id is not None and (type(engine_id) is not int or not 0 <= engine_id < MAX_ENGINE_ID):
             raise ValueError(f"adapter status {dict(data)!r}: engine_id must be an integer from 0 to {MAX_ENGINE_ID - 1}")
         return cls(name, str(state), str(data.get("reason") or "")[:MAX_ADAPTER_REASON], engine_id)
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterSpread:
+    """One adapter's spread over its base's replicas as the controller placed it, for status.
+
+    `holders` of `of` replicas that serve (ready or starting); `load` the
+    in-flight requests its spread was last decided on (None: it does not
+    grow with load, or no reading yet) against `target` per holder;
+    `floor` and `ceiling` from the catalog (`ceiling` None: every replica).
+    """
+
+    name: str
+    holders: int
+    of: int
+    floor: int | None = None
+    ceiling: int | None = None
+    load: float | None = None
+    target: float | None = None
+
+    def why(self) -> str:
+        """The status line's reason, e.g. "spread to 3 of 4 replicas: 9.5 in flight against a target of 4"."""
+        where = f"{self.holders} of {self.of} replica{'s' if self.of != 1 else ''}"
+        if self.ceiling is None:
+            return f"on {where}: replicas all" if self.floor is None else f"on {where}: replicas {self.floor}"
+        if self.load is None:
+            return f"on {where}: no load measured yet (min {self.floor}, max {self.ceiling})"
+        verb = "spread to" if self.floor is not None and self.holders > self.floor else "on"
+        return (f"{verb} {where}: {self.load:.3g} in flight against a target of {self.target:g}"
+                f" (min {self.floor}, max {self.ceiling})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "holders": self.holders, "of": self.of, "min": self.floor, "max": self.ceiling,
+                "load": self.load, "target": self.target, "reason": self.why()}
 
 
 def adapter_specs(raw: Any) -> tuple[AdapterSpec, ...]:

@@ -140,3 +140,44 @@ models:
     assert any("models[0].adapters[1].replicas" in p for p in found)
     assert any("models[0].adapters[2].aliases[0]: alias 'c' repeats the adapter's own name" in p for p in found)
     assert any("models[0].adapters[3]" in p and "extra" in p for p in found)
+
+
+def test_an_adapter_that_grows_with_its_load_parses_round_trips_and_resolves_its_policy():
+    text = BASE + """\
+      - name: hot
+        replicas: {min: 1, max: 3}
+        autoscale: {target: 4, scale_down_window: 20s}
+"""
+    catalog = load_text(text)
+    hot = catalog.adapter("hot").adapter
+    assert (hot.replicas, hot.max_replicas, hot.grows) == (1, 3, True)
+    policy = hot.autoscale.policy()
+    assert (policy.metric, policy.target, policy.scale_down_window) == ("inflight", 4.0, 20.0)
+    assert load_document(catalog.to_dict()) == catalog
+    # `replicas: N` and `all` stay as they were: fixed.
+    sql, chat = catalog.models[0].adapters[:2]
+    assert not sql.grows and not chat.grows and sql.max_replicas is None
+
+
+def test_a_growing_adapters_bounds_and_policy_are_checked_at_their_line():
+    text = HEADER + """\
+models:
+  - name: base
+    profiles: [{engine: fake}]
+    adapters:
+      - {name: a, replicas: {min: 3, max: 2}}
+      - {name: b, replicas: {min: 1, max: 2}, autoscale: {metric: kv_cache}}
+      - {name: c, replicas: 2, autoscale: {target: 3}}
+      - {name: d, replicas: {min: 1, max: 2}, autoscale: {target: 0}}
+      - {name: e, replicas: {min: 1}}
+      - {name: f, replicas: {min: 1, max: 2}, autoscale: {scale_down_window: soon}}
+"""
+    found = problems(text)
+    assert any(p.startswith("c.yaml:7:43:") and "models[0].adapters[0].replicas.max: max 2 is below min 3" in p
+               for p in found), found
+    assert any("models[0].adapters[1].autoscale.metric: an adapter scales on inflight only" in p for p in found)
+    assert any("models[0].adapters[2].autoscale: an adapter scales only between replicas {min, max}" in p
+               for p in found)
+    assert any("models[0].adapters[3].autoscale.target" in p for p in found)
+    assert any("models[0].adapters[4].replicas" in p for p in found)
+    assert any("models[0].adapters[5].autoscale.scale_down_window" in p for p in found), found
