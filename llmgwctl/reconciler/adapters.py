@@ -21,7 +21,10 @@ when a count moved, the catalog swapped or a record changed.
 
 The answer is written into each record's spec (`ReplicaSpec.adapters`),
 outside its hash, so the node's desired list changes and its agent loads or
-unloads without restarting the engine (agent/adapters.py); the router's
+unloads without restarting the engine (agent/adapters.py). A replica of an
+engine that loads adapters only at launch (llama.cpp) is left alone: its
+spec got every adapter of its model when it was made, in its hash, so an
+adapter edit makes it stale and placement replaces it, surge first. The router's
 endpoint lists an adapter only where it is both placed and reported loaded
 (publishing.py), so traffic leaves a replica before its adapter is unloaded.
 It must not know how adapters are loaded or routed.
@@ -33,6 +36,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from ..catalog import Adapter, Catalog, Model, ScalingPolicy
+from ..catalog.modelrules import LAUNCH_LORA_ENGINES
 from ..contracts import AdapterLoadSource, AdapterSpec, AdapterSpread, ReplicaState
 from .autoscale import Autoscaler, Signal
 from .records import Records, Replica, is_worker
@@ -91,7 +95,9 @@ class AdapterPlacer:
             return
         by_model: dict[str, list[Replica]] = {}
         for rec in records.values():
-            if not is_worker(rec.spec):     # a group's adapters are its head's to load: it serves the API
+            # A group's adapters are its head's to load: it serves the API. A
+            # launch-time engine's are its spec's for life.
+            if not is_worker(rec.spec) and rec.spec.engine not in LAUNCH_LORA_ENGINES:
                 by_model.setdefault(rec.spec.model, []).append(rec)
         self._live.clear()
         self._holders.clear()

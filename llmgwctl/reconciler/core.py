@@ -62,7 +62,7 @@ from .desired import DesiredStore
 from .groups import GroupKeeper
 from .incremental import IncrementalMismatch, checked
 from .maintenance import SURGE_WAIT, Maintenance
-from .placement_input import PlacementInput, SpecHashes, profile_of
+from .placement_input import PlacementInput, SpecHashes, profile_of, replaced_why
 from .planning import Planner
 from .publishing import Publisher
 from .records import Records, Replica
@@ -384,9 +384,14 @@ class Reconciler:
                       for a in plan.start],
             "stop": [{"id": s.replica_id, "model": by_id[s.replica_id].model if s.replica_id in by_id else "",
                       "reason": s.reason} for s in plan.stop],
-            "replace": [{"id": r.replica_id, "model": r.model, "profile": r.profile, "node": r.node} for r in stale],
+            "replace": [{"id": r.replica_id, "model": r.model, "profile": r.profile, "node": r.node,
+                         "why": self._replaced_why(r.replica_id, catalog)} for r in stale],
             "unplaceable": {u.model: u.reason for u in plan.unplaceable},
         }
+
+    def _replaced_why(self, replica_id: str, catalog: Catalog) -> str:
+        rec = self.replicas.get(replica_id)
+        return replaced_why(rec.spec, catalog.resolve(rec.spec.model)) if rec is not None else "profile changed"
 
     # --- for status -----------------------------------------------------------
 

@@ -25,7 +25,7 @@ from time import perf_counter
 from aiohttp import web
 
 from ..observability.metrics import RouterMetrics
-from . import errors
+from . import errors, loraselect
 from .affinity import Affinity
 from .answer import AnswerPath
 from .balancer import Balancer, EndpointState
@@ -170,6 +170,8 @@ class Dispatch:
         elsewhere.
         """
         balancer = self._balancer
+        # The adapter in the body, for an engine that takes it there (llama.cpp).
+        body = loraselect.for_endpoint(call, state, body)
         balancer.started(state)
         if call.base:       # a LoRA adapter's request: its own load, which its spread follows
             balancer.adapters.started(call.model)

