@@ -14,13 +14,19 @@ in this process:
            a 10 GB Content-Length, a body without end, header lines without
            end, a header growing without end, headers never sent, a
            redirect, a /metrics page of a million series, one of 100 MB, and
-           a redirecting one; --hostile-clients clients keep sending requests
-           to each of them
+           a redirecting one; --hostile-clients clients, in a process of
+           their own, keep sending requests to each of them
   clients  the same, and those clients also send a 30 MB model name, a JSON
            body of 1,000,000 keys and a gzip body inflating to the router's
            cap, over and over
   after    the hostile traffic stopped and the hostile models removed: does
            serve's memory come back
+
+The misbehaving engines and `bulk`, the model the hostile clients' bodies
+name, run on a second agent at a lower CPU priority (they stand for engines
+on other machines; --engines-local runs them beside `good` on serve's own
+agent), and the hostile clients in a process of their own (--same-process:
+on the measuring client's loop).
 
 Printed per phase: normal requests' p50/p99 and errors, /healthz's worst
 latency, serve's RSS (peak and at the end); then the ratios against the quiet
@@ -32,6 +38,7 @@ import argparse
 import asyncio
 import gzip
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -53,24 +60,35 @@ Body = tuple[str, bytes, dict[str, str]]
 # `bulk` is what the hostile clients name: a model of its own, so what is
 # measured is what their bodies cost the router, not what parsing them costs
 # the engine behind `good` (a fake engine reads every body on its one loop).
-GOOD = ("apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n"
-        "  - name: good\n    replicas: 1\n    profiles: [{name: cpu, engine: fake, gpus: 0}]\n"
-        "  - name: bulk\n    replicas: 1\n    profiles: [{name: cpu, engine: fake, gpus: 0}]\n")
+#
+# Pools. `good` runs on serve's local agent (pool `serve`). The hostile
+# engines and `bulk` run on a second agent, pool `far`, started at a lower
+# CPU priority (`nice`, which its engines inherit): in a fleet they run on
+# other machines, and on this bench's 2 cores, at equal priority, the CPU
+# they burn producing a million series or parsing a million keys is taken
+# from serve and from normal traffic's own engine, which is not what the
+# bench is for. --engines-local puts them all on serve's agent, as before.
+def catalogs(local: bool) -> str:
+    good, far = ("", "") if local else (", pool: serve", ", pool: far")
+    return ("apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n"
+            f"  - name: good\n    replicas: 1\n    profiles: [{{name: cpu, engine: fake, gpus: 0{good}}}]\n"
+            f"  - name: bulk\n    replicas: 1\n    profiles: [{{name: cpu, engine: fake, gpus: 0{far}}}]\n")
 CHAT = json.dumps({"model": "good", "messages": [{"role": "user", "content": "Hello! How are you today?"}],
                    "max_tokens": 16}).encode()
 
 
-def hostile_catalog(redirect_to: str) -> tuple[str, list[str], list[str]]:
+def hostile_catalog(redirect_to: str, local: bool) -> tuple[str, list[str], list[str]]:
     """The catalog of misbehaving models; the models whose answers and whose pages are hostile."""
     answers = {"huge": "huge-length", "endless": "endless-body", "headers": "endless-headers",
                "grow": "growing-header", "silent": "no-headers", "redirect": "redirect"}
     pages = {"series": "many-series", "page": "huge-page", "metrics-redirect": "redirect"}
+    far = "" if local else "pool: far, "
     text = "apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n"
     for name, fault in answers.items():
-        text += (f"  - name: {name}\n    replicas: 1\n    profiles: [{{name: cpu, engine: fake, gpus: 0, "
+        text += (f"  - name: {name}\n    replicas: 1\n    profiles: [{{name: cpu, engine: fake, gpus: 0, {far}"
                  f"args: ['--fault', '{fault}', '--redirect-to', '{redirect_to}']}}]\n")
     for name, fault in pages.items():
-        text += (f"  - name: {name}\n    replicas: 1\n    profiles: [{{name: cpu, engine: fake, gpus: 0, "
+        text += (f"  - name: {name}\n    replicas: 1\n    profiles: [{{name: cpu, engine: fake, gpus: 0, {far}"
                  f"args: ['--metrics-fault', '{fault}', '--redirect-to', '{redirect_to}']}}]\n")
     return text, list(answers), list(pages)
 
@@ -179,21 +197,60 @@ def hostile_client_bodies(max_body: int) -> list[Body]:
 
 
 async def run_phase(name: str, seconds: float, args: argparse.Namespace, router: str, control: str, pid: int,
-                    bodies: list[Body] | None = None) -> Phase:
+                    hostile_kinds: HostileKinds | None = None) -> Phase:
     import aiohttp
     phase = Phase(name)
     stop = time.perf_counter() + seconds
     timeout = aiohttp.ClientTimeout(total=60)
-    async with aiohttp.ClientSession(timeout=timeout) as s, aiohttp.ClientSession(timeout=timeout) as h, \
-            aiohttp.ClientSession(timeout=timeout) as bad:
+    # The hostile clients are other parties: in their own process, so what
+    # sending 30 MB bodies costs them is not counted in normal traffic's
+    # latencies (the client that measures is on the same 2 cores already).
+    # --same-process puts them back on the measuring client's loop.
+    others = None
+    if hostile_kinds is not None and not args.same_process:
+        ctx = multiprocessing.get_context("spawn")
+        mine, theirs = ctx.Pipe()
+        others = ctx.Process(target=hostile_process, args=(router, hostile_kinds, args.hostile_clients, seconds, theirs))
+        others.start()
+    async with aiohttp.ClientSession(timeout=timeout) as s, aiohttp.ClientSession(timeout=timeout) as h:
         tasks = [normal(s, router + "/v1/chat/completions", stop, phase) for _ in range(args.concurrency)]
         tasks.append(health(h, (router + "/healthz", control + "/healthz"), stop, phase))
         tasks.append(memory(pid, stop, phase))
-        if bodies:
-            tasks += [hostile(bad, router, bodies[k::args.hostile_clients], stop, phase)
-                      for k in range(args.hostile_clients)]
+        if hostile_kinds is not None and others is None:
+            tasks.append(hostile_clients(router, build_bodies(hostile_kinds), args.hostile_clients, stop, phase))
         await asyncio.gather(*tasks)
+    if others is not None:
+        if mine.poll(seconds + 60):
+            phase.hostile_sent = mine.recv()
+        others.join(30)
+        if others.is_alive():
+            others.kill()
     return phase
+
+
+async def hostile_clients(router: str, bodies: list[Body], n: int, stop: float, phase: Phase) -> None:
+    import aiohttp
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as bad:
+        await asyncio.gather(*(hostile(bad, router, bodies[k::n], stop, phase) for k in range(n)))
+
+
+def hostile_process(router: str, kinds: HostileKinds, n: int, seconds: float, conn: Any) -> None:
+    """The hostile clients' process: `n` clients going round their requests for `seconds`; sends how many went."""
+    import uvloop
+    phase = Phase("hostile")
+    bodies = build_bodies(kinds)
+    uvloop.run(hostile_clients(router, bodies, n, time.perf_counter() + seconds, phase))
+    conn.send(phase.hostile_sent)
+
+
+# What the hostile clients send: requests to the misbehaving models (the
+# names), and the hostile client bodies up to this body cap (None: none).
+HostileKinds = tuple[list[str], int | None]
+
+
+def build_bodies(kinds: HostileKinds) -> list[Body]:
+    names, max_body = kinds
+    return hostile_bodies(names, []) + (hostile_client_bodies(max_body) if max_body is not None else [])
 
 
 def status(control: str) -> dict[str, Any]:
@@ -221,41 +278,57 @@ def main() -> None:
     ap.add_argument("--after", type=float, default=10.0, help="seconds after the hostile traffic stopped")
     ap.add_argument("--concurrency", type=int, default=4, help="normal clients")
     ap.add_argument("--hostile-clients", type=int, default=2, help="clients going round the hostile requests")
+    ap.add_argument("--engines-local", action="store_true",
+                    help="run every engine on serve's own agent at its priority (as before 2026-12-03)")
+    ap.add_argument("--same-process", action="store_true",
+                    help="run the hostile clients on the measuring client's loop (as before 2026-12-03)")
     args = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="llmgw-hostile-")
     cat = os.path.join(tmp, "catalogs")
     os.mkdir(cat)
     with open(os.path.join(cat, "good.yaml"), "w") as f:
-        f.write(GOOD)
+        f.write(catalogs(args.engines_local))
     target = CountingTarget()
-    text, answers, pages = hostile_catalog(target.url + "/followed")
+    text, answers, pages = hostile_catalog(target.url + "/followed", args.engines_local)
     rport, cport = free_port(), free_port()
     router, control = f"http://127.0.0.1:{rport}", f"http://127.0.0.1:{cport}"
-    base = 30000 + os.getpid() % 1000 * 20
+    base = 30000 + os.getpid() % 500 * 40
     log = open(os.path.join(tmp, "serve.log"), "wb")
     # Ten fake engines: more CPU replicas than a 2-core machine's local agent takes by default (8).
     serve = subprocess.Popen([sys.executable, "-m", "llmgwctl", "serve", "--catalogs", cat, "--listen",
                               f"127.0.0.1:{rport}", "--control", f"127.0.0.1:{cport}", "--state-dir",
                               os.path.join(tmp, "state"), "--ports", f"{base}-{base + 19}", "--max-cpu-replicas", "16", "--gpus", "none",
-                              "--no-access-log", "--upstream-headers-timeout", "5"],
+                              "--no-access-log", "--upstream-headers-timeout", "5", "--pool", "serve"],
                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    agent = None
+    if not args.engines_local:
+        agent = subprocess.Popen(["nice", "-n", "10", sys.executable, "-m", "llmgwctl", "agent", "--controller", control,
+                                  "--node", "far", "--pool", "far", "--gpus", "none", "--state-dir",
+                                  os.path.join(tmp, "state-far"), "--ports", f"{base + 20}-{base + 39}",
+                                  "--max-cpu-replicas", "16"],
+                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     import uvloop
     try:
         wait_ready(control, 2)
         from llmgwctl.router.config import DEFAULTS
-        bodies = hostile_bodies(answers, pages)
-        clients = hostile_client_bodies(DEFAULTS.max_body_bytes)
+        names = answers + pages
         quiet = uvloop.run(run_phase("quiet", args.quiet, args, router, control, serve.pid))
         with open(os.path.join(cat, "hostile.yaml"), "w") as f:
             f.write(text)
         wait_ready(control, 2 + len(answers) + len(pages))
-        bad = uvloop.run(run_phase("engines", args.hostile, args, router, control, serve.pid, bodies))
+        bad = uvloop.run(run_phase("engines", args.hostile, args, router, control, serve.pid, (names, None)))
         rows = status(control)["replicas"]
-        both = uvloop.run(run_phase("clients", args.hostile, args, router, control, serve.pid, bodies + clients))
+        both = uvloop.run(run_phase("clients", args.hostile, args, router, control, serve.pid, (names, DEFAULTS.max_body_bytes)))
         os.unlink(os.path.join(cat, "hostile.yaml"))
         after = uvloop.run(run_phase("after", args.after, args, router, control, serve.pid))
     finally:
+        if agent is not None and agent.poll() is None:
+            agent.send_signal(signal.SIGTERM)
+            try:
+                agent.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(agent.pid, signal.SIGKILL)
         if serve.poll() is None:
             serve.send_signal(signal.SIGTERM)
             try:
@@ -265,8 +338,11 @@ def main() -> None:
         target.close()
         log.close()
 
-    print(f"{os.cpu_count()} CPUs shared by the client, serve and 1-10 fake engines; normal traffic: "
-          f"{args.concurrency} clients, 20 ms apart\n")
+    where = ("every engine on serve's agent" if args.engines_local
+             else "hostile engines and bulk on an agent at nice 10")
+    clients_where = "on the measuring loop" if args.same_process else "in their own process"
+    print(f"{os.cpu_count()} CPUs shared by the client, serve and 1-10 fake engines ({where}; hostile clients "
+          f"{clients_where}); normal traffic: {args.concurrency} clients, 20 ms apart\n")
     hdr = (f"{'phase':<9}{'normal req':>11}{'errors':>8}{'p50 ms':>8}{'p99 ms':>8}{'health max ms':>15}"
            f"{'RSS peak MB':>13}{'RSS end MB':>12}{'hostile req':>13}")
     print(hdr)

@@ -10,8 +10,14 @@ a load can take seconds (a hub download), and a pass must not wait on it.
 A task's outcome wakes the agent (`on_change`), so it is reported at once.
 
 The calls are vLLM's runtime routes (engines/lora.py), which only the agent
-reaches: the router's route table does not carry them. An engine's answers
-are bounded: a reason is cut to a line, a /v1/models page to MAX_MODELS_BYTES.
+reaches: the router's route table does not carry them. An engine that loads
+its adapters only at launch (llama.cpp) is only read: once per engine
+process, its listing (`GET /lora-adapters`) says which number is which
+adapter, which the report carries (`AdapterStatus.engine_id`) for the router
+to name in each request; an adapter it does not list is failed, and a
+listing that fails is read again with the same back-off as a load. An
+engine's answers are bounded: a reason is cut to a line, a /v1/models page
+(or a listing) to MAX_MODELS_BYTES.
 It must not know how replicas are started, nor where their specs come from.
 """
 from __future__ import annotations
@@ -29,7 +35,8 @@ from ..backoff import Backoff
 from ..contracts import AdapterSpec, AdapterStatus
 from ..contracts.adapters import FAILED, LOADED, LOADING, MAX_ADAPTER_REASON, UNLOADING
 from ..engines.errors import LaunchError
-from ..engines.lora import RUNTIME_API, busy_adapters, resolve_source
+from ..engines.gguf import resolve_gguf
+from ..engines.lora import LAUNCH_LISTING, RUNTIME_API, busy_adapters, numbered, resolve_source
 from .replica import READY, Replica
 
 log = logging.getLogger("llmgw.agent.adapters")
@@ -66,6 +73,7 @@ class _Engine:
     url: str
     listed: bool = False
     held: dict[str, str] = field(default_factory=dict)
+    ids: dict[str, int] = field(default_factory=dict)       # name -> the engine's number (launch-time engines)
     failed: dict[str, tuple[str, float, Backoff]] = field(default_factory=dict)   # name -> (reason, retry at, schedule)
     leaving: dict[str, float] = field(default_factory=dict)     # name -> since when it is to be unloaded
     task: asyncio.Task[None] | None = None
@@ -87,7 +95,8 @@ class AdapterKeeper:
         for r in replicas:
             rid = r.spec.id
             seen.add(rid)
-            if r.spec.engine not in RUNTIME_API or not r.spec.lora_slots:
+            listing = LAUNCH_LISTING.get(r.spec.engine) if r.spec.adapters else None
+            if listing is None and (r.spec.engine not in RUNTIME_API or not r.spec.lora_slots):
                 continue
             e = self._engines.get(rid)
             if r.state != READY or r.pid is None or r.port is None:
@@ -100,7 +109,10 @@ class AdapterKeeper:
                 e = self._engines[rid] = _Engine(pid=r.pid, url=url_of(r.port))
             if e.task is not None and not e.task.done():
                 continue
-            if self._has_work(e, r.spec.adapters, now):
+            if listing is not None:
+                if not e.listed and all(f[1] <= now for f in e.failed.values()):
+                    e.task = asyncio.create_task(self._number(e, rid, listing, r.spec.adapters))
+            elif self._has_work(e, r.spec.adapters, now):
                 e.task = asyncio.create_task(self._converge(e, rid, r.spec.adapters))
         for rid in [rid for rid in self._engines if rid not in seen]:
             self._forget(rid)
@@ -113,7 +125,7 @@ class AdapterKeeper:
         out = []
         for a in r.spec.adapters:
             if e is not None and e.held.get(a.name) == a.source:
-                out.append(AdapterStatus(a.name, LOADED))
+                out.append(AdapterStatus(a.name, LOADED, engine_id=e.ids.get(a.name)))
             elif e is not None and a.name in e.failed:
                 out.append(AdapterStatus(a.name, FAILED, e.failed[a.name][0]))
             else:
@@ -194,6 +206,31 @@ class AdapterKeeper:
         finally:
             if changed:
                 self._on_change()
+
+    async def _number(self, e: _Engine, rid: str, route: str, placed: tuple[AdapterSpec, ...]) -> None:
+        """Which number a launch-time engine gave each adapter placed on it, from its listing; failures with back-off."""
+        try:
+            async with self._session.get(e.url + route, timeout=self._timeout) as resp:
+                body = await resp.content.read(MAX_MODELS_BYTES + 1)
+                if resp.status != 200 or len(body) > MAX_MODELS_BYTES:
+                    raise ValueError(f"{route} answered {resp.status} ({len(body)} bytes)")
+            paths = await asyncio.to_thread(lambda: [(a.name, str(resolve_gguf(a.source))) for a in placed])
+            ids = numbered(json.loads(body), paths)
+        except asyncio.CancelledError:
+            raise
+        except (asyncio.TimeoutError, aiohttp.ClientError, OSError, ValueError, LaunchError) as exc:
+            why = f"reading the engine's {route}: {type(exc).__name__}: {exc}"[:MAX_ADAPTER_REASON]
+            for a in placed:
+                schedule = e.failed[a.name][2] if a.name in e.failed else retry_schedule(self._clock)
+                e.failed[a.name] = (why, self._clock() + schedule.failure(), schedule)
+            log.warning("replica %s: %s", rid, why)
+        else:
+            e.listed, e.ids = True, ids
+            e.held = {a.name: a.source for a in placed if a.name in ids}
+            e.failed = {a.name: (f"the engine does not list it at {route}", 0.0, retry_schedule(self._clock))
+                        for a in placed if a.name not in ids}
+            log.info("replica %s: adapters by engine number: %s", rid, ids)
+        self._on_change()
 
     async def _load(self, e: _Engine, a: AdapterSpec) -> str:
         """"" when the engine holds `a` now, else why not (ours or the engine's words)."""

@@ -80,7 +80,7 @@ def check_numbers(model: Model) -> Iterable[tuple[tuple[str | int, ...], str]]:
         if why:
             yield ("idle_timeout",), why.replace(f"{MAX_IDLE_TIMEOUT:g}", "31536000 (365d)") + \
                 " seconds; omit it or write null to never scale down"
-    yield from _check_autoscale(model.autoscale)
+    yield from check_autoscale(model.autoscale)
     why = _bounded(model.priority, *PRIORITY_RANGE, integer=True)
     if why:
         yield ("priority",), why
@@ -102,7 +102,7 @@ def check_numbers(model: Model) -> Iterable[tuple[tuple[str | int, ...], str]]:
                 yield ("profiles", i, key), why
 
 
-def _check_autoscale(policy: Autoscale) -> Iterable[tuple[tuple[str | int, ...], str]]:
+def check_autoscale(policy: Autoscale) -> Iterable[tuple[tuple[str | int, ...], str]]:
     """The autoscale block's numbers finite and bounded, and its metric one llmgw can read."""
     try:
         target = policy.policy().target

@@ -177,8 +177,12 @@ def _model(raw: Mapping[str, Any], origin: Origin) -> Model:
 
 def _adapter(raw: Mapping[str, Any], i: int) -> Adapter:
     replicas = raw.get("replicas", "all")
+    ceiling = None
+    if isinstance(replicas, dict):
+        replicas, ceiling = replicas["min"], replicas["max"]
     return Adapter(name=raw["name"], source=raw.get("source") or raw["name"],
-                   aliases=tuple(raw.get("aliases") or ()), replicas=None if replicas == "all" else replicas)
+                   aliases=tuple(raw.get("aliases") or ()), replicas=None if replicas == "all" else replicas,
+                   max_replicas=ceiling, autoscale=_autoscale(raw.get("autoscale"), ("adapters", i)))
 
 
 def _lora(raw: Mapping[str, Any] | None) -> Lora | None:
@@ -200,15 +204,16 @@ def _continuation(raw: Any) -> int:
 _DEFAULT_AUTOSCALE = Autoscale()
 
 
-def _autoscale(raw: Mapping[str, Any] | None) -> Autoscale:
-    """The model's autoscale block; absent or null: the defaults (see catalog.model.Autoscale)."""
+def _autoscale(raw: Mapping[str, Any] | None, under: DocPath = ()) -> Autoscale:
+    """A model's (or, `under` its adapter's path, an adapter's) autoscale block; absent or null: the
+    defaults (see catalog.model.Autoscale)."""
     if not raw:
         return Autoscale()
     window = raw.get("scale_down_window", _DEFAULT_AUTOSCALE.scale_down_window)
     try:
         window = parse_duration(window)
     except ValueError as exc:
-        raise _FieldError(("autoscale", "scale_down_window"), str(exc)) from None
+        raise _FieldError((*under, "autoscale", "scale_down_window"), str(exc)) from None
     target = raw.get("target")
     return Autoscale(metric=raw.get("metric", "inflight"),
                      target=float(target) if isinstance(target, (int, float)) and not isinstance(target, bool) else target,
@@ -256,7 +261,9 @@ def _lenient_model(raw: Mapping[str, Any], origin: Origin, bad: list[DocPath]) -
             "source": a["source"] if fine("adapters", j, "source") and isinstance(a.get("source"), str) else "x",
             "aliases": [x if fine("adapters", j, "aliases", k) and isinstance(x, str) else f"{stand_in}:a{j}:{k}"
                         for k, x in enumerate(listed if isinstance(listed, list) else [])],
-            "replicas": a.get("replicas", "all") if fine("adapters", j, "replicas") else "all"})
+            "replicas": a.get("replicas", "all") if fine("adapters", j, "replicas") else "all"}
+            | ({"autoscale": a["autoscale"]} if fine("adapters", j, "autoscale") and isinstance(a.get("autoscale"), dict)
+               else {}))
     clean["adapters"] = adapters
     if not fine("lora"):
         clean.pop("lora", None)

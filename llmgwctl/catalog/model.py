@@ -246,8 +246,12 @@ class Adapter:
     """A LoRA adapter of a base model: a model name clients use, served by some of the base's replicas.
 
     `replicas` None means every replica of the base holds it; a number, that
-    many (spread, at most as many as the base runs). `source` is what the
-    engine loads: a directory on the node, a hub id, or pkg:PACKAGE/DIR.
+    many (spread, at most as many as the base runs). `max_replicas` above
+    `replicas` lets its own load spread it to more of them, up to that many,
+    by `autoscale` (metric inflight: its requests in flight, as the routers
+    count them per adapter; llmgwctl.reconciler.adapters); None: `replicas`
+    is both floor and ceiling. `source` is what the engine loads: a
+    directory on the node, a hub id, or pkg:PACKAGE/DIR.
     """
 
     name: str
@@ -255,13 +259,24 @@ class Adapter:
     aliases: tuple[str, ...] = ()
     replicas: int | None = None
     origin: Origin = field(default=Origin(), compare=False)
+    max_replicas: int | None = None
+    autoscale: Autoscale = Autoscale()
+
+    @property
+    def grows(self) -> bool:
+        """Whether its load may spread it beyond its floor (`replicas: {min, max}` with max above min)."""
+        return self.replicas is not None and self.max_replicas is not None and self.max_replicas > self.replicas
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
         if self.aliases:
             out["aliases"] = list(self.aliases)
         out["source"] = self.source
-        out["replicas"] = "all" if self.replicas is None else self.replicas
+        if self.max_replicas is not None:
+            out["replicas"] = {"min": self.replicas, "max": self.max_replicas}
+            out["autoscale"] = self.autoscale.to_dict()
+        else:
+            out["replicas"] = "all" if self.replicas is None else self.replicas
         return out
 
 

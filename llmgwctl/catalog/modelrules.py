@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from .bounds import MAX_REPLICAS, check_numbers
+from .bounds import MAX_REPLICAS, check_autoscale, check_numbers
 from .engine_env import env_refusal
 from .errors import Problem
 from .multinode import check_multinode
 
 if TYPE_CHECKING:
-    from .model import EngineSpec, Model, Profile
+    from .model import Adapter, EngineSpec, Model, Profile
 
 # How the router picks among a model's replicas: the labels of
 # llmgwctl.router.policies.Policy, the registry that implements them, which
@@ -28,9 +28,18 @@ ROUTING_POLICIES = ("round-robin", "least-load", "prefix", "session")
 # Engines whose replicas can serve LoRA adapters beside their base model:
 # vLLM loads and unloads them at run time (--enable-lora and its
 # /v1/load_lora_adapter route), and the fake engine mimics it. llama.cpp's
-# server takes --lora only at launch, which would make every adapter edit a
-# restart of the base; it is refused until the driver can do better.
-LORA_ENGINES = ("vllm", "fake")
+# server loads them only at launch (--lora), then picks one per request (the
+# body's `lora` member, which the router writes).
+LORA_ENGINES = ("vllm", "fake", "llamacpp")
+# Of those, the engines that load adapters only at launch: a replica's
+# adapters are then part of what its process is (contracts.ReplicaSpec's
+# hash), so an adapter edit replaces the replica, surge first, as a profile
+# edit does. Each of their replicas holds every adapter of its model: a
+# spread (`replicas: N`) would make two replicas of one profile two
+# different processes, which a profile's one spec hash cannot say.
+LAUNCH_LORA_ENGINES = ("llamacpp",)
+# What status and `catalog apply` say of such a replica when its adapters changed.
+LAUNCH_LORA_REASON = "llama.cpp loads adapters only at launch: the replica is replaced"
 # Bounds: vLLM allocates max_loras x max_rank per layer up front, so a typo
 # of 10,000 slots is an engine that never starts; 256 slots and rank 512 are
 # past what any GPU's memory holds for a real model.
@@ -93,12 +102,66 @@ def _check_lora(model: Model) -> Iterable[tuple[tuple[str | int, ...], str]]:
             yield ("profiles", i, "engine"), (
                 f"engine {profile.engine!r} cannot serve LoRA adapters, which this model has "
                 f"(engines that can: {', '.join(LORA_ENGINES)}); give the adapters a base whose profiles all can")
+    at_launch = next((p.engine for p in model.profiles if p.engine in LAUNCH_LORA_ENGINES), None)
+    if at_launch is not None and model.adapters:
+        yield from _check_launch_lora(model, at_launch)
     for j, adapter in enumerate(model.adapters):
         if adapter.replicas is not None and (isinstance(adapter.replicas, bool) or not isinstance(adapter.replicas, int)
                                              or not 1 <= adapter.replicas <= MAX_REPLICAS):
             yield ("adapters", j, "replicas"), f"expected all or an integer from 1 to {MAX_REPLICAS}, got {adapter.replicas!r}"
+        yield from _check_spread(adapter, ("adapters", j))
         for i, message in _alias_repeats(adapter.name, adapter.aliases, "adapter"):
             yield ("adapters", j, "aliases", i), message
+
+
+def _check_launch_lora(model: Model, engine: str) -> Iterable[tuple[tuple[str | int, ...], str]]:
+    """A base whose engine loads adapters at launch (llama.cpp): GGUF adapter files, on every replica, no vLLM beside it.
+
+    llama-server's --lora takes a GGUF LoRA file (what llama.cpp's
+    convert_lora_to_gguf.py writes from a PEFT directory), never a hub id;
+    vLLM takes the PEFT directory, so one adapter's source cannot serve both.
+    """
+    for i, profile in enumerate(model.profiles):
+        if profile.engine == "vllm":
+            yield ("profiles", i, "engine"), (
+                f"a model with adapters cannot have both {engine} and vllm profiles: {engine} loads an adapter "
+                "from a GGUF file, vLLM from a PEFT directory, and an adapter has one source")
+    for j, adapter in enumerate(model.adapters):
+        source = adapter.source
+        if not (source.lower().endswith(".gguf") and (source.startswith(("pkg:", "/", ".", "~")))):
+            yield ("adapters", j, "source"), (
+                f"{source!r}: a {engine} base loads an adapter from a GGUF LoRA file: a path on the node "
+                "ending in .gguf (starting with /, . or ~) or pkg:PACKAGE/FILE.gguf "
+                "(convert a PEFT adapter with llama.cpp's convert_lora_to_gguf.py)")
+        if adapter.replicas is not None:
+            yield ("adapters", j, "replicas"), (
+                f"{engine} loads adapters only at launch, so each replica of its base holds every adapter: "
+                "remove replicas (or write all)")
+
+
+def _check_spread(adapter: Adapter, at: tuple[str | int, ...]) -> Iterable[tuple[tuple[str | int, ...], str]]:
+    """An adapter that may grow: a ceiling at or above its floor, and a policy on its in-flight requests.
+
+    Only `inflight`: the routers count an adapter's requests, but an engine's
+    queue and KV cache are its base's, shared by every adapter on it.
+    """
+    from .model import Autoscale  # at call time: `model` imports this module
+    if adapter.max_replicas is None:
+        if adapter.autoscale != Autoscale():
+            yield (*at, "autoscale"), ("an adapter scales only between replicas {min, max}; write replicas as "
+                                       "{min: N, max: M} or remove autoscale")
+        return
+    floor, ceiling = adapter.replicas, adapter.max_replicas
+    if isinstance(ceiling, bool) or not isinstance(ceiling, int) or not 1 <= ceiling <= MAX_REPLICAS:
+        yield (*at, "replicas", "max"), f"expected an integer from 1 to {MAX_REPLICAS}, got {ceiling!r}"
+    elif isinstance(floor, int) and ceiling < floor:
+        yield (*at, "replicas", "max"), f"max {ceiling} is below min {floor}"
+    if adapter.autoscale.metric != "inflight":
+        yield (*at, "autoscale", "metric"), (f"an adapter scales on inflight only, not {adapter.autoscale.metric!r}: "
+                                             "the engine's queue and KV cache are its base's, shared by its adapters")
+        return
+    for path, message in check_autoscale(adapter.autoscale):
+        yield (*at, *path), message
 
 
 def _check_env(profile: Profile) -> Iterable[tuple[tuple[str | int, ...], str]]:

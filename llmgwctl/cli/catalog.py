@@ -184,7 +184,8 @@ def _render_plan(raw: dict[str, Any]) -> str:
         lines.append("no model changes")
     lines += [f"  start   {s['model']}/{s['profile']} on {s['node']} GPUs {s['gpus'] or '-'}" for s in r["start"]]
     lines += [f"  stop    {s['id']} ({s['model']}): {s['reason']}" for s in r["stop"]]
-    lines += [f"  replace {s['id']} ({s['model']}/{s['profile']} on {s['node']}): profile changed" for s in r["replace"]]
+    lines += [f"  replace {s['id']} ({s['model']}/{s['profile']} on {s['node']}): {s.get('why') or 'profile changed'}"
+              for s in r["replace"]]
     lines += [f"  cannot place {m}: {why}" for m, why in r["unplaceable"].items()]
     if body.get("dry_run"):
         lines.append("dry run: nothing written")

@@ -128,6 +128,11 @@ def render(status: dict[str, Any], now: float | None = None, events: int = 8, wi
             out.extend(_wrap(f"{m['name']} falls back to " + " -> ".join(
                 f"{name} ({ready.get(name, 0)} ready)" for name in m["fallbacks"])))
     for m in status["models"]:
+        for a in m.get("adapters") or ():
+            # Only the adapters whose spread follows their load: a fixed one's holders are on the replica lines.
+            if a.get("max") is not None and a.get("min") is not None and a["max"] > a["min"]:
+                out.extend(_wrap(f"adapter {a['name']} of {m['name']} {a['reason']}"))
+    for m in status["models"]:
         if m.get("unplaceable"):
             never = " (never, with this fleet)" if m.get("unplaceable_permanent") else ""
             out.extend(_wrap(f"cannot place {m['name']}{never}: {m['unplaceable']}"))
@@ -167,9 +172,9 @@ def render(status: dict[str, Any], now: float | None = None, events: int = 8, wi
                         out.extend(_wrap(f"{m['id']} {m['state']}: {m['reason']}"))
             adapters = r.get("adapters") or []
             if adapters:
-                # One line a replica: each adapter placed on it and where its load stands.
-                out.extend(_wrap(f"{r['id']} adapters: " + ", ".join(
-                    a["name"] if a["state"] == "loaded" else f"{a['name']} ({a['state']})" for a in adapters)))
+                # One line a replica: each adapter placed on it and where its load stands
+                # (with llama.cpp's number for it, which its requests name it by).
+                out.extend(_wrap(f"{r['id']} adapters: " + ", ".join(_adapter_cell(a) for a in adapters)))
                 for a in adapters:
                     if a.get("reason"):
                         out.extend(_wrap(f"{r['id']} adapter {a['name']} {a['state']}: {a['reason']}"))
@@ -251,3 +256,9 @@ def command(controller: str, fmt: str, watch: bool, model: str | None) -> None:
             time.sleep(2)
         except KeyboardInterrupt:
             sys.exit(0)
+
+
+def _adapter_cell(a: dict[str, Any]) -> str:
+    if a["state"] != "loaded":
+        return f"{a['name']} ({a['state']})"
+    return a["name"] if a.get("engine_id") is None else f"{a['name']} (id {a['engine_id']})"

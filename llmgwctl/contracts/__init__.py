@@ -8,7 +8,7 @@ built and parsed here (`to_dict` / `from_dict`), and the wire forms stay what
 the agent protocol and the control API have always sent.
 
     states     ReplicaState, the one enum of a replica's life
-    adapters   AdapterSpec (controller -> agent), AdapterStatus (agent -> controller): LoRA adapters on a replica
+    adapters   AdapterSpec (controller -> agent), AdapterStatus (agent -> controller), AdapterSpread (status): LoRA adapters
     spec       ReplicaSpec (controller -> agent), LoadReading (engine -> router)
     group      GroupSlot (controller -> agent, in a spec): a member's place in a replica spanning nodes
     endpoint   Endpoint (reconciler / static file / watch -> router)
@@ -16,7 +16,7 @@ the agent protocol and the control API have always sent.
     sink       RouterSink, what every source of endpoints, model states and catalogs pushes a router
     claims     NodeClaims (node token -> inventory: what a node may claim)
     report     AgentReport, ReportedReplica, Gpu, CpuCapacity, EngineAvailability (agent -> inventory)
-    usage      Usage, UsageSource, LoadSource, ConcurrencySource, UsageReport (router -> reconciler)
+    usage      Usage, UsageSource, LoadSource, ConcurrencySource, AdapterLoadSource, UsageReport (router -> reconciler)
     requestlog RequestRecord, RequestSink (router -> the controller's request log and traffic history)
     status     ControlStatus and its parts (controller -> control API, metrics, `llmgwctl status`)
     errors     ContractError and its children: a payload that breaks a contract
@@ -26,7 +26,7 @@ import (no aiohttp): the reconciler, the agent and the router all load it.
 """
 from __future__ import annotations
 
-from .adapters import ADAPTER_STATES, AdapterSpec, AdapterStatus
+from .adapters import ADAPTER_STATES, AdapterSpec, AdapterSpread, AdapterStatus
 from .claims import UNBOUNDED, NodeClaims
 from .endpoint import Endpoint
 from .errors import ContractError, EndpointError, ModelStateError, ReportError, UsageError
@@ -49,11 +49,11 @@ from .status import (
                      ReplicaStatus,
                      WatcherStatus,
 )
-from .usage import ConcurrencySource, LoadSource, Usage, UsageReport, UsageSnapshot, UsageSource
+from .usage import AdapterLoadSource, ConcurrencySource, LoadSource, Usage, UsageReport, UsageSnapshot, UsageSource
 
 __all__ = [
-    "ADAPTER_STATES", "AdapterSpec", "AdapterStatus",
-    "AGENT_STATES", "AgentReport", "CatalogStatus", "ConcurrencySource", "ContractError", "ControlStatus", "Endpoint", "EndpointError",
+    "ADAPTER_STATES", "AdapterSpec", "AdapterSpread", "AdapterStatus",
+    "AGENT_STATES", "AdapterLoadSource", "AgentReport", "CatalogStatus", "ConcurrencySource", "ContractError", "ControlStatus", "Endpoint", "EndpointError",
     "CpuCapacity", "EngineAvailability", "Event", "FleetStatus", "Gpu", "GroupSlot", "GpuStatus", "LoadReading", "LoadSource", "ModelCondition", "ModelState",
     "ModelStateError", "ModelStatus", "NodeClaims", "NodeStatus", "UNBOUNDED",
     "ReplicaSpec", "ReplicaState", "RequestRecord", "RequestSink", "ReplicaStatus", "ReportError", "ReportedReplica", "RouterSink", "Scheduling", "Usage", "UsageError",

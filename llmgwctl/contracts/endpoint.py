@@ -9,10 +9,13 @@ a static file, or the watch stream) builds these and pushes the complete list.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from .errors import EndpointError
+
+_NO_IDS: Mapping[str, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +31,10 @@ class Endpoint:
     # LoRA adapters this replica serves now (loaded, and still placed here):
     # the router sends an adapter's requests only to endpoints listing it.
     adapters: frozenset[str] = frozenset()
+    # For an engine that takes the adapter in each request by number
+    # (llama.cpp's `lora` member): each served adapter's number, as the
+    # engine listed it. Empty for the others, which take the adapter's name.
+    adapter_ids: Mapping[str, int] = field(default_factory=lambda: _NO_IDS)
 
     def __post_init__(self) -> None:
         problems = []
@@ -41,6 +48,8 @@ class Endpoint:
             problems.append(f"weight must be greater than 0, got {self.weight!r}")
         if self.metrics_path is not None and not self.metrics_path.startswith("/"):
             problems.append(f"metrics_path must start with '/', got {self.metrics_path!r}")
+        if any(name not in self.adapters for name in self.adapter_ids):
+            problems.append(f"adapter_ids names adapters it does not serve: {sorted(set(self.adapter_ids) - self.adapters)}")
         if problems:
             raise EndpointError(f"endpoint {self.replica_id or '?'}: " + "; ".join(problems))
 
@@ -48,7 +57,8 @@ class Endpoint:
         return {"replica_id": self.replica_id, "model": self.model, "profile": self.profile,
                 "engine": self.engine, "url": self.url, "priority": self.priority,
                 "weight": self.weight, "metrics_path": self.metrics_path,
-                **({"adapters": sorted(self.adapters)} if self.adapters else {})}
+                **({"adapters": sorted(self.adapters)} if self.adapters else {}),
+                **({"adapter_ids": dict(sorted(self.adapter_ids.items()))} if self.adapter_ids else {})}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Endpoint:
@@ -61,6 +71,7 @@ class Endpoint:
                 weight=float(data.get("weight", 1.0)),
                 metrics_path=data.get("metrics_path", "/metrics"),
                 adapters=_names(data.get("adapters")),
+                adapter_ids=_ids(data.get("adapter_ids")),
             )
         except KeyError as exc:
             raise EndpointError(f"endpoint {dict(data)!r}: missing field {exc.args[0]!r}") from None
@@ -68,6 +79,14 @@ class Endpoint:
             raise
         except (TypeError, ValueError) as exc:
             raise EndpointError(f"endpoint {dict(data)!r}: {exc}") from None
+
+
+def _ids(raw: Any) -> Mapping[str, int]:
+    if not raw:
+        return _NO_IDS
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in raw.items()):
+        raise TypeError(f"adapter_ids must map adapter names to engine ids, got {raw!r}")
+    return MappingProxyType(dict(raw))
 
 
 def _names(raw: Any) -> frozenset[str]:

@@ -3,7 +3,8 @@
 `ReplicaSpec` is self-contained (it carries a catalog-defined engine's command
 template with it) because it travels from the controller to an agent that has
 no catalog of its own. Its `spec_hash` covers everything that shapes the
-process -- engine and its template, source, args, env, GPU count -- and nothing
+process -- engine and its template, source, args, env, GPU count, and the
+adapters of an engine that loads them only at launch (llama.cpp) -- and nothing
 that does not (replica id, which GPU indices, port), so a controller that
 restarts can adopt a running replica whose hash still matches and replace one
 whose profile changed.
@@ -18,6 +19,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..catalog import EngineSpec, Model, Profile
+from ..catalog.modelrules import LAUNCH_LORA_ENGINES
 from .adapters import AdapterSpec, adapter_specs
 from .group import GroupSlot, group_slot
 
@@ -45,11 +47,13 @@ class ReplicaSpec:
     # vllm driver passes it as --gpu-memory-utilization.
     gpu_memory_share: float | None = None
     # LoRA: the engine's adapter slots and largest rank (0: started without
-    # LoRA). In the hash: they are engine flags.
+    # LoRA, or an engine that has no slots to size). In the hash: they are engine flags.
     lora_slots: int = 0
     lora_rank: int = 0
     # The adapters the controller placed on this replica (contracts.adapters).
-    # Not in the hash: the agent loads and unloads them on the running engine.
+    # Not in the hash where the agent loads and unloads them on the running
+    # engine (vLLM); in it for an engine that loads them only at launch
+    # (LAUNCH_LORA_ENGINES: llama.cpp), where they are part of the process.
     adapters: tuple[AdapterSpec, ...] = ()
     # Set for a member of a replica spanning nodes (contracts.group): its rank,
     # the group's size and how it is split, the head's address and ports. Its
@@ -64,6 +68,12 @@ class ReplicaSpec:
     def for_profile(cls, replica_id: str, model: Model, profile: Profile, engine: EngineSpec,
                     gpu_indices: Sequence[int] = (), gpu_memory_share: float | None = None,
                     group: GroupSlot | None = None) -> ReplicaSpec:
+        slots = model.lora_slots
+        adapters: tuple[AdapterSpec, ...] = ()
+        if profile.engine in LAUNCH_LORA_ENGINES:
+            # Every adapter of the model, in catalog order (which is their ids
+            # on the engine): it loads them at launch, and has no slots to size.
+            slots, adapters = None, tuple(AdapterSpec(a.name, a.source) for a in model.adapters)
         return cls(
             group=group,
             gpu_memory_mib=profile.gpu_memory_mib or 0, gpu_memory_share=gpu_memory_share,
@@ -71,8 +81,8 @@ class ReplicaSpec:
             source=profile.source or model.source or model.name, gpus=profile.gpus, args=tuple(profile.args),
             env=MappingProxyType(dict(profile.env)), gpu_indices=tuple(gpu_indices),
             command=tuple(engine.command), health=engine.health, metrics=engine.metrics,
-            lora_slots=model.lora_slots.max_loras if model.lora_slots else 0,
-            lora_rank=model.lora_slots.max_rank if model.lora_slots else 0,
+            lora_slots=slots.max_loras if slots else 0, lora_rank=slots.max_rank if slots else 0,
+            adapters=adapters,
         )
 
     @property
@@ -94,6 +104,9 @@ class ReplicaSpec:
         if self.lora_slots:
             # The same: only a model with adapters has it.
             shape["lora"] = [self.lora_slots, self.lora_rank]
+        if self.adapters and self.engine in LAUNCH_LORA_ENGINES:
+            # The same: only a base whose engine loads its adapters at launch.
+            shape["adapters"] = [[a.name, a.source] for a in self.adapters]
         if self.group is not None:
             # The same: only a member of a group spanning nodes has it.
             shape["group"] = [self.group.size, self.group.parallel]

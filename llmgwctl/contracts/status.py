@@ -40,7 +40,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..health import Failure
-from .adapters import LOADING, AdapterStatus
+from .adapters import LOADING, AdapterSpread, AdapterStatus
 from .group import MemberStatus
 from .scheduling import Scheduling
 from .states import ReplicaState
@@ -120,13 +120,16 @@ class ModelStatus:
     priority: int = 0
     # The models its requests fall back to, in the order tried (catalog.fallbacks.chains); () when none.
     fallbacks: tuple[str, ...] = ()
+    # Its LoRA adapters: how many of its replicas hold each, and why; () when it has none.
+    adapters: tuple[AdapterSpread, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "aliases": list(self.aliases), "min": self.min, "max": self.max,
                 "desired": self.desired, "ready": self.ready, "replicas": self.replicas,
                 "priority": self.priority, "fallbacks": list(self.fallbacks), "unplaceable": self.unplaceable,
                 "unplaceable_permanent": self.unplaceable_permanent,
-                "autoscale": {"metric": self.metric, "target": self.target, "load": self.load, "needed": self.needed}}
+                "autoscale": {"metric": self.metric, "target": self.target, "load": self.load, "needed": self.needed}} \
+            | ({"adapters": [a.to_dict() for a in self.adapters]} if self.adapters else {})
 
 
 @dataclass(frozen=True, slots=True)

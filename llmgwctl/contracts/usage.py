@@ -9,7 +9,8 @@ what standalone routers report. A standalone router sends it as a
     {"router": "<id, new per process>", "version": 42,          # the watch version this router has applied
      "replicas": {"r-7": {"idle_seconds": 3.2, "inflight": 1,   # idle_seconds null: never used
                           "inflight_seconds": 812.4,            # optional: the counter below
-                          "load": {"running": 3, "waiting": 0, "kv_cache": 0.4}}}}   # optional
+                          "load": {"running": 3, "waiting": 0, "kv_cache": 0.4}}},   # optional
+     "adapters": {"sql-assistant": {"inflight_seconds": 96.1}}}  # optional: per LoRA adapter, below
 
 `load` is the router's latest fresh reading of the replica's engine gauges
 (absent: none, or a router older than autoscaling; a controller older than
@@ -25,6 +26,15 @@ reports the same average, for the same reason). Absent: a router from
 before it; the controller then integrates that router's `inflight` samples
 itself (`control.usage.UsageBoard`). A controller from before it ignores
 the key. The autoscaler reads it through a `ConcurrencySource`.
+
+`adapters` carries the same counter per LoRA adapter name: request-seconds
+in flight of the requests that named the adapter, on whichever replica
+served them, since this router first counted it. An adapter's spread over
+its base's replicas follows it (llmgwctl.reconciler.adapters), read through
+an `AdapterLoadSource`. Absent: a router from before it, whose adapter
+traffic then moves no spread; a controller from before it ignores the key.
+The controller counts only names its catalog has as adapters, so a router
+cannot make it hold names of its own invention (control.usage.UsageBoard).
 
 Idle seconds, not a timestamp, travel on the wire: the two processes' monotonic
 clocks share no origin, so each side converts with its own clock.
@@ -58,6 +68,12 @@ MAX_REPLICAS = 65536
 MAX_IDLE = 86400.0 * 3650
 # Watch versions are milliseconds since an epoch, counted up: an int64 holds them.
 MAX_VERSION = 2**63 - 1
+# Adapter names in one report: a catalog holds at most 1,000 adapters a model
+# (catalog.modelrules.MAX_ADAPTERS); a report naming more than a few
+# models' worth is not one router's traffic. A name is the catalog's: at
+# most 128 characters.
+MAX_ADAPTERS = 16384
+MAX_NAME = 128
 
 
 class Usage(NamedTuple):
@@ -97,6 +113,15 @@ class ConcurrencySource(Protocol):
     def inflight_seconds(self) -> Mapping[str, float]: ...
 
 
+class AdapterLoadSource(Protocol):
+    """Where the routers' per-adapter in-flight counters are read, once a pass: per LoRA adapter name,
+    request-seconds in flight of the requests that named it (only ever growing; see the module
+    docstring). The adapters' placement depends on this, not on the router, and differences two
+    readings itself, like the autoscaler its ConcurrencySource."""
+
+    def adapter_inflight_seconds(self) -> Mapping[str, float]: ...
+
+
 class ReportedUsage(NamedTuple):
     """One replica in a standalone router's report: seconds since its last use (None: never), in flight,
     the router's fresh reading of its engine's gauges (None: none), and its in-flight counter
@@ -115,17 +140,22 @@ class UsageReport:
     router: str                 # new per router process: a restarted router is a new reporter
     version: int                # the watch version the router had applied when it measured this
     replicas: Mapping[str, ReportedUsage] = field(default_factory=lambda: MappingProxyType({}))
+    # adapter name -> its in-flight counter (request-seconds); empty from a router from before it
+    adapters: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def of(cls, router: str, version: int, snapshot: UsageSnapshot, now: float,
            loads: Mapping[str, LoadReading] | None = None,
-           inflight_seconds: Mapping[str, float] | None = None) -> UsageReport:
-        """The report of a snapshot (and load readings, in-flight counters) taken on a clock that reads `now`."""
+           inflight_seconds: Mapping[str, float] | None = None,
+           adapters: Mapping[str, float] | None = None) -> UsageReport:
+        """The report of a snapshot (and load readings, in-flight counters, per replica and per
+        adapter) taken on a clock that reads `now`."""
         loads, busy = loads or {}, inflight_seconds or {}
         return cls(router, version, MappingProxyType({
             rid: ReportedUsage(None if last is None else round(now - last, 3), inflight, loads.get(rid),
                                None if (b := busy.get(rid)) is None else round(b, 3))
-            for rid, (last, inflight) in snapshot.items()}))
+            for rid, (last, inflight) in snapshot.items()}),
+            MappingProxyType({name: round(b, 3) for name, b in (adapters or {}).items()}))
 
     def loads(self) -> dict[str, LoadReading]:
         """The engine readings the report carries, per replica."""
@@ -141,7 +171,8 @@ class UsageReport:
                 "replicas": {rid: {"idle_seconds": r.idle_seconds, "inflight": r.inflight}
                              | ({"load": _load_dict(r.load)} if r.load is not None else {})
                              | ({"inflight_seconds": r.inflight_seconds} if r.inflight_seconds is not None else {})
-                             for rid, r in self.replicas.items()}}
+                             for rid, r in self.replicas.items()}} \
+            | ({"adapters": {name: {"inflight_seconds": b} for name, b in self.adapters.items()}} if self.adapters else {})
 
     @classmethod
     def from_dict(cls, body: Any) -> UsageReport:
@@ -180,7 +211,31 @@ class UsageReport:
             # The replica's id in every message: a router's report carries thousands.
             where = "" if rid is None or not isinstance(rid, str) else f" for {rid[:40]!r}"
             raise UsageError(f"bad usage entry{where} in replicas: {exc}") from None
-        return cls(router, version, MappingProxyType(replicas))
+        return cls(router, version, MappingProxyType(replicas), MappingProxyType(_adapters_from(body.get("adapters"))))
+
+
+def _adapters_from(raw: Any) -> dict[str, float]:
+    """A report's per-adapter counters; UsageError naming the adapter when they are not
+    {NAME: {"inflight_seconds": N}} within the bounds. Absent or null: none."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise UsageError('adapters: expected {ADAPTER: {"inflight_seconds": N}}')
+    if len(raw) > MAX_ADAPTERS:
+        raise UsageError(f"adapters: at most {MAX_ADAPTERS} per report, not {len(raw)}")
+    out = {}
+    for name, entry in raw.items():
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
+            raise UsageError(f"adapters: a name of 1 to {MAX_NAME} characters, not {str(name)[:40]!r}")
+        try:
+            if not isinstance(entry, Mapping):
+                raise ValueError('an object {"inflight_seconds": N}')
+            counter = _counter_from(entry.get("inflight_seconds"))
+        except ValueError as exc:
+            raise UsageError(f"bad usage entry for adapter {name[:40]!r}: {exc}") from None
+        if counter is not None:
+            out[name] = counter
+    return out
 
 
 def _inflight_from(raw: Any) -> int:

@@ -70,12 +70,18 @@ class Controller:
         # Usage from the in-process router and from standalone routers' reports, which may speak
         # only of replicas the reconciler has (a record, draining ones included).
         self.usage = UsageBoard(router, version=lambda: self.watch.version, clock=clock,
-                                known=lambda rid: rid in self.reconciler.replicas)
+                                known=lambda rid: rid in self.reconciler.replicas,
+                                known_adapter=self._is_adapter)
         self.reconciler = Reconciler(self.live, self.inventory, self.desired, endpoints=router, usage=self.usage,
-                                     load=self.usage, concurrency=self.usage,
+                                     load=self.usage, concurrency=self.usage, adapter_load=self.usage,
                                      clock=clock, wall_clock=wall_clock, on_change=self._fleet_changed,
                                      **reconciler_options)
         self.live.subscribe(self._swapped)
+
+    def _is_adapter(self, name: str) -> bool:
+        """Whether `name` is an adapter's own name in the catalog in force (not an alias: routers count by name)."""
+        ref = self.live.current.adapter(name)
+        return ref is not None and ref.adapter.name == name
 
     def _fleet_changed(self) -> None:
         self.watch.bump()

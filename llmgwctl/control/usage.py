@@ -44,6 +44,16 @@ has that local reading:
 - replicas the controller does not know (`known`) are dropped from a report,
   and at most MAX_ROUTERS router ids are heard at once.
 
+Per LoRA adapter, the routers' in-flight counters (`adapter_inflight_seconds`,
+what an adapter's spread follows) are added up the same way: the board keeps
+one counter per adapter and adds what each router's grew by. Only adapter
+names the catalog has count (`known_adapter`): a router cannot make the
+controller hold names of its own. And a router's adapter requests are among
+its requests: what its adapters' counters grew by in one report counts up to
+what its replicas' counters grew by in it, which are checked as above. An
+adapter's claims spread it only over replicas the base runs already, at
+most its catalog `max`.
+
 A board without a local reading (a test's source, a controller without an
 in-process router) cannot check and takes reports as they are, within the
 contract's bounds (llmgwctl.contracts.usage).
@@ -90,7 +100,8 @@ class UsageBoard:
 
     def __init__(self, local: UsageSource | None = None, *, version: Callable[[], int] = lambda: 0,
                  clock: Callable[[], float] = time.monotonic, stale_after: float = STALE_AFTER,
-                 known: Callable[[str], bool] | None = None, max_routers: int = MAX_ROUTERS):
+                 known: Callable[[str], bool] | None = None, max_routers: int = MAX_ROUTERS,
+                 known_adapter: Callable[[str], bool] | None = None):
         self.local = local
         self._version = version
         self._clock = clock
@@ -115,6 +126,11 @@ class UsageBoard:
         # A local source without counters (a test's dict): its samples integrated on each read; the last read
         self._local_busy: dict[str, float] = {}
         self._local_read: tuple[float, dict[str, int]] | None = None
+        # Per adapter: None takes no router's names (a board in a test takes what the local router counts)
+        self._known_adapter = known_adapter
+        # router id -> its adapters' counters in its last report; adapter name -> what the board added up
+        self._adapter_counted: dict[str, dict[str, float]] = {}
+        self._adapter_busy: dict[str, float] = {}
 
     def report(self, body: Any) -> None:
         """Take one standalone router's report (see llmgwctl.contracts.usage); UsageError if malformed."""
@@ -137,6 +153,7 @@ class UsageBoard:
     def _count(self, report: UsageReport, now: float) -> None:
         """Add what each replica's in-flight counter grew by since this router's last report (see the docstring)."""
         last = self._counted.get(report.router)
+        total = 0.0         # what this router's replicas' counters grew by: its adapters' growth is part of it
         if last is not None:
             then, before = last
             for rid, r in report.replicas.items():
@@ -150,8 +167,27 @@ class UsageBoard:
                         # Its bucket fills from when the growth began: this router's last report.
                         self._credit.setdefault(rid, (then, 0.0))
                     self._busy[rid] = self._busy.get(rid, 0.0) + grown
+                    total += grown
         self._counted[report.router] = (now, {rid: (r.inflight_seconds, r.inflight)
                                               for rid, r in report.replicas.items()})
+        self._count_adapters(report, total if last is not None else 0.0)
+
+    def _count_adapters(self, report: UsageReport, total: float) -> None:
+        """Add what each known adapter's counter grew by since this router's last report, all of them
+        together at most `total`, what its replicas' counters grew by (see the module docstring)."""
+        known = self._known_adapter
+        if known is None:
+            return
+        counters = {name: b for name, b in report.adapters.items() if known(name)}
+        before = self._adapter_counted.get(report.router)
+        self._adapter_counted[report.router] = counters
+        if before is None:
+            return
+        grown = {name: b - before[name] for name, b in counters.items() if name in before and b > before[name]}
+        claimed = sum(grown.values())
+        scale = 1.0 if claimed <= total else (total / claimed if claimed > 0 else 0.0)
+        for name, g in grown.items():
+            self._adapter_busy[name] = self._adapter_busy.get(name, 0.0) + g * scale
 
     def routers(self) -> int:
         return len(self._fresh())
@@ -163,6 +199,7 @@ class UsageBoard:
             del self._remote[router]
             self._loads.pop(router, None)
             self._counted.pop(router, None)
+            self._adapter_counted.pop(router, None)
         return self._remote.values()
 
     def usage_snapshot(self) -> UsageSnapshot:
@@ -263,6 +300,22 @@ class UsageBoard:
         self._take_claims()
         for rid in listed | self._busy.keys():
             merged[rid] = merged.get(rid, 0.0) + self._shown.get(rid, 0.0)
+        return merged
+
+    def adapter_inflight_seconds(self) -> dict[str, float]:
+        """Per adapter name, request-seconds in flight through every router: the in-process router's
+        counter plus the board's own for standalone routers (an AdapterLoadSource; module docstring).
+        Only the catalog's adapters: a name it dropped is forgotten (and starts from zero if it returns,
+        which a reader takes as a counter reset)."""
+        local = getattr(self.local, "adapter_inflight_seconds", None)
+        merged: dict[str, float] = dict(local()) if local is not None else {}
+        known = self._known_adapter
+        if known is not None:
+            for name in [n for n in self._adapter_busy if not known(n)]:
+                del self._adapter_busy[name]
+            merged = {name: b for name, b in merged.items() if known(name)}
+        for name, b in self._adapter_busy.items():
+            merged[name] = merged.get(name, 0.0) + b
         return merged
 
     def _take_claims(self) -> None:

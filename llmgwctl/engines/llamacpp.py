@@ -19,6 +19,17 @@ A source that does not resolve on this node is a LaunchError naming what was
 looked for, raised before any process starts. `pkg:` and paths are resolved
 by gguf.py, which the vLLM driver shares for its GGUF sources.
 
+LoRA adapters. llama-server loads adapters only at launch: each adapter the
+spec places on the replica (every adapter of its model, catalog order) is
+one `--lora FILE`, resolved like a GGUF source, and `--lora-init-without-apply`
+is meant to load them at scale 0 (current builds still apply scale 1 to a
+request that names none, so the router names them in every request). The
+engine numbers them in that order, and each
+request picks its adapter by number in its body's `lora` member, which the
+router writes (router/loraselect.py); the agent reads the numbers back from
+the engine's `GET /lora-adapters` (agent/adapters.py). An adapter edit is a
+new spec hash, so a new replica (contracts.ReplicaSpec).
+
 Load: `llamacpp:requests_processing` (slots generating) and
 `llamacpp:requests_deferred` (waiting for a slot). Current llama-server prints
 no KV-cache gauge, so `kv_cache` is None. Both only exist with `--metrics`,
@@ -55,7 +66,7 @@ class LlamacppDriver:
         # Not found: keep the plain name, so the agent's spawn fails with an
         # error naming it (the agent checks available() before launching).
         binary = find_llama_server(self.package) or "llama-server"
-        argv = [binary, *model_args(spec.source), "--host", host, "--port", str(port),
+        argv = [binary, *model_args(spec.source), *lora_args(spec), "--host", host, "--port", str(port),
                 "--alias", spec.model, "--metrics"]
         if spec.gpus > 0:
             argv += ["-ngl", _ALL_LAYERS]
@@ -103,6 +114,27 @@ def model_args(source: str) -> list[str]:
             raise LaunchError(f"llama.cpp source {source!r}: expected hf:USER/REPO[:QUANT]")
         return ["-hf", repo]
     return ["-m", str(resolve_gguf(source))]
+
+
+def lora_args(spec: ReplicaSpec) -> list[str]:
+    """The flags that load the adapters placed on `spec`, in order, applied to no request that does not name one."""
+    if not spec.adapters:
+        return []
+    argv = []
+    for adapter in spec.adapters:
+        try:
+            path = resolve_gguf(adapter.source)
+        except LaunchError as exc:
+            raise LaunchError(f"adapter {adapter.name!r}: {exc}") from None
+        argv += ["--lora", _csv_field(str(path))]
+    return [*argv, "--lora-init-without-apply"]
+
+
+def _csv_field(value: str) -> str:
+    """`value` as one field of llama-server's comma-separated --lora list: quoted when a comma or quote would split it."""
+    if "," not in value and not value.startswith('"'):
+        return value
+    return '"' + value.replace('"', '""') + '"'
 
 
 def parse_llamacpp(text: str) -> LoadReading | None:

@@ -8,11 +8,18 @@ VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment. Those routes are
 for llmgw's agent (llmgwctl.agent.adapters): the router's route table does
 not carry them, so no client reaches them. The fake engine takes the same
 flags and speaks the same routes.
+
+llama.cpp loads adapters only at launch (engines/llamacpp.py), numbered in
+the order of its --lora flags, and lists them with their numbers at
+`GET /lora-adapters`: `numbered()` reads that list into which number is
+which adapter, what a request to it names (the router writes the number).
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ..contracts import ReplicaSpec
 from .base import samples
@@ -23,6 +30,8 @@ _INFO = "vllm:lora_requests_info"
 
 # Engines whose adapters the agent loads with vLLM's routes.
 RUNTIME_API = frozenset({"vllm", "fake"})
+# Engines that load adapters only at launch, and the route listing them with their numbers.
+LAUNCH_LISTING = {"llamacpp": "/lora-adapters"}
 # vLLM refuses the runtime routes without it (they let a caller load code-free
 # weights from any path the engine can read; only the agent reaches them).
 RUNTIME_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
@@ -72,3 +81,27 @@ def busy_adapters(page: str) -> frozenset[str] | None:
     labels = max(info, key=lambda sample: sample[1])[0]
     names = labels.get("running_lora_adapters", "").split(",") + labels.get("waiting_lora_adapters", "").split(",")
     return frozenset(n for n in names if n)
+
+
+def numbered(listing: Any, paths: Sequence[tuple[str, str]]) -> dict[str, int]:
+    """Adapter name -> the engine's number for it, from llama-server's `GET /lora-adapters` list.
+
+    `paths` are (name, the file it was launched with) in launch order. An
+    entry is matched by its path, the first adapter of that path not yet
+    matched taking it (two names for one file get one number each, in
+    order); an entry that is not an object with an integer id and a string
+    path matches nothing, as does an adapter whose file the engine does not list.
+    """
+    if not isinstance(listing, list):
+        raise ValueError(f"expected a list of adapters, got {type(listing).__name__}")
+    free: dict[str, list[str]] = {}
+    for name, path in paths:
+        free.setdefault(path, []).append(name)
+    out: dict[str, int] = {}
+    for entry in listing:
+        if not isinstance(entry, dict):
+            continue
+        number, listed = entry.get("id"), entry.get("path")
+        if type(number) is int and number >= 0 and isinstance(listed, str) and free.get(listed):
+            out[free[listed].pop(0)] = number
+    return out

@@ -41,6 +41,7 @@ from typing import Any
 from ..catalog import Catalog, Live, Model
 from ..catalog.fallbacks import chains
 from ..contracts import (
+    AdapterLoadSource,
     ConcurrencySource,
     Endpoint,
     Event,
@@ -61,7 +62,7 @@ from .desired import DesiredStore
 from .groups import GroupKeeper
 from .incremental import IncrementalMismatch, checked
 from .maintenance import SURGE_WAIT, Maintenance
-from .placement_input import PlacementInput, SpecHashes, profile_of
+from .placement_input import PlacementInput, SpecHashes, profile_of, replaced_why
 from .planning import Planner
 from .publishing import Publisher
 from .records import Records, Replica
@@ -138,6 +139,7 @@ class Reconciler:
     def __init__(self, live: Live, inventory: Inventory, desired: DesiredStore, *,
                  endpoints: RouterSink | None = None, usage: UsageSource | None = None,
                  load: LoadSource | None = None, concurrency: ConcurrencySource | None = None,
+                 adapter_load: AdapterLoadSource | None = None,
                  clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
                  settle: float = SETTLE, drain_grace: float = DRAIN_GRACE, replace_after: float = REPLACE_AFTER,
                  on_change: Callable[[], None] = lambda: None, move_every: float = MOVE_EVERY,
@@ -164,7 +166,7 @@ class Reconciler:
         self.maintenance = Maintenance(self.replicas, self.placement_input.cordoned, self.placement_input.draining,
                                        self.event, surge_wait=surge_wait)
         self.publisher = Publisher(self.replicas, inventory, desired, on_change=on_change, whole=self.groups.whole)
-        self.adapters = AdapterPlacer(self.replicas)
+        self.adapters = AdapterPlacer(self.replicas, load=adapter_load, clock=clock, event=self.event)
         if endpoints:
             self.publisher.sinks.append(endpoints)
         self.passes = 0
@@ -382,9 +384,14 @@ class Reconciler:
                       for a in plan.start],
             "stop": [{"id": s.replica_id, "model": by_id[s.replica_id].model if s.replica_id in by_id else "",
                       "reason": s.reason} for s in plan.stop],
-            "replace": [{"id": r.replica_id, "model": r.model, "profile": r.profile, "node": r.node} for r in stale],
+            "replace": [{"id": r.replica_id, "model": r.model, "profile": r.profile, "node": r.node,
+                         "why": self._replaced_why(r.replica_id, catalog)} for r in stale],
             "unplaceable": {u.model: u.reason for u in plan.unplaceable},
         }
+
+    def _replaced_why(self, replica_id: str, catalog: Catalog) -> str:
+        rec = self.replicas.get(replica_id)
+        return replaced_why(rec.spec, catalog.resolve(rec.spec.model)) if rec is not None else "profile changed"
 
     # --- for status -----------------------------------------------------------
 
@@ -410,7 +417,8 @@ class Reconciler:
                    self.unplaceable.get(model.name), bool(getattr(detail, "permanent", False)),
                    scale.load if scale else None, scale.needed if scale else None,
                    # Its chain follows other models' fallbacks too, not only its own.
-                   chain.get(model.name, ()))
+                   chain.get(model.name, ()),
+                   self.adapters.spreads(model) if model.adapters else ())
             hit = kept.get(model.name)
             if hit is None or hit[0] != key:
                 hit = kept[model.name] = (key, ModelStatus(
@@ -418,7 +426,7 @@ class Reconciler:
                     desired=key[1], ready=ready, replicas=count, unplaceable=key[4], priority=model.priority,
                     unplaceable_permanent=key[5], metric=model.autoscale.metric,
                     target=model.autoscale.policy().target, load=key[6], needed=key[7],
-                    fallbacks=key[8]))
+                    fallbacks=key[8], adapters=key[9]))
             models.append(hit[1])
         if len(kept) > len(models):
             names = {m.name for m in models}

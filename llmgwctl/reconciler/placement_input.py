@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from ..catalog import Catalog, Model, Profile
+from ..catalog.modelrules import LAUNCH_LORA_ENGINES, LAUNCH_LORA_REASON
 from ..catalog.multinode import parallelism
 from ..contracts import GroupSlot, ReplicaSpec, ReplicaState
 from ..inventory import Inventory, Node
@@ -21,6 +22,23 @@ from ..placement import NodeView, Running
 from .records import Records
 
 _LEAVING = (ReplicaState.DRAINING, ReplicaState.STOPPING)
+
+
+def stale_adapters(spec: ReplicaSpec, model: Model | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """For a replica of an engine that loads adapters only at launch: (the model's adapters it lacks, those it has
+    and the model no longer does, or whose source changed); ((), ()) for any other replica, or a current one."""
+    if spec.engine not in LAUNCH_LORA_ENGINES or model is None:
+        return (), ()
+    wanted = {a.name: a.source for a in model.adapters}
+    held = {a.name: a.source for a in spec.adapters}
+    return (tuple(n for n, source in wanted.items() if held.get(n) != source),
+            tuple(n for n, source in held.items() if wanted.get(n) != source))
+
+
+def replaced_why(spec: ReplicaSpec, model: Model | None) -> str:
+    """Why a replica no longer matches its profile, as `catalog apply` shows it."""
+    lacks, extra = stale_adapters(spec, model)
+    return LAUNCH_LORA_REASON if lacks or extra else "profile changed"
 
 
 def profile_of(model: Model | None, name: str) -> Profile | None:

@@ -20,6 +20,7 @@ import bisect
 import collections
 from collections.abc import Callable, Mapping
 from operator import attrgetter
+from types import MappingProxyType
 
 from ..catalog import Catalog
 from ..contracts import Endpoint, ModelState, ReplicaSpec, ReplicaState, ReportedReplica, RouterSink
@@ -33,11 +34,13 @@ from .scaling import GONE
 replica_id = attrgetter("replica_id")
 
 
-def _serving(spec: ReplicaSpec, reported: ReportedReplica | None) -> frozenset[str]:
+def _serving(spec: ReplicaSpec, reported: ReportedReplica | None) -> tuple[frozenset[str], Mapping[str, int]]:
+    """The adapters placed on `spec` that its agent reports loaded, and the engine's numbers of those it gave one."""
     if not spec.adapters or reported is None or not reported.adapters:
-        return frozenset()
+        return frozenset(), {}
     loaded = reported.loaded()
-    return frozenset(a.name for a in spec.adapters if a.name in loaded)
+    served = frozenset(a.name for a in spec.adapters if a.name in loaded)
+    return served, {a.name: a.engine_id for a in reported.adapters if a.name in served and a.engine_id is not None}
 Ranks = Mapping[tuple[str, str], tuple[int, float]]
 
 
@@ -211,12 +214,13 @@ class Publisher:
         # An adapter is served here when it is placed here and the agent says
         # the engine holds it: placed-only is still loading; loaded-only is
         # being unloaded, and leaves the router first.
-        adapters = _serving(spec, rec.reported)
+        adapters, ids = _serving(spec, rec.reported)
         hit = self._endpoint_cache.get(spec.id)
-        if hit is None or hit[0] != url or hit[1] != rank or hit[2].adapters != adapters:
+        if hit is None or hit[0] != url or hit[1] != rank or hit[2].adapters != adapters or hit[2].adapter_ids != ids:
             hit = self._endpoint_cache[spec.id] = (url, rank, Endpoint(
                 replica_id=spec.id, model=spec.model, profile=spec.profile, engine=spec.engine,
-                url=url, priority=rank[0], weight=rank[1], metrics_path=spec.metrics, adapters=adapters))
+                url=url, priority=rank[0], weight=rank[1], metrics_path=spec.metrics, adapters=adapters,
+                adapter_ids=MappingProxyType(ids)))
         return hit[2]
 
     def _position(self, ep: Endpoint) -> int:

@@ -24,10 +24,13 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
 from ..catalog import Catalog, Model
-from ..contracts import NodeStatus, ReplicaState, ReplicaStatus, Scheduling
+from ..catalog.modelrules import LAUNCH_LORA_REASON
+from ..contracts import AdapterStatus, NodeStatus, ReplicaState, ReplicaStatus, Scheduling
+from ..contracts.adapters import LOADING, UNLOADING
 from ..contracts.group import MemberStatus
 from ..contracts.status import GpuStatus, replica_adapters
 from ..inventory import Node
+from .placement_input import stale_adapters
 from .records import Replica, is_worker
 
 # What a replica's row shows that its record may change in place (a pass sets
@@ -142,8 +145,20 @@ class StatusRows:
             spec_hash=rec.spec_hash, last_log=rep.last_log if rep else (),
             fallback=self._is_fallback(catalog.resolve(spec.model), spec.profile),
             starting_since=rec.created if rec.state in _STARTING else None,
-            adapters=replica_adapters(spec.adapters, rep.adapters if rep else ()),
+            adapters=self._adapters(rec, catalog),
             members=tuple(_member_row(m) for m in self._members_of(records, rec)) if spec.group else ())
+
+    @staticmethod
+    def _adapters(rec: Replica, catalog: Catalog) -> tuple[AdapterStatus, ...]:
+        """The replica's adapters as reported; for a launch-time engine's, those its replacement changes, saying why."""
+        rep, spec = rec.reported, rec.spec
+        shown = replica_adapters(spec.adapters, rep.adapters if rep else ())
+        lacks, extra = stale_adapters(spec, catalog.resolve(spec.model))
+        if not (lacks or extra):
+            return shown
+        going = set(extra)
+        return (*(AdapterStatus(a.name, UNLOADING, LAUNCH_LORA_REASON) if a.name in going else a for a in shown),
+                *(AdapterStatus(name, LOADING, LAUNCH_LORA_REASON) for name in lacks if name not in going))
 
     @staticmethod
     def _members_of(records: Mapping[str, Replica], head: Replica) -> list[Replica]:

@@ -61,7 +61,11 @@ class Accounting:
         now = perf_counter()
         elapsed = now - call.t0
         metrics = self._metrics
-        metrics.endpoint(state.endpoint.model, state.replica_id).done(
+        # A LoRA adapter's requests count under its own name, as its refusals
+        # do (`refuse`): its traffic, latency and tokens apart from its base's.
+        # A fallback's call names the model that answered, its endpoint's.
+        model = call.model if call.base else state.endpoint.model
+        metrics.endpoint(model, state.replica_id).done(
             status, elapsed, (first or now) - call.t0, overhead, usage)
         if call.api_key is not None:
             metrics.key_used(call.api_key.name, status, usage)

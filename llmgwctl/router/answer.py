@@ -28,14 +28,13 @@ from aiohttp import web
 
 from ..allocator import Trimmer
 from ..observability.metrics import RouterMetrics
-from . import errors
+from . import errors, loraselect
 from .accounting import Accounting
 from .affinity import Affinity
 from .balancer import Balancer, EndpointState
 from .call import Call, Refused
 from .config import RouterConfig
 from .continuation import Continuation, Splice
-from .echo import Echo
 from .ejection import Ejector
 from .inflight import InFlight
 from .responses import FirstEvent, id_of_whole
@@ -125,9 +124,10 @@ class AnswerPath:
         call.waited += perf_counter() - r0
         self._balancer.succeeded(state)
         usage = call.route.usage.whole(data)
-        if call.echo_as and "Content-Encoding" not in headers:
+        echo = loraselect.echo_for(call, state) if "Content-Encoding" not in headers else None
+        if echo is not None:
             # A compressed answer (the router asks for none) goes on as it came.
-            data = Echo(call.model, call.echo_as).whole(data)
+            data = echo.whole(data)
         status = upstream.status
         if call.route.binds and 200 <= status < 300:
             self._affinity.learned(call, state, id_of_whole(data))
@@ -168,8 +168,8 @@ class AnswerPath:
         transport = request.transport
         first = 0.0
         usage = call.route.usage.stream()
-        # The alias the client asked by, put back in each event (echo.py); None: asked by the model's name.
-        echo = Echo(call.model, call.echo_as) if call.echo_as and "Content-Encoding" not in headers else None
+        # The alias the client asked by, put back in each event (echo.py); None: asked by the name the engine serves.
+        echo = loraselect.echo_for(call, state) if "Content-Encoding" not in headers else None
         # Streams of a model with continuation on are read event by event
         # (continuation.Splice) when they may be continued; every other passes as bytes.
         splice = self.continuation.watch(call) if call.view.continuation else None
@@ -214,7 +214,16 @@ class AnswerPath:
                     if tail:
                         await write(tail)
                         usage.feed(tail)
-                    await resp.write_eof()
+                    try:
+                        await resp.write_eof()
+                    except ConnectionError:
+                        # Every byte of the answer was written; only the chunked
+                        # framing's last empty chunk was not. A client that read
+                        # to the stream's end ([DONE]) and closed at once, before
+                        # the loop came back to this (an SDK does; a busy router's
+                        # loop comes back late), had its whole answer: served,
+                        # not a 499 of a client that left.
+                        pass
                     break
                 except UpstreamError as exc:
                     # The engine died (or went silent past upstream_idle_timeout)

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from ..contracts import Endpoint, LoadReading, Usage
+from .adapterload import AdapterLoad
 
 # An engine is treated as full when this much of its KV cache is in use: past
 # it, vLLM and SGLang start preempting or queueing, so a lower tier with room
@@ -113,6 +114,8 @@ class Balancer:
         self._members: dict[str, dict[str, EndpointState]] = {}     # model -> its endpoints' states by id
         self._profiles: dict[str, frozenset[str]] = {}
         self.generation = 0     # bumped on every change, so callers can cache derived views
+        # Per adapter name, its requests in flight over time, wherever they ran (adapterload.py).
+        self.adapters = AdapterLoad(clock)
 
     # -- told by the controller ------------------------------------------------
 

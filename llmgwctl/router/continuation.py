@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..observability.metrics import RouterMetrics
-from . import jsonbody
+from . import jsonbody, loraselect
 from .balancer import Balancer, EndpointState
 from .call import Call
 from .config import RouterConfig
@@ -364,6 +364,9 @@ class Continuation:
             splice.tries = splice.attempts      # nothing left to try
             return f"no other replica of {model!r} is ready"
         splice.tried += (to,)
+        # Its adapters off on llama.cpp, as the request's own attempts had them (a base's stream: an adapter's is
+        # not continued, its name having no continuation of its own).
+        body = loraselect.for_endpoint(call, to, body)
         balancer.started(to)
         sent = pool.post(to.endpoint.url, call.request.raw_path, body, headers=call.fwd,
                          idle_timeout=self._config.upstream_idle_timeout or None)

@@ -25,7 +25,7 @@ from time import perf_counter
 from aiohttp import web
 
 from ..observability.metrics import RouterMetrics
-from . import errors
+from . import errors, loraselect
 from .affinity import Affinity
 from .answer import AnswerPath
 from .balancer import Balancer, EndpointState
@@ -170,7 +170,11 @@ class Dispatch:
         elsewhere.
         """
         balancer = self._balancer
+        # The adapter in the body, for an engine that takes it there (llama.cpp).
+        body = loraselect.for_endpoint(call, state, body)
         balancer.started(state)
+        if call.base:       # a LoRA adapter's request: its own load, which its spread follows
+            balancer.adapters.started(call.model)
         try:
             # With an attempt left, it may move while it waits (inflight.py).
             upstream = await self._send(call, state, body, (*tried, state) if attempts.left > 0 else None)
@@ -192,6 +196,8 @@ class Dispatch:
             raise Refused(errors.upstream_failed(call.model, f"{state.replica_id}: {exc or type(exc).__name__}")) from None
         finally:
             balancer.finished(state)
+            if call.base:
+                balancer.adapters.finished(call.model)
 
     async def _refused_by(self, call: Call, state: EndpointState, upstream: Response) -> Failure:
         """An engine's 502 or 503, dropped for another replica's answer: its start kept for the log, the replica ejected."""

@@ -36,14 +36,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing
+import os
+import pickle
 import re
+import struct
+import sys
 from collections.abc import Callable, Mapping
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from json import scanner
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:     # Windows
+    fcntl = None  # type: ignore[assignment]
 
 from .. import allocator
 from .errors import MAX_NAME_CHARS, RouterError
@@ -163,16 +169,37 @@ def _parse_off_loop(body: bytes, key: str, prompt: PromptReader | None, max_dept
                  lone_surrogate=lone_surrogate(body) if type(model) is str else None)
 
 
+# How much less CPU the worker claims than the router when both want it.
+# Each step of `nice` is about 1.25x less weight to Linux's scheduler, so
+# at +10 the router's loop gets ~90 % of a contended core: a client's
+# million-key body waits for spare CPU instead of taking it from every
+# other request (issue 27's bench: two hostile clients kept the worker
+# busy a core-second at a time, on a 2-core machine where serve's loop,
+# its engines and their clients shared what was left).
+WORKER_NICENESS = 10
+
+
 class OffLoop:
     """A worker process that parses the bodies too costly for the loop (see the module docstring).
 
     One worker: a body of a million values costs it a second or so, and it
     runs beside the loop, on another core when there is one, instead of in
-    it. At most `max_waiting` bodies are with it at once (running or
-    queued); past that WorkerBusy, so a flood of them costs a bounded queue
-    and the memory of its bodies, not the whole router's. The worker starts
-    on the first body it gets (spawned: a fresh interpreter, never a fork of
-    a process with threads) and is started again if it dies.
+    it, and at a lower CPU priority (`WORKER_NICENESS`), so where there is
+    no spare core the loop still comes first. At most `max_waiting` bodies
+    are with it at once (running or queued); past that WorkerBusy, so a
+    flood of them costs a bounded queue and the memory of its bodies, not
+    the whole router's. The worker starts on the first body it gets (a fresh
+    interpreter, never a fork of a process with threads) and is started
+    again if it dies.
+
+    The body goes to the worker down a pipe the loop writes, from the bytes
+    the router holds: not pickled first (what a process pool does, in one
+    of the router's threads, holding the GIL while it copies the whole body:
+    15-25 ms of loop stalled for a 30 MB body on a loaded core). Only the
+    small request (the key, the prompt reader, the depth) and the facts
+    coming back are pickled. One body at a time is on the pipe; a request
+    given up while its body is there still lets the exchange finish, so the
+    next one finds the pipe in step.
     """
 
     # Thirty-two bodies: a burst of large batch requests or image-laden
@@ -182,36 +209,113 @@ class OffLoop:
     # bound here is for the smaller bodies of many values.
     def __init__(self, max_waiting: int = 32):
         self.max_waiting = max_waiting
-        self._pool: ProcessPoolExecutor | None = None
+        self._worker: asyncio.subprocess.Process | None = None
+        self._pipe = asyncio.Lock()
         self._waiting = 0
 
     async def parse(self, body: bytes, key: str, prompt: PromptReader | None, max_depth: int) -> Facts:
         if self._waiting >= self.max_waiting:
             raise WorkerBusy(f"{self._waiting} large bodies are being parsed")
-        if self._pool is None:
-            # Tuned as the router is: a million-key body's tables are given back when freed.
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=allocator.tune)
-        pool = self._pool
         self._waiting += 1
         try:
-            got = await asyncio.get_running_loop().run_in_executor(
-                pool, _parse_off_loop, body, key, prompt, max_depth)
-        except BrokenProcessPool:
-            # Killed (the OOM killer, an operator): the next body starts a new one.
-            if self._pool is pool:
-                self._pool = None
-            raise WorkerBusy("the body parser process died") from None
+            got = await asyncio.shield(self._exchange(body, pickle.dumps((key, prompt, max_depth))))
         finally:
             self._waiting -= 1
-        if isinstance(got, BodyRefused):
+        if isinstance(got, BaseException):
             raise got
         return got
 
-    def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+    async def _exchange(self, body: bytes, request: bytes) -> Facts | BaseException:
+        async with self._pipe:
+            worker = self._worker
+            if worker is None or worker.returncode is not None:
+                worker = self._worker = await _start_worker()
+            stdin, stdout = worker.stdin, worker.stdout
+            assert stdin is not None and stdout is not None
+            try:
+                stdin.write(_FRAME.pack(len(request), len(body)) + request)
+                stdin.write(body)
+                await stdin.drain()
+                (size,) = _REPLY.unpack(await stdout.readexactly(_REPLY.size))
+                got: Facts | BaseException = pickle.loads(await stdout.readexactly(size))
+                return got
+            except (OSError, asyncio.IncompleteReadError, pickle.UnpicklingError):
+                # Killed (the OOM killer, an operator): the next body starts a new one.
+                self._worker = None
+                await _end(worker)
+                return WorkerBusy("the body parser process died")
+
+    async def aclose(self) -> None:
+        """End the worker (the app stops)."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            await _end(worker)
+
+
+async def _end(worker: asyncio.subprocess.Process) -> None:
+    """Kill `worker` and reap it, so its pipes are closed while the loop runs."""
+    if worker.returncode is None:
+        try:
+            worker.kill()
+        except ProcessLookupError:
+            pass
+    await worker.wait()
+
+
+# A request to the worker: its pickled part's length and the body's, then
+# both; a reply: its length, then the pickled facts (or the refusal).
+_FRAME = struct.Struct("!IQ")
+_REPLY = struct.Struct("!Q")
+_WORKER = "import sys; sys.path[:0] = sys.argv[1:]; from llmgwctl.router import jsonbody; jsonbody.worker_main()"
+
+
+async def _start_worker() -> asyncio.subprocess.Process:
+    # Our own import path handed over, so the worker imports this very copy of
+    # llmgwctl however the router was started (installed, -m from a checkout).
+    # A session of its own: a Ctrl-C at serve's terminal is serve's to handle;
+    # the worker ends when its pipe closes, with serve.
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _WORKER, *sys.path, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        start_new_session=True)
+    # A pipe of 1 MiB, not 64 KiB: a 30 MB body crosses in 30 of the loop's
+    # writes, not 500 (each a wake-up of both sides). Linux only, and only up
+    # to what /proc/sys/fs/pipe-max-size allows: else the default stands.
+    set_size = getattr(fcntl, "F_SETPIPE_SZ", None) if fcntl is not None else None
+    pipe = worker.stdin.transport.get_extra_info("pipe") if worker.stdin is not None else None
+    if set_size is not None and pipe is not None:
+        try:
+            fcntl.fcntl(pipe.fileno(), set_size, 1 << 20)
+        except OSError:
+            pass
+    return worker
+
+
+def worker_main() -> None:
+    """The worker process: parse each body it is sent, until its input ends."""
+    try:
+        os.nice(WORKER_NICENESS)
+    except OSError:     # a platform or sandbox that refuses it: the worker runs at the router's priority
+        pass
+    # A million-key body's tables are given back when freed.
+    allocator.tune()
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    while True:
+        head = stdin.read(_FRAME.size)
+        if len(head) < _FRAME.size:
+            return
+        request_size, body_size = _FRAME.unpack(head)
+        key, prompt, max_depth = pickle.loads(stdin.read(request_size))
+        body = stdin.read(body_size)
+        if len(body) < body_size:
+            return
+        try:
+            got: Facts | BaseException = _parse_off_loop(body, key, prompt, max_depth)
+        except Exception as exc:     # noqa: BLE001 -- a parse that fails unforeseen is the router's to raise, not the worker's end
+            got = exc
+        del body
+        reply = pickle.dumps(got)
+        stdout.write(_REPLY.pack(len(reply)) + reply)
+        stdout.flush()
 
 
 # -- the model's value, in the bytes --------------------------------------------------------

@@ -25,6 +25,7 @@ The control plane meets it through narrow surfaces only:
 - `usage_snapshot()`: last use and in-flight count per replica, read once a tick;
 - `load_snapshot()`: each engine's latest fresh load reading, for the autoscaler;
 - `inflight_seconds()`: each replica's in-flight count integrated over time, for the autoscaler;
+- `adapter_inflight_seconds()`: the same per LoRA adapter, for its spread over its base's replicas;
 - a `Waker` it calls when a request finds no ready replica;
 - `set_api_keys(keys)`: optional API keys (see `auth`), swapped whole like a catalog;
 - `set_request_sink(sink)`: where each answered request goes as a `RequestRecord` (the request log).
@@ -177,6 +178,7 @@ class Router:
         """Make `catalog` the one new requests resolve against; requests already running keep theirs."""
         self.surface.set_catalog(catalog)
         self.modelinfo.retain(m.name for m in catalog.models)
+        self.balancer.adapters.retain(a.name for m in catalog.models for a in m.adapters)
 
     @property
     def catalog(self) -> Catalog:
@@ -206,6 +208,10 @@ class Router:
     def inflight_seconds(self) -> dict[str, float]:
         """{replica_id: in flight integrated over time}, for the autoscaler (a ConcurrencySource)."""
         return self.balancer.inflight_seconds()
+
+    def adapter_inflight_seconds(self) -> dict[str, float]:
+        """{adapter name: its requests in flight integrated over time}, for its spread (an AdapterLoadSource)."""
+        return self.balancer.adapters.inflight_seconds()
 
     def endpoint_problems(self) -> dict[str, str]:
         """{replica_id: what this router holds against its engine now}, for status: an ejection for a
@@ -303,7 +309,7 @@ class Router:
             self.poller.close()
         if self.requests.dispatch.pool is not None:
             await self.requests.dispatch.pool.close()
-        self.parser.close()
+        await self.parser.aclose()
         self.trimmer.close()
         self.requests.close()
 

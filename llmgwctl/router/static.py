@@ -11,7 +11,8 @@ Owns reading and checking that file. Format (YAML):
         weight: 2                    # optional: the profile's weight
         engine: vllm                 # optional: the profile's engine (which /metrics adapter reads it)
         metrics_path: /metrics       # optional: the engine's (null: do not poll this endpoint)
-        adapters: [qwen-sql]         # optional: the model's LoRA adapters this engine serves (names or aliases)
+        adapters: [qwen-sql]         # optional: the model's LoRA adapters this engine serves (names or aliases);
+                                     # for llama.cpp, in the order of its --lora flags, which numbers them
 
 Defaults come from the catalog so the file only says where engines listen; the
 catalog stays the one place that says how models rank. Every problem in the
@@ -23,12 +24,14 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 from ..catalog import Catalog, Live, Model
 from ..contracts import Endpoint, RouterSink
 from ..fsutil import FollowedFile
 from .errors import RouterError
+from .loraselect import SELECTS_BY_BODY
 from .upstream import BadEndpointURL, parse_target
 from .yamlfile import MAX_BYTES, Layout, entries, parse_yaml
 
@@ -158,14 +161,18 @@ def parse_endpoints(doc: Any, catalog: Catalog, source: str = "<endpoints>") -> 
             problems.append(f"{where}.id: {rid!r} is already used by endpoints[{seen[rid]}]; give each its own id")
             continue
         seen[rid] = i
-        adapters = _adapters(raw.get("adapters"), model, f"{where}.adapters", problems)
-        if adapters is None:
+        listed = _adapters(raw.get("adapters"), model, f"{where}.adapters", problems)
+        if listed is None:
             continue
+        # llama.cpp numbers its adapters in the order of its --lora flags, which the list follows.
+        ids: dict[str, int] = {}
+        for i, name in enumerate(listed if engine in SELECTS_BY_BODY else ()):
+            ids.setdefault(name, i)
         try:
             ep = Endpoint(replica_id=rid, model=model.name, profile=profile.name, engine=engine, url=url,
                           priority=int(raw.get("priority", profile.priority)),
                           weight=float(raw.get("weight", profile.weight)), metrics_path=metrics_path,
-                          adapters=adapters)
+                          adapters=frozenset(listed), adapter_ids=MappingProxyType(ids))
             parse_target(ep.url)    # a port past 65535, say: the router would leave it out, so refuse it here
             out.append(ep)
         except BadEndpointURL as exc:
@@ -177,11 +184,11 @@ def parse_endpoints(doc: Any, catalog: Catalog, source: str = "<endpoints>") -> 
     return out
 
 
-def _adapters(raw: Any, model: Model, where: str, problems: list[str]) -> frozenset[str] | None:
-    """The adapters an endpoint serves, by their canonical names; None (with the problem said) if one is not
+def _adapters(raw: Any, model: Model, where: str, problems: list[str]) -> list[str] | None:
+    """The adapters an endpoint serves, by their canonical names, in order; None (with the problem said) if one is not
     the model's. Nothing loads them: with no controller, the engine was started with them by its operator."""
     if raw is None:
-        return frozenset()
+        return []
     if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
         problems.append(f"{where}: expected a list of adapter names, e.g. [{model.name}-sql]")
         return None
@@ -193,4 +200,4 @@ def _adapters(raw: Any, model: Model, where: str, problems: list[str]) -> frozen
                         f"{'is not an adapter' if len(unknown) == 1 else 'are not adapters'} of "
                         f"{model.name!r} in the catalog (it has: {known})")
         return None
-    return frozenset(names[a] for a in raw)
+    return [names[a] for a in raw]

@@ -79,7 +79,7 @@ Usage (every USAGE_INTERVAL seconds), a `llmgwctl.contracts.UsageReport`::
     -> 204
 
 the standalone form of the in-process router's `usage_snapshot()`,
-`inflight_seconds()` and `load_snapshot()` (see llmgwctl.contracts.usage):
+`inflight_seconds()`, `adapter_inflight_seconds()` and `load_snapshot()` (see llmgwctl.contracts.usage):
 the controller's idle scale-down, drain and autoscaler read it. `version` lets the controller
 tell a report sent before this router applied a withdrawal from one after it.
 
@@ -328,8 +328,10 @@ class UsageReporter:
         # dict) reports usage alone.
         loads = getattr(self._source, "load_snapshot", None)
         busy = getattr(self._source, "inflight_seconds", None)
+        adapters = getattr(self._source, "adapter_inflight_seconds", None)
         report = UsageReport.of(self.router_id, self._watch.version, self._source.usage_snapshot(), self._clock(),
-                                loads() if loads is not None else None, busy() if busy is not None else None)
+                                loads() if loads is not None else None, busy() if busy is not None else None,
+                                adapters() if adapters is not None else None)
         doc = report.to_dict()
         if self.outbox is not None:
             # A controller from before the request log ignores the key.

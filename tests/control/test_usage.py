@@ -54,3 +54,49 @@ def test_malformed_reports_are_refused_and_change_nothing(body):
     with pytest.raises(UsageError):
         board.report(body)
     assert board.usage_snapshot() == before
+
+
+class LocalAdapters(Local):
+    def __init__(self, counters):
+        super().__init__({})
+        self.counters = counters
+
+    def adapter_inflight_seconds(self):
+        return dict(self.counters)
+
+
+def _adapter_report(board, router, replica_seconds, adapters):
+    board.report({"router": router, "version": 1,
+                  "replicas": {"r1": {"idle_seconds": 0, "inflight": 1, "inflight_seconds": replica_seconds}},
+                  "adapters": {name: {"inflight_seconds": b} for name, b in adapters.items()}})
+
+
+def test_adapter_counters_add_up_what_each_router_grew_by_and_only_the_catalogs_names_count():
+    clock = FakeClock(100.0)
+    board = UsageBoard(LocalAdapters({"sql": 10.0, "gone": 3.0}), version=lambda: 1, clock=clock,
+                       known_adapter=lambda name: name in ("sql", "bot"))
+    _adapter_report(board, "a", 50.0, {"sql": 500.0, "made-up": 1e6})
+    assert board.adapter_inflight_seconds() == {"sql": 10.0}        # a first report is where it starts from
+    clock.now += 2
+    _adapter_report(board, "a", 58.0, {"sql": 506.0, "made-up": 2e6, "bot": 1.0})
+    assert board.adapter_inflight_seconds() == {"sql": 16.0}
+    assert "made-up" not in board._adapter_busy and "made-up" not in board._adapter_counted["a"]
+
+
+def test_a_routers_adapter_claims_count_up_to_what_its_replicas_grew_by():
+    clock = FakeClock(100.0)
+    board = UsageBoard(version=lambda: 1, clock=clock, known_adapter=lambda name: True)
+    _adapter_report(board, "a", 0.0, {"x": 0.0, "y": 0.0})
+    clock.now += 2
+    # 4 request-seconds on its replicas, 40 claimed for its adapters: scaled to the 4.
+    _adapter_report(board, "a", 4.0, {"x": 30.0, "y": 10.0})
+    assert board.adapter_inflight_seconds() == pytest.approx({"x": 3.0, "y": 1.0})
+
+
+def test_a_report_without_adapters_moves_no_adapter_counter():
+    clock = FakeClock(100.0)
+    board = UsageBoard(version=lambda: 1, clock=clock, known_adapter=lambda name: True)
+    for _ in range(3):
+        board.report({"router": "old", "version": 1, "replicas": {"r1": {"idle_seconds": 0, "inflight": 5}}})
+        clock.now += 2
+    assert board.adapter_inflight_seconds() == {}

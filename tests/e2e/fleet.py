@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -272,6 +273,30 @@ class Fleet:
             self.close()
             return False
         wait_until(swept, what, timeout)
+
+
+def hold_streams(router: str, stop: threading.Event, model: str,
+                 seen: set[str] | None = None, streams: int = 6) -> list[threading.Thread]:
+    """`streams` clients that each keep one slow stream of `model` open until `stop`, opening a new one when
+    one ends; the replicas that answered go into `seen`."""
+    def client() -> None:
+        with requests.Session() as session:
+            while not stop.is_set():
+                try:
+                    with session.post(router + "/v1/chat/completions", stream=True, timeout=30, json={
+                            "model": model, "stream": True, "max_tokens": 400,
+                            "messages": [{"role": "user", "content": "go"}]}) as resp:
+                        if seen is not None and resp.status_code == 200:
+                            seen.add(resp.headers["x-llmgw-replica"])
+                        for _ in resp.iter_lines():
+                            if stop.is_set():
+                                break       # closing the response ends the request at the router
+                except requests.RequestException:
+                    stop.wait(0.2)          # the router between endpoint lists: try again shortly
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(streams)]
+    for t in threads:
+        t.start()
+    return threads
 
 
 def endpoint_metrics(router: str, replica: str) -> dict[str, float]:

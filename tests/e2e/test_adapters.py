@@ -6,19 +6,23 @@ reply's model) are both visible. Every wait is bounded (wait_until).
 """
 import os
 import signal
+import subprocess
+import sys
+import threading
 
+import pytest
 import requests
 import yaml
 
-from .fleet import Fleet, wait_until
+from .fleet import Fleet, hold_streams, wait_until
 
 
-def catalog(adapters: list[dict], replicas: int = 2) -> str:
+def catalog(adapters: list[dict], replicas: int = 2, args: tuple[str, ...] = ()) -> str:
     return yaml.safe_dump({"apiVersion": "llmgw/v1", "kind": "Catalog", "models": [{
         "name": "base", "replicas": replicas,
         # lora: written, so the first adapter loads without a restart too.
         "lora": {"max_loras": 4},
-        "profiles": [{"name": "cpu", "engine": "fake", "gpus": 0}],
+        "profiles": [{"name": "cpu", "engine": "fake", "gpus": 0, **({"args": list(args)} if args else {})}],
         **({"adapters": adapters} if adapters else {}),
     }]})
 
@@ -128,6 +132,40 @@ def test_an_adapter_that_cannot_load_is_retried_and_says_why_and_its_requests_ge
         fleet.close()
 
 
+def test_a_load_the_engine_refuses_shows_its_words_in_status_and_loads_once_there_is_room(tmp_path):
+    # The engine holds one adapter (the fake's --max-adapters): the second's load reaches it and is refused.
+    fleet = Fleet(tmp_path)
+    models = fleet.catalogs / "models.yaml"
+    first, second = {"name": "first", "source": "org/first"}, {"name": "second", "source": "org/second"}
+    models.write_text(catalog([first, second], replicas=1, args=("--max-adapters", "1")))
+    try:
+        fleet.start_serve("--settle", "1")
+        wait_until(lambda: len(fleet.ready("base")) == 1, "the base replica ready")
+        rid = fleet.ready("base")[0]["id"]
+        wait_until(lambda: holders(fleet, "second") == {rid: "failed"}, "second's load refused")
+        assert holders(fleet, "first") == {rid: "loaded"}
+        reason = next(a["reason"] for a in fleet.replicas("base")[0]["adapters"] if a["name"] == "second")
+        assert reason.startswith("engine answered 400: ") and "holds at most 1 adapters" in reason, reason
+        # `llmgwctl status` says it on the replica's adapters line and with the engine's words.
+        out = subprocess.run([sys.executable, "-m", "llmgwctl", "status", "--controller", fleet.control],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        text = " ".join(out.stdout.split())     # its long lines are wrapped
+        assert f"{rid} adapters: first, second (failed)" in text, out.stdout
+        assert f"{rid} adapter second failed: engine answered 400: Loading lora second failed" in text, out.stdout
+        reply = fleet.chat("second")
+        assert reply.status_code == 503 and reply.json()["error"]["code"] == "adapter_not_loaded"
+        assert "second" in reply.json()["error"]["message"]
+        assert fleet.chat("first").status_code == 200
+        # first leaves the catalog: unloaded, and second's next retry finds the room.
+        models.write_text(catalog([second], replicas=1, args=("--max-adapters", "1")))
+        wait_until(lambda: holders(fleet, "second") == {rid: "loaded"}, "second loaded on a retry", timeout=60)
+        wait_until(lambda: fleet.chat("second").status_code == 200, "the router routing second")
+        assert "adapter second did not load (retrying in" in fleet.log("serve")
+    finally:
+        fleet.close()
+
+
 def test_a_restarted_serve_adopts_the_engine_with_its_adapters_loaded(tmp_path):
     fleet = Fleet(tmp_path)
     (fleet.catalogs / "models.yaml").write_text(catalog([{"name": "sql", "source": "org/sql-lora"}], replicas=1))
@@ -161,4 +199,75 @@ def test_a_standalone_router_routes_adapters_from_the_watch_stream(tmp_path):
         wait_until(lambda: ask().status_code == 200, "the standalone router routing sql")
         assert {answered_by(ask()) for _ in range(10)} == {holder}
     finally:
+        fleet.close()
+
+
+SPREAD = """\
+apiVersion: llmgw/v1
+kind: Catalog
+models:
+  - name: base
+    replicas: 4
+    lora: {max_loras: 4}
+    profiles:
+      - {name: cpu, engine: fake, gpus: 0, args: ["--tokens-per-second", "20"]}
+    adapters:
+      - name: hot
+        source: org/hot-lora
+        replicas: {min: 1, max: 3}
+        autoscale: {target: 2, scale_down_window: 3s}
+"""
+def spread_of(fleet: Fleet, adapter: str) -> dict:
+    model = next(m for m in fleet.status()["models"] if m["name"] == "base")
+    return next(a for a in model["adapters"] if a["name"] == adapter)
+
+
+@pytest.mark.parametrize("through", ["serve", "standalone"])
+def test_an_adapter_spreads_to_more_replicas_under_its_own_load_and_back_after_the_window(tmp_path, through):
+    # Through `serve`'s own router, or a standalone router whose usage reports carry the adapter's counter.
+    fleet = Fleet(tmp_path)
+    (fleet.catalogs / "models.yaml").write_text(SPREAD)
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    seen: set[str] = set()
+    try:
+        fleet.start_serve("--settle", "1")
+        wait_until(lambda: len(fleet.ready("base")) == 4, "four base replicas ready")
+        wait_until(lambda: len(loaded_on(fleet, "hot")) == 1, "hot loaded on one replica")
+        (first,) = loaded_on(fleet, "hot")
+        router = fleet.router if through == "serve" else fleet.start_router()
+        wait_until(lambda: requests.post(router + "/v1/chat/completions", timeout=30, json={
+            "model": "hot", "messages": [{"role": "user", "content": "hi"}]}).status_code == 200,
+            "the router routing hot")
+        before = pids(fleet)
+
+        # Six streams held open at 2 per holder: 3 holders, its max.
+        threads = hold_streams(router, stop, "hot", seen)
+        wait_until(lambda: len(loaded_on(fleet, "hot")) == 3, "hot loaded on three replicas under load", timeout=90)
+        spread = spread_of(fleet, "hot")
+        assert (spread["holders"], spread["of"], spread["max"]) == (3, 4, 3), spread
+        assert spread["reason"].startswith("spread to 3 of 4 replicas: ") and "against a target of 2" in spread["reason"]
+        # Its requests reach the new holders, not only the first.
+        wait_until(lambda: len(seen) == 3, "hot's requests answered by its three holders", timeout=60)
+        assert seen == set(loaded_on(fleet, "hot")) and first in seen
+        events = [e["message"] for e in fleet.status()["events"] if e["kind"] == "adapter-spread"]
+        assert events and "adapter hot of base: spread to" in events[0], events
+        # Visible in metrics too.
+        metrics = requests.get(fleet.control + "/metrics", timeout=10).text
+        assert 'llmgw_adapter_spread{model="base",adapter="hot"} 3' in metrics
+
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        wait_until(lambda: len(loaded_on(fleet, "hot")) == 1 and len(holders(fleet, "hot")) == 1,
+                   "hot back on one replica after the window", timeout=90)
+        assert spread_of(fleet, "hot")["holders"] == 1
+        assert any("back to 1 replica" in e["message"] for e in fleet.status()["events"]
+                   if e["kind"] == "adapter-spread")
+        assert fleet.chat("hot").status_code == 200, "the holder left serves it"
+        assert pids(fleet) == before, "a spread loads and unloads: no engine restarted"
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
         fleet.close()

@@ -6,9 +6,7 @@ it goes back to one. Waits are bounded; nothing here judges a duration.
 """
 import threading
 
-import requests
-
-from .fleet import Fleet, wait_until
+from .fleet import Fleet, hold_streams, wait_until
 
 CATALOG = """\
 apiVersion: llmgw/v1
@@ -20,27 +18,6 @@ models:
     profiles:
       - {name: cpu, engine: fake, gpus: 0, args: ["--tokens-per-second", "20", "--startup-delay", "0.5"]}
 """
-STREAMS = 6
-
-
-def hold_streams(router: str, stop: threading.Event) -> list[threading.Thread]:
-    """STREAMS clients that each keep one slow stream open until `stop`, opening a new one when one ends."""
-    def client() -> None:
-        with requests.Session() as session:
-            while not stop.is_set():
-                try:
-                    with session.post(router + "/v1/chat/completions", stream=True, timeout=30, json={
-                            "model": "scaled", "stream": True, "max_tokens": 400,
-                            "messages": [{"role": "user", "content": "go"}]}) as resp:
-                        for _ in resp.iter_lines():
-                            if stop.is_set():
-                                break       # closing the response ends the request at the router
-                except requests.RequestException:
-                    stop.wait(0.2)          # the router between endpoint lists: try again shortly
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(STREAMS)]
-    for t in threads:
-        t.start()
-    return threads
 
 
 def model_status(fleet: Fleet) -> dict:
@@ -55,7 +32,7 @@ def test_load_scales_a_model_up_and_after_the_window_back_down(tmp_path):
     try:
         fleet.start_serve("--settle", "1")
         wait_until(lambda: fleet.ready("scaled"), "the first replica ready")
-        threads = hold_streams(fleet.router, stop)
+        threads = hold_streams(fleet.router, stop, "scaled")
         # 6 in flight on one replica at 2 each: needs 3, 3x the target (the fast path).
         wait_until(lambda: len(fleet.ready("scaled")) == 3, "three ready replicas under load", timeout=90)
         status = model_status(fleet)

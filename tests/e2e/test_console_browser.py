@@ -3,7 +3,8 @@
 What a person at the page sees: a replica that turns ready appears without a
 reload (the status stream), a rejected edit shows every error with its
 file:line:col, catalog text stays text (no markup from a catalog runs), the
-page reads at a phone's width, and with a token the page asks for it.
+page reads at a phone's width, with a token the page asks for it, and a
+replica's LoRA adapters show with the engine's reason for one that failed.
 Screenshots are kept (under $LLMGW_ARTIFACTS, else the test's tmp_path) and
 their paths printed.
 
@@ -17,6 +18,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from .fleet import Fleet, wait_until
 
@@ -369,6 +371,43 @@ def test_console_shows_a_replica_spanning_nodes_as_one_row_with_its_members(tmp_
             expect(members.nth(i)).to_contain_text("ready")
         expect(page.locator(f'#replicas tr[data-replica="{row["id"]}"]')).to_contain_text("2 nodes")
         _shot(page, artifacts / "console-group.png")
+        assert errors == []
+    finally:
+        fleet.close_checked()
+
+
+def lora_catalog(*adapters: str) -> str:
+    # The engine holds one adapter (the fake's --max-adapters): a second's load is refused by it.
+    return yaml.safe_dump({"apiVersion": "llmgw/v1", "kind": "Catalog", "models": [{
+        "name": "base", "lora": {"max_loras": 2},
+        "profiles": [{"name": "cpu", "engine": "fake", "gpus": 0, "args": ["--max-adapters", "1"]}],
+        "adapters": [{"name": a, "source": f"org/{a}"} for a in adapters]}]})
+
+
+def test_console_shows_a_replicas_adapters_and_the_engines_reason_for_a_failed_load(tmp_path, browser, artifacts):
+    from playwright.sync_api import expect
+
+    fleet = Fleet(tmp_path)
+    models = fleet.catalogs / "models.yaml"
+    models.write_text(lora_catalog("first", "second"))
+    try:
+        fleet.start_serve("--settle", "1")
+        (replica,) = wait_until(lambda: fleet.ready("base"), "the base replica ready")
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(fleet.control + "/")
+        expect(page.locator("#connection")).to_have_text("live", timeout=WAIT_MS)
+        row = page.locator(f'#replicas tr[data-replica="{replica["id"]}"]')
+        expect(row.locator(f'[data-adapters="{replica["id"]}"]')).to_have_text(
+            "adapters: first, second (failed)", timeout=WAIT_MS)
+        expect(row.locator(".error")).to_contain_text(
+            "adapter second failed: engine answered 400: Loading lora second failed", timeout=WAIT_MS)
+        _shot(page, artifacts / "console-adapters.png")
+        # first leaves the catalog: the row follows without a reload, second loaded once there is room.
+        models.write_text(lora_catalog("second"))
+        expect(row.locator(f'[data-adapters="{replica["id"]}"]')).to_have_text("adapters: second", timeout=WAIT_MS)
+        expect(row.locator(".error")).to_have_count(0)
         assert errors == []
     finally:
         fleet.close_checked()

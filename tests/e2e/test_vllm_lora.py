@@ -9,6 +9,8 @@ the same prompt differently at temperature 0 through the router, that a
 second adapter added by a catalog edit is loaded into the running engine
 (its pid unchanged), and that removing one makes its name 404 while the
 base keeps answering, with the engine still the same process.
+With two replicas and an adapter on one, its requests reach only that
+one: test_vllm_two_replicas.py, whose two engines are started anyway.
 
 Skipped when vLLM, the model file, the conversion's modules or peft are
 missing, unless LLMGW_REQUIRE_VLLM=1 (.ci/run sets it).

@@ -115,3 +115,49 @@ def test_through_the_reconciler_an_adapter_is_served_where_placed_and_reported_l
     assert all(not s.adapters for s in w.desired.get("n1")[1])
     rows = {r["id"]: r["adapters"] for r in w.rec.status()["replicas"]}
     assert rows[holder] == [{"name": "sql", "state": "loaded"}]     # reported, no longer placed: leaving
+
+
+def test_a_llamacpp_base_launches_with_every_adapter_and_an_adapter_edit_replaces_it_saying_why():
+    from llmgwctl.catalog.modelrules import LAUNCH_LORA_REASON
+
+    from .test_reconciler import World, converge
+
+    def llama(adapters: str):
+        return load_text("apiVersion: llmgw/v1\nkind: Catalog\nmodels:\n  - name: base\n    replicas: 1\n"
+                         "    profiles: [{name: p, engine: llamacpp, pool: gpu, gpus: 1}]\n"
+                         f"    adapters: [{adapters}]\n")
+
+    two = llama("{name: a, source: /a.gguf}, {name: b, source: /b.gguf}")
+    w = World(two, settle=0)
+    w.engines = ("fake", "llamacpp")
+    converge(w)
+    (spec,) = w.desired.get("n1")[1]
+    assert [a.name for a in spec.adapters] == ["a", "b"]
+    # Routed once its agent read the engine's numbers, which the endpoint carries.
+    assert all(not ep.adapters for ep in w.sink.pushes[-1])
+    w.running["n1"][spec.id]["adapters"] = [{"name": "a", "state": "loaded", "engine_id": 0},
+                                            {"name": "b", "state": "loaded", "engine_id": 1}]
+    w.step()
+    (ep,) = w.sink.pushes[-1]
+    assert ep.adapters == frozenset({"a", "b"}) and dict(ep.adapter_ids) == {"a": 0, "b": 1}
+    # An adapter added: `catalog apply` would replace the replica, and says why.
+    three = llama("{name: a, source: /a.gguf}, {name: c, source: /c.gguf}, {name: b, source: /b.gguf}")
+    (replace,) = w.rec.preview(three)["replace"]
+    assert (replace["id"], replace["why"]) == (spec.id, LAUNCH_LORA_REASON)
+    w.live.swap(three)
+    w.step()
+    # The running replica keeps the adapters it was launched with (the placer does not write them) and
+    # serves on while its replacement starts with all three; status says why c is not on it.
+    assert w.rec.replicas[spec.id].spec.adapters == spec.adapters
+    row = next(r for r in w.rec.status()["replicas"] if r["id"] == spec.id)
+    assert {"name": "c", "state": "loading", "reason": LAUNCH_LORA_REASON} in row["adapters"]
+    (new,) = [s for s in w.desired.get("n1")[1] if s.id != spec.id]
+    assert [a.name for a in new.adapters] == ["a", "c", "b"] and new.spec_hash != spec.spec_hash
+    assert [ep.replica_id for ep in w.sink.pushes[-1]] == [spec.id]
+    # Ready: the old one leaves, surge done.
+    for _ in range(40):
+        w.step()
+        w.agent_follows("n1")
+        if [s.id for s in w.desired.get("n1")[1]] == [new.id]:
+            break
+    assert [s.id for s in w.desired.get("n1")[1]] == [new.id]

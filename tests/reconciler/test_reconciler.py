@@ -70,6 +70,7 @@ class World:
         self.running = {}   # node -> {id: report dict}
         self.alive = set()  # nodes whose agents send heartbeats on every step
         self.pools = {}     # node -> the pools it last reported
+        self.engines = ("fake",)    # what every node's agent says it can run
 
 
     def report(self, node, gpus=2, pools=None):
@@ -77,7 +78,7 @@ class World:
         pools = self.pools.setdefault(node, ("gpu",)) if pools is None else pools
         self.pools[node] = pools
         self.inventory.report(node, {
-            "node": node, "pools": list(pools), "engines": {"fake": {"available": True, "reason": ""}},
+            "node": node, "pools": list(pools), "engines": {e: {"available": True, "reason": ""} for e in self.engines},
             "gpus": [{"index": i, "uuid": f"{node}-{i}", "name": "A100"} for i in range(gpus)],
             "replicas": list(self.running.get(node, {}).values()),
         })

@@ -64,6 +64,30 @@ def test_adapter_requests_go_to_holders_as_the_adapter_and_503_while_none_holds_
     assert listed["sql-lora"]["llmgw"]["alias_of"] == "sql" and listed["chat"]["llmgw"]["ready_replicas"] == 0
     one_model = requests.get(rt.url + "/v1/models/sql-lora", timeout=10).json()
     assert one_model["parent"] == "base"
+    # Each adapter request counted under the adapter's own name (the alias too), for its spread;
+    # the base's requests and the refused ones are no adapter's load.
+    busy = rt.call(rt.router.adapter_inflight_seconds)
+    assert set(busy) == {"sql"} and busy["sql"] > 0
+    assert rt.call(lambda: rt.router.balancer.adapters.inflight("sql")) == 0
+
+
+def test_the_adapter_counter_integrates_in_flight_over_time_and_forgets_names_the_catalog_dropped():
+    from llmgwctl.router.adapterload import AdapterLoad
+    now = [0.0]
+    load = AdapterLoad(lambda: now[0])
+    load.started("sql")
+    now[0] = 2.0
+    load.started("sql")
+    load.started("chat")
+    now[0] = 3.0
+    load.finished("sql")
+    assert load.inflight_seconds() == {"sql": 4.0, "chat": 1.0}
+    now[0] = 5.0
+    assert load.inflight_seconds() == {"sql": 6.0, "chat": 3.0}
+    load.retain(["chat"])           # sql still has a request in flight: kept until it ends
+    load.finished("sql")
+    load.retain(["chat"])
+    assert set(load.inflight_seconds()) == {"chat"}
 
 
 def test_clients_cannot_reach_the_engines_adapter_routes(engines, routers):
@@ -76,3 +100,22 @@ def test_clients_cannot_reach_the_engines_adapter_routes(engines, routers):
         assert refused.status_code == 404, refused.text
     cards = requests.get(one.url + "/v1/models", timeout=10).json()["data"]
     assert [c["id"] for c in cards] == ["base"]
+
+
+def test_an_adapters_requests_are_counted_under_its_name_answered_or_refused(engines, routers):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    one = engines("base", "r1", "--max-loras", "2")
+    load(one, "sql")
+    rt = routers(make_router(catalog(BASE)))
+    rt.set_endpoints([dataclasses.replace(one.endpoint(), adapters=frozenset({"sql"}))])
+    for model in ("sql", "sql-lora", "base", "chat"):
+        ask(rt.url, model)
+    page = requests.get(rt.url + "/metrics", timeout=10).text
+    samples = [s for f in text_string_to_metric_families(page) for s in f.samples]
+    requests_by = {(s.labels["model"], s.labels["code"]): s.value for s in samples
+                   if s.name == "llmgw_router_requests_total"}
+    # Per adapter (an alias counts as its adapter), apart from its base: answered and refused alike.
+    assert requests_by == {("sql", "200"): 2, ("base", "200"): 1, ("chat", "503"): 1}, requests_by
+    durations = {s.labels["model"]: s.value for s in samples if s.name == "llmgw_router_request_duration_seconds_count"}
+    assert durations == {"sql": 2, "base": 1}, durations

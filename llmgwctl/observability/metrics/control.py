@@ -108,7 +108,7 @@ class _ControlCollector:
         ages = gauge_text("llmgw_node_last_report_age_seconds", "Seconds since the node's agent last reported.",
                        (f'{{node="{label_value(node.name)}"}} {go_string(fleet.last_seen_seconds(node))}'
                         for node in fleet.nodes))
-        return self._replica_text(fleet) + ages
+        return self._replica_text(fleet) + ages + _spread_text(fleet)
 
     def _node_counts(self, fleet: Any) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
         rows, by_state, gpus = self._node_tally
@@ -167,3 +167,19 @@ class _ControlCollector:
         for (pool, state), n in sorted(gpus.items()):
             g.add_metric((pool, state), n)
         yield g
+
+
+def _spread_text(fleet: Any) -> bytes:
+    """Per adapter whose spread follows its load: the replicas it is placed on, and the load that placed it.
+    Only those: a fixed adapter's holders are `llmgw_adapter_replicas` already."""
+    rows = [(m.name, a) for m in fleet.models for a in m.adapters
+            if a.ceiling is not None and a.floor is not None and a.ceiling > a.floor]
+    if not rows:
+        return b""
+    labels = [(f'{{model="{label_value(model)}",adapter="{label_value(a.name)}"}}', a) for model, a in rows]
+    return (gauge_text("llmgw_adapter_spread", "Replicas a LoRA adapter growing with its load is placed on now.",
+                       (f"{lab} {go_string(a.holders)}" for lab, a in labels))
+            + gauge_text("llmgw_adapter_inflight", "A growing LoRA adapter's time-averaged requests in flight, "
+                         "as its spread was last decided on.",
+                         (f"{lab} {go_string(a.load)}" for lab, a in labels if a.load is not None)))
+

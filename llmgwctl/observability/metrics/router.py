@@ -45,6 +45,8 @@ llmgw_router_endpoint_{metrics_age_seconds,running_requests,waiting_requests,kv_
 llmgw_router_cold_queue_length, llmgw_router_catalog_info, llmgw_router_endpoint_info and
 llmgw_router_endpoint_ejected.
 
+`model` is the model that answered (a fallback's, when one did), or a
+LoRA adapter's own name, apart from its base's: the catalog bounds both.
 `key` is an API key's *name* from the key file (never the secret), so it is
 bounded by that file; a name that leaves the file takes its series with it.
 No request ids or client addresses. The per-request families are kit.py's
