@@ -22,8 +22,6 @@ change has room. What it prints, in order:
   status       GET /api/v1/status latency (p50/p90/p99/max of CALLS, from another process as `llmgwctl
                status` asks); healthz before it (the baseline: what any answer waits on serve's loop),
                metrics after it: the same for GET /metrics
-  console      the web console's stream (watch/console) followed by CONSOLES pages for STEADY s: the
-               controller's CPU over its steady rate, events and their largest size (issue 31)
   memory       controller RSS, and per node over the RSS before any agent came
   add          100 models x 2 replicas written: -> desired on every affected node, -> every router
   remove       the 100 removed: -> desired without them, -> gone from every router
@@ -261,7 +259,6 @@ class Bench:
                 gc.freeze()
                 await self.steady(session)
                 await self.status()
-                await self.console(session)
                 rss = rss_mib(self.serve.pid)
                 print(f"memory       controller RSS {rss:.0f} MiB; {(rss - rss_before) * 1024 / a.nodes:.0f} KiB "
                       f"per node over the {rss_before:.0f} MiB before any agent")
@@ -354,34 +351,6 @@ class Bench:
                   f"p99 {pct(times, 0.99) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms; "
                   f"CPU/call ~{max(0.0, extra) / len(times) * 1000:.0f} ms ({size / 1e6:.1f} MB, GET {path}, "
                   f"n={len(times)}{f', {bad} not 200' if bad else ''}; another process)")
-
-    async def console(self, session: aiohttp.ClientSession) -> None:
-        """CONSOLES pages following the console's stream for STEADY s: what they cost serve, what they got."""
-        a = self.args
-        sizes: list[int] = []
-
-        async def page() -> None:
-            async with session.get(self.url + "/api/v1/watch/console",
-                                   timeout=aiohttp.ClientTimeout(total=None, sock_read=60)) as resp:
-                buffer = b""
-                async for chunk in resp.content.iter_any():
-                    buffer += chunk
-                    while b"\n\n" in buffer:
-                        frame, buffer = buffer.split(b"\n\n", 1)
-                        sizes.append(len(frame))
-        cpu0, t0 = cpu_seconds(self.serve.pid), time.monotonic()
-        pages = [asyncio.create_task(page()) for _ in range(a.consoles)]
-        await asyncio.sleep(a.steady)
-        for task in pages:
-            task.cancel()
-        await asyncio.gather(*pages, return_exceptions=True)
-        wall = time.monotonic() - t0
-        extra = cpu_seconds(self.serve.pid) - cpu0 - self.steady_rate * wall
-        first = max(sizes[:2 * a.consoles], default=0)
-        later = sizes[2 * a.consoles:]
-        print(f"console      {a.consoles} pages for {wall:.0f} s: controller +{max(0.0, extra) / wall:.3f} of a core "
-              f"over its steady rate; {len(sizes)} events, the first ones up to {first / 1e3:.0f} KB, "
-              f"then up to {max(later, default=0) / 1e3:.0f} KB (mean {sum(later) / max(len(later), 1) / 1e3:.0f} KB)")
 
     async def phase(self, label: str, write_it: Callable[[], None],
                     desired_ok: Callable[[SimAgent, list[ReplicaSpec]], bool],
@@ -527,7 +496,6 @@ def main() -> None:
                    help="skip the add/remove/profile phases (for a run that wants converge, steady, status)")
     p.add_argument("--calls", type=int, default=50,
                    help="GETs of each of /healthz, status, /metrics, one after another (a p99 needs more than 20)")
-    p.add_argument("--consoles", type=int, default=3, help="pages following the console's stream (console phase)")
     p.add_argument("--routers-in-process", action="store_true",
                    help="run the routers on the simulator's loop, as the bench did before (their clocks then "
                         "include the agents' lag)")

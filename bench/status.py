@@ -30,6 +30,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from llmgwctl.contracts import ReplicaState
 from llmgwctl.control.controller import Controller
@@ -45,8 +46,10 @@ def model_yaml(name: str, replicas: int) -> str:
             f"      - name: p\n        engine: sim\n        gpus: 1\n")
 
 
-def build(nodes: int, router: Router | None = None, prefix: str = "llmgw-status-") -> tuple[Controller, list[SimAgent]]:
-    """The fleet every replica ready; with `router` (an in-process Router) wired as serve wires it."""
+def build(nodes: int, router: Router | None = None, prefix: str = "llmgw-status-",
+          **options: Any) -> tuple[Controller, list[SimAgent]]:
+    """The fleet every replica ready; with `router` (an in-process Router) wired as serve wires it;
+    `options` for the Controller."""
     directory = Path(tempfile.mkdtemp(prefix=prefix))
     big = min(BIG, 2 * nodes)
     models = max(100, nodes // 5) if nodes >= 500 else max(1, nodes // 5)
@@ -55,7 +58,7 @@ def build(nodes: int, router: Router | None = None, prefix: str = "llmgw-status-
     (directory / "engines.yaml").write_text(head + ENGINE_YAML)
     (directory / "base.yaml").write_text(head + "models:\n" + model_yaml("big", big)
                                          + "".join(model_yaml(f"m{i:04d}", per_model) for i in range(models)))
-    c = Controller(str(directory), router=router, settle=0)
+    c = Controller(str(directory), router=router, settle=0, **options)
     catalog = c.load()
     if router is not None:
         router.set_catalog(catalog)

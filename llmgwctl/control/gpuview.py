@@ -14,30 +14,31 @@ GPU's), as vLLM and SGLang take a fraction of all of it. `other_mib` is
 what the agent found in use when it read the GPU, less the shares: another
 program's, or a replica adopted at the agent's start.
 
-Paged (at most MAX_LIMIT nodes an answer), so a page at 5,000 nodes reads a screenful, not the fleet.
+Paged (at most MAX_LIMIT nodes an answer), so a page at 5,000 nodes reads a screenful, not the fleet;
+and only the page's nodes' records are looked at (`Records.of`, the per-node index), not every replica:
+each open console asks every few seconds.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from ..contracts import ReplicaState
 from ..inventory import Node
-from ..reconciler.records import Replica
+from ..reconciler.records import Records, Replica
 
 DEFAULT_LIMIT, MAX_LIMIT = 50, 200
 # Replicas that hold no memory any more.
 _GONE = {ReplicaState.STOPPING, ReplicaState.FAILED, ReplicaState.LOST}
 
 
-def gpu_view(nodes: Iterable[Node], records: Mapping[str, Replica], *, prefix: str = "", offset: int = 0,
+def gpu_view(nodes: Iterable[Node], records: Records, *, prefix: str = "", offset: int = 0,
              limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
     chosen = sorted((n for n in nodes if n.name.startswith(prefix) and n.gpus), key=lambda n: n.name)
     page = chosen[max(0, offset):max(0, offset) + max(0, min(limit, MAX_LIMIT))]
-    names = {n.name for n in page}
     on: dict[tuple[str, int], list[Replica]] = {}
-    for rec in records.values():
-        if rec.node in names and rec.state not in _GONE:
+    for rec in (rec for n in page for _, rec in records.of(n.name)):
+        if rec.state not in _GONE:
             indices = rec.reported.gpu_indices if rec.reported is not None and rec.reported.gpu_indices \
                 else rec.spec.gpu_indices
             for i in indices:

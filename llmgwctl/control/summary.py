@@ -112,6 +112,7 @@ class Summary:
     def __init__(self, status: ControlStatus, rows: _Rows):
         fleet = status.fleet
         self.status = status
+        self._json: bytes | None = None
         self.replicas = rows.replicas
         self.nodes = rows.nodes
         # In flight per model: only the replicas with requests on them are looked up.
@@ -155,7 +156,10 @@ class Summary:
         }
 
     def to_json(self) -> bytes:
-        return _compact(self.to_dict()).encode()
+        """The summary's JSON, encoded on the first call: every page sent this summary gets the same bytes."""
+        if self._json is None:
+            self._json = _compact(self.to_dict()).encode()
+        return self._json
 
 
 def _trimmed(row: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,8 @@
                                 (control.summary: bounded at any fleet size), on the same terms,
                                 and `event: history` with the traffic history's new points
                                 (control.history; the first event the last hour; the first
-                                CHART_MODELS models by name)
+                                CHART_MODELS models by name), past HISTORY_PART in parts:
+                                `event: history-part` with more models' series for the times it names
 
 The page's files hold no data, so they are served without a token (the page
 must load to ask for one); everything it shows comes from the API with the
@@ -70,11 +71,16 @@ STATUS_RECHECK, STATUS_REFRESH = 5.0, 15.0
 # A small fleet's summary takes a millisecond (two a second, as ever); at
 # 20,000 replicas reading the status is tens of milliseconds, and a rollout
 # bumps the status many times a second, so it is the bound that holds there.
-# One summary serves every open page (built once per status change).
+# One summary serves every open page: built and encoded once per status change.
 SUMMARY_BUDGET = 20.0
 # Models whose history the stream carries (the first by name; the page charts as many): a point of
-# each is ~200 bytes, and the first event, the last hour of each, ~40 KB. The rest: /api/v1/history?model=.
+# each is ~50 bytes, the last hour of one ~40 KB. The rest: /api/v1/history?model=.
 CHART_MODELS = 24
+# The first history event, the last hour of CHART_MODELS models, is ~1 MB: past this size it is sent as
+# the times and the fleet's series (`history`), then the models' series a few at a time
+# (`history-part`, each with the times it is for), so no one update is larger than about this.
+HISTORY_PART = 64_000
+_compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class StatusView(Protocol):
@@ -117,6 +123,28 @@ def _files() -> dict[str, tuple[bytes, str]]:
         for path in sorted(vendor.iterdir()):
             if path.suffix in TYPES and path.is_file():
                 out["vendor/" + path.name] = (path.read_bytes(), TYPES[path.suffix])
+    return out
+
+
+def history_events(doc: dict[str, Any]) -> list[tuple[bytes, bytes]]:
+    """The history's answer as (event, data): one `history` event, or, past HISTORY_PART, the times and the
+    fleet's series in it and the models' series in `history-part` events of about HISTORY_PART each."""
+    whole = _compact(doc).encode()
+    if len(whole) <= HISTORY_PART:
+        return [(b"history", whole)]
+    out = [(b"history", _compact({**doc, "models": {}}).encode())]
+    times = len(_compact(doc["t"]))
+    part: dict[str, Any] = {}
+    size = times
+    for name, series in doc["models"].items():
+        one = len(_compact(series)) + len(name) + 4
+        if part and size + one > HISTORY_PART:
+            out.append((b"history-part", _compact({"t": doc["t"], "models": part}).encode()))
+            part, size = {}, times
+        part[name] = series
+        size += one
+    if part:
+        out.append((b"history-part", _compact({"t": doc["t"], "models": part}).encode()))
     return out
 
 
@@ -191,7 +219,7 @@ class Console:
             await asyncio.sleep(1.0 / STATUS_MAX_RATE)
             version = await self.changed.wait(version, STATUS_RECHECK)
 
-    def _shared_summary(self, now: float) -> SummaryView:
+    def shared_summary(self, now: float) -> SummaryView:
         """The summary of the status as it is, built once for every page that asks at one version."""
         assert self.summary is not None
         hit = self._summary
@@ -215,7 +243,7 @@ class Console:
         last, sent_at, version, n = None, 0.0, None, 0
         history, seen, since = self.history, -1, None
         while True:
-            summary = self._shared_summary(loop.time())
+            summary = self.shared_summary(loop.time())
             now = loop.time()
             if summary.key != last or now - sent_at >= STATUS_REFRESH:
                 n += 1
@@ -226,8 +254,8 @@ class Console:
                 doc = history.to_dict(since=since, first=CHART_MODELS)
                 if doc["t"]:
                     since = doc["t"][-1]
-                    n += 1
-                    await resp.write(b"id: %d\nevent: history\ndata: %s\n\n"
-                                     % (n, json.dumps(doc, separators=(",", ":")).encode()))
+                    for event, data in history_events(doc):
+                        n += 1
+                        await resp.write(b"id: %d\nevent: %s\ndata: %s\n\n" % (n, event, data))
             await asyncio.sleep(max(1.0 / STATUS_MAX_RATE, SUMMARY_BUDGET * self.summary_cost))
             version = await self.changed.wait(version, STATUS_RECHECK)

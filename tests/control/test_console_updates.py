@@ -123,3 +123,58 @@ def test_a_catalog_of_a_thousand_models_keeps_the_summary_small(tmp_path):
     # What the stream sends of the history: as many models as the page charts.
     from llmgwctl.control.webui import CHART_MODELS
     assert len(c.history.to_dict(first=CHART_MODELS)["models"]) == CHART_MODELS
+
+
+def test_open_pages_share_one_summary_built_and_encoded_once_per_change(tmp_path):
+    # N consoles must cost one summary, not N: at 20,000 replicas one is tens of milliseconds to build.
+    from llmgwctl.control.webui import Console
+
+    (tmp_path / "fleet.yaml").write_text(CATALOG)
+    c = Controller(str(tmp_path), settle=0)
+    c.load()
+    summaries, built = Summaries(), []
+
+    def summary():
+        built.append(1)
+        return summaries(c.state())
+    console = Console(c.state, c.status_changed, summary=summary, history=c.history)
+    pages = [console.shared_summary(100.0) for _ in range(5)]
+    assert len(built) == 1 and all(p is pages[0] for p in pages)
+    # Each page sends the same bytes: one encoding, not one a page.
+    assert pages[0].to_json() is pages[0].to_json()
+    assert json.loads(pages[0].to_json())["models_total"] == MODELS
+    c.status_changed.bump()
+    assert console.shared_summary(100.0) is not pages[0] and len(built) == 2
+
+
+def test_an_hour_of_history_reaches_a_new_page_in_parts_under_100_kb():
+    # The first event, the last hour of the models the page charts, is ~1 MB whole.
+    from llmgwctl.control.history import POINTS, History, ModelSample
+    from llmgwctl.control.webui import CHART_MODELS, history_events
+
+    h = History()
+    names = [f"m{i:04d}" for i in range(100)]
+    t0 = time.time() - POINTS * h.interval
+    for k in range(POINTS):
+        for j in range(2 * CHART_MODELS):
+            h.observe(RequestRecord(at=0, id="x", key=None, asked=names[j], model=names[j], status=200,
+                                    ttft=0.01 * (1 + j % 7), duration=1, tokens_in=30, tokens_out=200, replica="r"))
+        h.sample(t0 + k * h.interval, (ModelSample(n, k % 4, 19, 18, 1.5 + k % 3 / 7, 2.0) for n in names))
+    doc = h.to_dict(first=CHART_MODELS)
+    whole = len(json.dumps(doc, separators=(",", ":")))
+    events = history_events(doc)
+    sizes = [len(data) for _, data in events]
+    print(f"\nan hour of {CHART_MODELS} models: {whole:,} B whole, {len(events)} events of at most {max(sizes):,} B")
+    assert whole > LIMIT and max(sizes) < LIMIT
+    head, *parts = events
+    assert head[0] == b"history" and all(kind == b"history-part" for kind, _ in parts)
+    first = json.loads(head[1])
+    assert first["t"] == doc["t"] and first["fleet"] == doc["fleet"] and first["models"] == {}
+    merged = {}
+    for _, data in parts:
+        part = json.loads(data)
+        assert part["t"] == doc["t"]
+        merged.update(part["models"])
+    assert merged == doc["models"]
+    # A new point alone is one event, as ever.
+    assert [k for k, _ in history_events(h.to_dict(since=doc["t"][-2], first=CHART_MODELS))] == [b"history"]

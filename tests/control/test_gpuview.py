@@ -32,3 +32,32 @@ def test_shares_and_whole_gpus_per_node_with_what_is_held_outside_and_pages():
     page = gpu_view(w.inventory.nodes(), w.rec.replicas, offset=1, limit=1)
     assert page["total"] == 2 and [n["name"] for n in page["nodes"]] == ["n2"]
     assert gpu_view(w.inventory.nodes(), w.rec.replicas, prefix="n2")["total"] == 1
+
+
+class _ByNodeOnly:
+    """The reconciler's records, answering only what a page of nodes needs: a walk of every record fails."""
+
+    def __init__(self, records):
+        self.records = records
+        self.asked: list[str] = []
+
+    def of(self, node):
+        self.asked.append(node)
+        return self.records.of(node)
+
+
+def test_a_page_reads_only_its_own_nodes_records():
+    # Each open console asks for a page every few seconds: at 20,000 replicas a walk of all of them
+    # per answer is what the page must not cost (bench/console.py).
+    w = MemoryWorld(cat("""\
+  - name: whole
+    replicas: 3
+    profiles: [{name: p, engine: fake, pool: gpu, gpus: 1}]
+"""), settle=0)
+    for n in ("n1", "n2", "n3"):
+        w.report(n, gpus=1)
+    converge(w, nodes=("n1", "n2", "n3"))
+    records = _ByNodeOnly(w.rec.replicas)
+    page = gpu_view(w.inventory.nodes(), records, offset=1, limit=1)
+    assert [n["name"] for n in page["nodes"]] == ["n2"] and records.asked == ["n2"]
+    assert [r["model"] for r in page["nodes"][0]["gpus"][0]["replicas"]] == ["whole"]

@@ -268,8 +268,10 @@ def test_console_charts_the_load_streams_a_playground_answer_and_finds_it_in_the
         card_b = page.locator('.chart-card[data-chart="chat-b"]')
 
         def peaked(card, replicas):
+            # The load's rise, and the autoscaler's answer to it: more replicas wanted, and ready.
             return (float(card.get_attribute("data-peak-requests") or 0) > 0
                     and float(card.get_attribute("data-peak-desired") or 0) >= replicas
+                    and float(card.get_attribute("data-peak-ready") or 0) >= replicas
                     and int(card.get_attribute("data-points") or 0) >= 6)
         # A minute of it, as an operator's dashboard would see a burst (the waits are bounds, not judgements).
         minute = time.monotonic() + LOAD_SECONDS
@@ -286,12 +288,15 @@ def test_console_charts_the_load_streams_a_playground_answer_and_finds_it_in_the
                    timeout=60)
         wait_until(lambda: [m["desired"] for m in fleet.status()["models"]] == [1, 1], "back to one replica each",
                    timeout=90)
+        # And the charts show the replicas' fall too: a point with one replica wanted, after the peak.
+        wait_until(lambda: all(card.get_attribute("data-last-desired") == "1" for card in (card_a, card_b)),
+                   "the charts show the autoscaler back at one replica", timeout=60)
         # The page kept what it had and added the new points (the stream sends only those).
         assert int(card_a.get_attribute("data-points")) > at_peak
         history = requests.get(fleet.control + "/api/v1/history?model=chat-a", timeout=10).json()
         assert int(card_a.get_attribute("data-points")) >= len(history["t"]) - 1
         desired = [v for v in history["models"]["chat-a"]["desired"] if v is not None]
-        assert max(desired) >= 2 and desired[-1] <= max(desired), desired
+        assert max(desired) >= 2 and desired[-1] == 1, desired
         assert max(v or 0 for v in history["models"]["chat-a"]["ttft_p99"]) > 0
 
         # The GPU view: chat-b's replica on one of the two simulated H100s.
@@ -406,3 +411,49 @@ def test_console_shows_a_replicas_adapters_and_the_engines_reason_for_a_failed_l
         assert errors == []
     finally:
         fleet.close_checked()
+
+
+def test_console_puts_a_history_sent_in_parts_on_its_charts(tmp_path, browser, artifacts, monkeypatch):
+    """A big first history (an hour of many models) comes as the times and the fleet's series, then the models'
+    series in parts (control/webui.py, HISTORY_PART): the page charts every model of every part."""
+    import time
+
+    import requests
+    from playwright.sync_api import expect
+
+    from llmgwctl.control import webui
+    from llmgwctl.control.history import History, ModelSample
+
+    fleet = Fleet(tmp_path)
+    (fleet.catalogs / "one.yaml").write_text(ONE)
+    try:
+        fleet.start_serve("--settle", "1")
+        wait_until(lambda: fleet.ready("fake-one"), "fake-one ready")
+        # The controller's own summary, so the page renders as it would; the history is made here.
+        with requests.get(fleet.control + "/api/v1/watch/console", stream=True, timeout=30) as resp:
+            frames = resp.iter_lines(delimiter=b"\n\n")
+            summary = next(f for f in frames if b"event: summary" in f)
+        h = History()
+        names = ["alpha", "beta", "gamma", "delta"]
+        t0 = time.time() - 40 * h.interval
+        for k in range(40):
+            h.sample(t0 + k * h.interval, (ModelSample(n, k % 3, 1 + i, 1, None, None) for i, n in enumerate(names)))
+        monkeypatch.setattr(webui, "HISTORY_PART", 3000)
+        events = webui.history_events(h.to_dict())
+        assert [k for k, _ in events].count(b"history-part") >= 2, "the history was not cut into parts"
+        body = summary + b"\n\n" + b"".join(b"event: %s\ndata: %s\n\n" % (k, d) for k, d in events)
+
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.route("**/api/v1/watch/console", lambda route: route.fulfill(
+            status=200, headers={"Content-Type": "text/event-stream"}, body=body))
+        page.goto(fleet.control + "/ui/")
+        for i, name in enumerate(names):
+            card = page.locator(f'.chart-card[data-chart="{name}"]')
+            expect(card).to_have_attribute("data-points", "40", timeout=WAIT_MS)
+            expect(card).to_have_attribute("data-peak-desired", str(1 + i))
+        _shot(page, artifacts / "console-history-parts.png")
+        assert errors == [], errors
+    finally:
+        fleet.close()

@@ -147,6 +147,7 @@ async function follow() {
   for await (const { event, data } of events(resp)) {
     if (event === "summary" || event === "status") onStatus(JSON.parse(data));
     else if (event === "history") onHistory(JSON.parse(data));
+    else if (event === "history-part") onHistoryPart(JSON.parse(data));
   }
 }
 
@@ -397,6 +398,22 @@ function onHistory(doc) {
   renderCharts();
 }
 
+// More models' series of the last history answer (a big first answer comes in parts, control/webui.py
+// HISTORY_PART): each put on the page's times by its own, a time the page does not hold left out.
+function onHistoryPart(doc) {
+  const h = state.history;
+  if (!h) return;
+  const at = new Map(doc.t.map((t, i) => [t, i]));
+  for (const [name, series] of Object.entries(doc.models)) {
+    const into = {};
+    for (const [field, col] of Object.entries(series)) {
+      into[field] = h.t.map((t) => { const i = at.get(t); return i === undefined ? null : col[i]; });
+    }
+    h.models[name] = into;
+  }
+  renderCharts();
+}
+
 function appendSeries(into, from, before, add) {
   for (const [field, col] of Object.entries(from)) {
     if (!into[field]) into[field] = new Array(before).fill(null);
@@ -477,7 +494,9 @@ function renderCharts() {
     entry.card.setAttribute("data-peak-requests", String(peak(series.requests)));
     entry.card.setAttribute("data-peak-desired", String(peak(series.desired)));
     entry.card.setAttribute("data-peak-ready", String(peak(series.ready)));
-    entry.card.setAttribute("data-last-requests", String((series.requests || []).slice(-1)[0] ?? ""));
+    for (const field of ["requests", "desired", "ready"]) {
+      entry.card.setAttribute("data-last-" + field, String((series[field] || []).slice(-1)[0] ?? ""));
+    }
   });
 }
 
