@@ -253,6 +253,22 @@ def build_bodies(kinds: HostileKinds) -> list[Body]:
     return hostile_bodies(names, []) + (hostile_client_bodies(max_body) if max_body is not None else [])
 
 
+def stop_engines_in(state_dir: str) -> None:
+    """SIGKILL the process group of every process working in `state_dir` (the far agent's engines)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except OSError:
+            continue
+        if cwd == state_dir or cwd.startswith(state_dir + os.sep):
+            try:
+                os.killpg(os.getpgid(int(entry)), signal.SIGKILL)
+            except OSError:
+                pass
+
+
 def status(control: str) -> dict[str, Any]:
     import requests
     doc: dict[str, Any] = requests.get(control + "/api/v1/status", timeout=10).json()
@@ -329,6 +345,9 @@ def main() -> None:
                 agent.wait(60)
             except subprocess.TimeoutExpired:
                 os.killpg(agent.pid, signal.SIGKILL)
+        # An agent that stops leaves its engines running, for the next one to
+        # adopt; `bulk`'s would outlive the bench (serve stops its own).
+        stop_engines_in(os.path.join(tmp, "state-far"))
         if serve.poll() is None:
             serve.send_signal(signal.SIGTERM)
             try:
