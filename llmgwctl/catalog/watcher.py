@@ -272,8 +272,16 @@ class CatalogWatcher:
                     halt = asyncio.Event()
                     watch = (place, asyncio.create_task(follow(place[0], halt)), halt)
                     self._found(place[0])
-                    if moved:
-                        batches.put_nowait(set())   # another directory, or back: load what it holds now
+                    if not moved:
+                        # The first watch: an edit made after the start's load and
+                        # before the watch was armed would wait, unseen, for the
+                        # next edit (an operator who edits as serve comes up; a
+                        # CI job that applies right after start). One step lets
+                        # the new task arm it (awatch makes its watcher before
+                        # its first wait); one load then covers the gap, cheap
+                        # when nothing changed (unchanged files come from the cache).
+                        await asyncio.sleep(0)
+                    batches.put_nowait(set())   # load what it holds now
                 if getter is None:
                     getter = asyncio.create_task(batches.get())
                 waits = {getter, stopped} | ({watch[1]} if watch is not None else set())

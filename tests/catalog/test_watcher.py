@@ -125,3 +125,26 @@ def test_reload_once_without_watching(tmp_path):
     os.rename(tmp_path, tmp_path.with_name("gone"))
     assert watcher.reload().rejection.problems[0].message == "no such file or directory"
     assert set(live.current.names()) == {"a"}  # a vanished directory is not an empty catalog
+
+
+def test_an_edit_between_the_start_load_and_the_watch_is_carried_out(tmp_path):
+    # serve loads the directory, then starts watching it: an edit in between
+    # is no inotify event for a watch not yet made, and it waited for the
+    # next edit to be seen (CI: a cycle written right after start never rejected).
+    a = tmp_path / "a.yaml"
+    a.write_text(catalog_yaml("a:x"))
+    live = Live()
+    watcher = CatalogWatcher(tmp_path, live)
+    watcher.load_initial()
+    write_atomically(a, catalog_yaml("a:y"))
+
+    async def main():
+        stop = asyncio.Event()
+        task = asyncio.create_task(watcher.run(stop))
+        try:
+            await until(lambda: names(live) == {"a", "y"}, "the edit made before the watch")
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, DEADLINE)
+
+    asyncio.run(main())
